@@ -1,0 +1,9 @@
+"""Eco-FL: federated learning where every client is a home that trains by pipeline.
+
+The library knows nothing of Flower or Hydra (see ../DESIGN in the README):
+``ecofl.data`` and ``ecofl.models`` give datasets, partitions and models,
+``ecofl.train`` local training, ``ecofl.pipeline`` the in-home pipeline and
+``ecofl.fl`` the grouping-based hierarchical aggregation.
+"""
+
+__version__ = "0.1.0"

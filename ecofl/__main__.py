@@ -1,0 +1,5 @@
+import sys
+
+from ecofl.cli import main
+
+sys.exit(main())

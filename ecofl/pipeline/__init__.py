@@ -1,0 +1,1 @@
+"""The in-home pipeline: profiles, schedules, cost model, planners, runtime."""
