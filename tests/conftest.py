@@ -1,0 +1,5 @@
+"""Shared test settings: one torch thread (the machine has two cores, shared)."""
+
+import torch
+
+torch.set_num_threads(1)
