@@ -1,0 +1,121 @@
+"""Local training and evaluation of one home's model, in one process.
+
+``train_local`` is what a home computes in a round: ``epochs`` passes over its
+data in mini-batches of ``batch_size``, each mini-batch optionally split into
+``micro_batches`` whose gradients are accumulated before the one optimizer
+step, exactly what a synchronous pipeline's sync-round computes (Eco-FL §4.1:
+the weights update once at the pipeline flush). With ``mu > 0`` the loss is
+FedProx's h_c(w) = F_c(w) + mu/2 ||w - w_ref||^2 (Eco-FL §5.1, Li et al.),
+whose gradient is grad F_c(w) + mu (w - w_ref).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ecofl.errors import UserError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 1
+    batch_size: int = 10
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    mu: float = 0.0  # FedProx proximal coefficient
+    micro_batches: int = 1  # M: gradient accumulation steps per optimizer step
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 0 or self.batch_size < 1 or self.micro_batches < 1:
+            raise UserError(f"invalid training config: {self}")
+        if self.lr <= 0 or self.mu < 0:
+            raise UserError(f"lr must be positive and mu non-negative: {self}")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    loss: float  # mean training loss (without the proximal term) over all samples seen
+    num_samples: int  # size of the local dataset |D_c|
+    steps: int  # optimizer steps taken
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    accuracy: float
+    num_samples: int
+
+
+def proximal_term(model: torch.nn.Module, reference: list[torch.Tensor], mu: float) -> torch.Tensor:
+    """mu/2 * sum ||w - w_ref||^2 over the model's parameters (FedProx)."""
+    params = list(model.parameters())
+    if len(params) != len(reference):
+        raise ValueError(f"reference has {len(reference)} tensors, model {len(params)} parameters")
+    return 0.5 * mu * sum(((p - r) ** 2).sum() for p, r in zip(params, reference))
+
+
+def train_local(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: TrainConfig,
+    reference: list[torch.Tensor] | None = None,
+) -> TrainResult:
+    """Train ``model`` in place on (x, y); ``reference`` defaults to the starting weights."""
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} inputs but {len(y)} labels")
+    if reference is None:
+        reference = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+    generator = torch.Generator().manual_seed(config.seed)
+    model.train()
+    total_loss, seen, steps = 0.0, 0, 0
+    for _ in range(config.epochs):
+        order = torch.randperm(len(x), generator=generator)
+        for start in range(0, len(x), config.batch_size):
+            batch = order[start : start + config.batch_size]
+            total_loss += accumulate_gradients(model, x[batch], y[batch], config.micro_batches) * len(batch)
+            seen += len(batch)
+            if config.mu > 0:
+                proximal_term(model, reference, config.mu).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps += 1
+    return TrainResult(loss=total_loss / max(seen, 1), num_samples=len(x), steps=steps)
+
+
+def accumulate_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int) -> float:
+    """Backward of the mini-batch mean loss as ``micro_batches`` accumulated micro-batch backwards.
+
+    Each micro-batch's summed loss is divided by the mini-batch size, so the
+    accumulated gradient equals the full mini-batch's (for models without
+    batch-norm; with batch-norm the statistics are per micro-batch, as in a
+    pipeline). Returns the mean loss of the mini-batch.
+    """
+    total = 0.0
+    for x_micro, y_micro in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+        loss = F.cross_entropy(model(x_micro), y_micro, reduction="sum") / len(x)
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> EvalResult:
+    """Mean cross-entropy and accuracy of ``model`` on (x, y)."""
+    model.eval()
+    loss, correct = 0.0, 0
+    for start in range(0, len(x), batch_size):
+        logits = model(x[start : start + batch_size])
+        target = y[start : start + batch_size]
+        loss += F.cross_entropy(logits, target, reduction="sum").item()
+        correct += (logits.argmax(dim=1) == target).sum().item()
+    n = max(len(x), 1)
+    return EvalResult(loss=loss / n, accuracy=correct / n, num_samples=len(x))

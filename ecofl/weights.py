@@ -1,0 +1,30 @@
+"""A model's state as a list of numpy arrays (Flower's ``ArrayRecord`` order), and back.
+
+The list holds every entry of ``state_dict()`` in order: parameters and
+buffers (batch-norm running statistics travel with the model, as in Flower's
+PyTorch examples).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+Weights = list[np.ndarray]
+
+
+def get_weights(model: torch.nn.Module) -> Weights:
+    return [value.detach().cpu().numpy().copy() for value in model.state_dict().values()]
+
+
+def set_weights(model: torch.nn.Module, weights: Weights) -> None:
+    """Load ``weights`` into ``model``; a wrong count or shape is a ValueError naming the entry."""
+    state = model.state_dict()
+    if len(weights) != len(state):
+        raise ValueError(f"expected {len(state)} arrays, got {len(weights)}")
+    new_state = {}
+    for (name, current), array in zip(state.items(), weights):
+        if tuple(array.shape) != tuple(current.shape):
+            raise ValueError(f"{name}: expected shape {tuple(current.shape)}, got {tuple(array.shape)}")
+        new_state[name] = torch.as_tensor(np.asarray(array), dtype=current.dtype)
+    model.load_state_dict(new_state, strict=True)
