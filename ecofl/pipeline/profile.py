@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ecofl.devices import DeviceSpec
+
 
 @dataclass(frozen=True)
 class ModelProfile:
@@ -40,6 +42,7 @@ class ModelProfile:
     optimizer_bytes: np.ndarray  # [L]
     flops: np.ndarray  # [L] forward FLOPs per sample
     input_bytes: int  # one input sample (what the portal sends to stage 0)
+    optimizer_step_s: np.ndarray | None = None  # [L] host seconds of one optimizer step; None = free
 
     @property
     def num_layers(self) -> int:
@@ -50,6 +53,16 @@ class ModelProfile:
         return _interpolate(self.batch_sizes, self.forward_s, batch), _interpolate(
             self.batch_sizes, self.backward_s, batch
         )
+
+
+def device_times(profile: ModelProfile, device: DeviceSpec, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of every layer on ``device`` for a micro-batch of ``batch``.
+
+    The host's interpolated times t_f^l(beta), t_b^l(beta) scaled by 1 / device.speed
+    (Asteroid §3.3 profiles t_f^{d,l}(beta) on each device; we scale the host's).
+    """
+    forward, backward = profile.layer_times(batch)
+    return forward / device.speed, backward / device.speed
 
 
 def _interpolate(sizes: tuple[int, ...], times: np.ndarray, batch: int) -> np.ndarray:

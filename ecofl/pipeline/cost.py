@@ -1,0 +1,316 @@
+"""Cost model of one sync-round: an event simulation of a plan's schedule on a home pool.
+
+What is simulated (choices documented here, not in the papers):
+
+- **Compute.** Every device of a stage runs the stage's action list
+  (:mod:`ecofl.pipeline.schedule`) in order, each action as soon as its inputs
+  have arrived. A device of a replicated stage (Asteroid's hybrid pipeline
+  parallelism) is modelled *separately* (Asteroid Fig. 10): it computes only
+  its share of each micro-batch, at the host time interpolated at that share
+  size and scaled by its speed (:func:`ecofl.pipeline.profile.device_times`).
+  A device belongs to at most one stage.
+- **Samples between stages.** Each micro-batch's samples are split over a
+  stage's devices in contiguous ranges by ``shares``; device i of stage s sends
+  to device j of stage s+1 the activations of the samples their ranges share
+  (a_l x samples, l = last layer of stage s), and j sends back the gradients
+  (b_l x samples, l = first layer of stage s+1).
+- **Links.** Every ordered device pair is its own channel at
+  ``pool.bandwidth_bps[i, j]`` (full duplex; a device's sends to different
+  devices do not share its link), carrying one tensor at a time in FIFO order.
+  Sending is asynchronous, so communication overlaps computation.
+- **Input.** The portal (device 0) sends each micro-batch's input samples to
+  the devices of stage 0 that are not itself, back to back from time 0 (it
+  holds the data and needs nothing to prefetch). Labels (8 bytes a sample) to
+  the last stage are not modelled.
+- **Flush.** When all of a replicated stage's devices have finished their
+  last backward, they ring-all-reduce the stage's gradients,
+  2(n-1)/n x W_s / (slowest link in the group) (Asteroid eq. 5); then every
+  device runs its optimizer step (profiled host time / speed).
+- **Memory.** Asteroid eq. 3: Mem_p(beta) = MOD + OPT + K_p x ACT_p(beta), with
+  MOD = weights + accumulated gradients (2 x weight bytes, as Asteroid §3.2
+  counts them), OPT = optimizer state, ACT_p(beta) = stashed bytes per sample
+  of the stage's layers x beta, and K_p the most forward tasks resident at
+  once under the schedule (min(K_p, M) for 1F1B-Sync, M for GPipe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ecofl.devices import DeviceSpec, HomePool
+from ecofl.pipeline.plan import Plan, StagePlan
+from ecofl.pipeline.profile import ModelProfile, device_times
+from ecofl.pipeline.schedule import Schedule, ScheduleError, gpipe, one_f_one_b
+
+
+class TimelineEvent(NamedTuple):
+    device: int
+    stage: int  # the stage the device works for; -1 for the portal's input transfer
+    kind: str  # "F", "B", "send", "recv", "allreduce", "step"
+    micro_batch: int  # -1 for flush events
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class SyncRoundCost:
+    """Simulated sync-round of a plan; per-stage tuples are indexed by stage."""
+
+    sync_round_s: float
+    throughput: float  # samples per second: mini-batch / sync_round_s
+    stage_busy_s: tuple[float, ...]  # compute time of the stage's busiest device
+    busy_fraction: tuple[float, ...]  # stage_busy_s / sync_round_s
+    ssb_s: float  # synchronous static bubble, Eco-FL eq. 2 (the same for every stage)
+    ddb_s: tuple[float, ...]  # idle time beyond SSB and the flush (dependency bubbles and imbalance)
+    flush_s: tuple[float, ...]  # all-reduce + optimizer step of each stage
+    stage_memory_bytes: tuple[int, ...]  # peak over the stage's devices, Asteroid eq. 3
+    device_memory_bytes: dict[int, int]  # peak per pool device index that is used
+    device_busy_s: dict[int, float]
+    timeline: tuple[TimelineEvent, ...]
+
+
+def stage_compute_s(
+    profile: ModelProfile, device: DeviceSpec, layers: tuple[int, int], samples: int
+) -> tuple[float, float]:
+    """Forward and backward seconds of layers[0]..layers[1] on ``device`` for ``samples`` samples."""
+    if samples == 0:
+        return 0.0, 0.0
+    forward, backward = device_times(profile, device, samples)
+    first, last = layers
+    return float(forward[first : last + 1].sum()), float(backward[first : last + 1].sum())
+
+
+def stage_memory_bytes(profile: ModelProfile, layers: tuple[int, int], samples: int, resident: int) -> int:
+    """Asteroid eq. 3 for one device: 2 x weights + optimizer state + resident x stash x samples."""
+    first, last = layers
+    span = slice(first, last + 1)
+    model = 2 * int(profile.weight_bytes[span].sum())
+    optimizer = int(profile.optimizer_bytes[span].sum())
+    activations = int(profile.stash_bytes[span].sum()) * samples
+    return model + optimizer + resident * activations
+
+
+def resident_forwards(plan: Plan, stage: int) -> int:
+    """Forward tasks a stage holds at most: min(K_s, M) under 1F1B-Sync, M under GPipe."""
+    if plan.schedule == "gpipe":
+        return plan.num_micro_batches
+    return min(plan.stages[stage].in_flight, plan.num_micro_batches)
+
+
+def memory_per_stage(plan: Plan, profile: ModelProfile) -> list[int]:
+    """Peak bytes of each stage's most loaded device (Asteroid eq. 3), without simulating."""
+    return [
+        stage_memory_bytes(profile, stage.layers, max(stage.shares), resident_forwards(plan, s))
+        for s, stage in enumerate(plan.stages)
+    ]
+
+
+def plan_schedule(plan: Plan) -> Schedule:
+    """The action lists a plan runs: 1F1B-Sync with each stage's K_s, or GPipe."""
+    if plan.schedule == "gpipe":
+        return gpipe(len(plan.stages), plan.num_micro_batches)
+    return one_f_one_b(len(plan.stages), plan.num_micro_batches, [st.in_flight for st in plan.stages])
+
+
+class _Worker:
+    """One device's part of one stage during the simulation."""
+
+    __slots__ = ("device", "speed", "lo", "hi", "forward_s", "backward_s", "free", "busy",
+                 "position", "pending_f", "pending_b", "arrive_f", "arrive_b", "send_f", "send_b")
+
+    def __init__(self, device: int, lo: int, hi: int, forward_s: float, backward_s: float, m: int):
+        self.device, self.lo, self.hi = device, lo, hi
+        self.forward_s, self.backward_s = forward_s, backward_s
+        self.free = 0.0
+        self.busy = 0.0
+        self.position = 0
+        self.pending_f = [0] * m
+        self.pending_b = [0] * m
+        self.arrive_f = [0.0] * m
+        self.arrive_b = [0.0] * m
+        self.send_f: list[tuple[_Worker, float]] = []  # (receiver, seconds per transfer)
+        self.send_b: list[tuple[_Worker, float]] = []
+
+
+def simulate(plan: Plan, profile: ModelProfile, pool: HomePool) -> SyncRoundCost:
+    """Event simulation of one sync-round of ``plan`` (see the module docstring for the model)."""
+    _check(plan, profile, pool)
+    num_stages, m_count = len(plan.stages), plan.num_micro_batches
+    schedule = plan_schedule(plan)
+    bandwidth = pool.bandwidth_bps
+    workers = [_stage_workers(stage, profile, pool, m_count) for stage in plan.stages]
+    _connect(plan, profile, bandwidth, workers)
+    timeline: list[TimelineEvent] = []
+    channel_free: dict[tuple[int, int], float] = {}
+
+    for worker in workers[0]:  # the portal feeds stage 0
+        if worker.device != 0:
+            seconds = profile.input_bytes * (worker.hi - worker.lo) / bandwidth[0, worker.device]
+            t = 0.0
+            for m in range(m_count):
+                timeline.append(TimelineEvent(0, -1, "send", m, t, t + seconds))
+                timeline.append(TimelineEvent(worker.device, 0, "recv", m, t, t + seconds))
+                t += seconds
+                worker.arrive_f[m] = t
+
+    def send(sender: _Worker, stage: int, receivers: list[tuple[_Worker, float]], m: int, t0: float, forward: bool):
+        for receiver, seconds in receivers:
+            key = (sender.device, receiver.device)
+            start = max(channel_free.get(key, 0.0), t0)
+            end = start + seconds
+            channel_free[key] = end
+            timeline.append(TimelineEvent(sender.device, stage, "send", m, start, end))
+            timeline.append(TimelineEvent(receiver.device, stage + (1 if forward else -1), "recv", m, start, end))
+            if forward:
+                receiver.pending_f[m] -= 1
+                receiver.arrive_f[m] = max(receiver.arrive_f[m], end)
+            else:
+                receiver.pending_b[m] -= 1
+                receiver.arrive_b[m] = max(receiver.arrive_b[m], end)
+
+    progress = True
+    while progress:
+        progress = False
+        for s, actions in enumerate(schedule):
+            for w in workers[s]:
+                p = w.position
+                while p < len(actions):
+                    _, kind, m = actions[p]
+                    if kind == "F":
+                        if w.pending_f[m]:
+                            break
+                        start = max(w.free, w.arrive_f[m])
+                        w.free = start + w.forward_s
+                        w.busy += w.forward_s
+                        timeline.append(TimelineEvent(w.device, s, "F", m, start, w.free))
+                        send(w, s, w.send_f, m, w.free, True)
+                    else:
+                        if w.pending_b[m]:
+                            break
+                        start = max(w.free, w.arrive_b[m])
+                        w.free = start + w.backward_s
+                        w.busy += w.backward_s
+                        timeline.append(TimelineEvent(w.device, s, "B", m, start, w.free))
+                        send(w, s, w.send_b, m, w.free, False)
+                    p += 1
+                    progress = True
+                w.position = p
+    stuck = [(s, w.device) for s, ws in enumerate(workers) for w in ws if w.position < len(schedule[s])]
+    if stuck:
+        raise ScheduleError(f"the schedule deadlocks: stage/device pairs {stuck} wait forever")
+
+    flush_end, flush_s = _flush(plan, profile, pool, workers, timeline)
+    sync_round = max(flush_end)
+    busy = [max((w.busy for w in ws), default=0.0) for ws in workers]
+    ssb = _static_bubble(workers)
+    stage_memory, device_memory = _peak_memory(plan, profile, schedule)
+    return SyncRoundCost(
+        sync_round_s=sync_round,
+        throughput=plan.batch_size / sync_round if sync_round > 0 else float("inf"),
+        stage_busy_s=tuple(busy),
+        busy_fraction=tuple(b / sync_round if sync_round > 0 else 0.0 for b in busy),
+        ssb_s=ssb,
+        ddb_s=tuple(max(0.0, sync_round - b - f - ssb) for b, f in zip(busy, flush_s)),
+        flush_s=tuple(flush_s),
+        stage_memory_bytes=tuple(stage_memory),
+        device_memory_bytes=device_memory,
+        device_busy_s={w.device: w.busy for ws in workers for w in ws},
+        timeline=tuple(timeline),
+    )
+
+
+def _check(plan: Plan, profile: ModelProfile, pool: HomePool) -> None:
+    if plan.num_layers != profile.num_layers:
+        raise ValueError(f"plan covers {plan.num_layers} layers, profile {profile.model!r} has {profile.num_layers}")
+    used = [d for stage in plan.stages for d in stage.devices]
+    if len(set(used)) != len(used):
+        raise ValueError(f"a device may serve one stage only: {used}")
+    if any(not 0 <= d < len(pool) for d in used):
+        raise ValueError(f"plan uses devices {used}, pool {pool.name!r} has {len(pool)}")
+
+
+def _stage_workers(stage: StagePlan, profile: ModelProfile, pool: HomePool, m_count: int) -> list[_Worker]:
+    """The devices of a stage with a non-empty share, each with its sample range and times."""
+    workers, lo = [], 0
+    for device, share in zip(stage.devices, stage.shares):
+        if share:
+            f, b = stage_compute_s(profile, pool.devices[device], stage.layers, share)
+            workers.append(_Worker(device, lo, lo + share, f, b, m_count))
+        lo += share
+    return workers
+
+
+def _connect(plan: Plan, profile: ModelProfile, bandwidth: np.ndarray, workers: list[list[_Worker]]) -> None:
+    """Who sends what to whom between consecutive stages (overlapping sample ranges)."""
+    for s in range(len(plan.stages) - 1):
+        activation = float(profile.activation_bytes[plan.stages[s].layers[1]])
+        gradient = float(profile.gradient_bytes[plan.stages[s + 1].layers[0]])
+        for a in workers[s]:
+            for b in workers[s + 1]:
+                samples = min(a.hi, b.hi) - max(a.lo, b.lo)
+                if samples <= 0:
+                    continue
+                a.send_f.append((b, activation * samples / float(bandwidth[a.device, b.device])))
+                b.send_b.append((a, gradient * samples / float(bandwidth[b.device, a.device])))
+                b.pending_f = [x + 1 for x in b.pending_f]
+                a.pending_b = [x + 1 for x in a.pending_b]
+
+
+def _flush(
+    plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[list[_Worker]], timeline: list[TimelineEvent]
+) -> tuple[list[float], list[float]]:
+    """All-reduce inside replicated stages (Asteroid eq. 5), then each device's optimizer step.
+
+    Returns each stage's end time and its flush duration (all-reduce + slowest step).
+    """
+    ends, durations = [], []
+    for s, stage in enumerate(plan.stages):
+        finished = {w.device: w.free for w in workers[s]}
+        start = max(finished.values())
+        first, last = stage.layers
+        n = len(stage.devices)
+        allreduce = 0.0
+        if n > 1:
+            links = pool.bandwidth_bps[np.ix_(stage.devices, stage.devices)]
+            slowest = links[~np.eye(n, dtype=bool)].min()
+            allreduce = 2 * (n - 1) / n * float(profile.weight_bytes[first : last + 1].sum()) / slowest
+            for d in stage.devices:
+                timeline.append(TimelineEvent(d, s, "allreduce", -1, start, start + allreduce))
+        host_step = 0.0 if profile.optimizer_step_s is None else float(profile.optimizer_step_s[first : last + 1].sum())
+        end, slowest_step = 0.0, 0.0
+        for d in stage.devices:
+            t0 = start + allreduce if n > 1 else finished.get(d, 0.0)
+            step = host_step / pool.devices[d].speed
+            if step > 0:
+                timeline.append(TimelineEvent(d, s, "step", -1, t0, t0 + step))
+            end, slowest_step = max(end, t0 + step), max(slowest_step, step)
+        ends.append(end)
+        durations.append(allreduce + slowest_step)
+    return ends, durations
+
+
+def _static_bubble(workers: list[list[_Worker]]) -> float:
+    """Eco-FL eq. 2: SSB = sum over s < S-1 of T_f^s + T_b^s + T_cf^s + T_cb^s, per micro-batch."""
+    total = 0.0
+    for s in range(len(workers) - 1):
+        total += max(w.forward_s for w in workers[s]) + max(w.backward_s for w in workers[s])
+        total += max((sec for w in workers[s] for _, sec in w.send_f), default=0.0)
+        total += max((sec for w in workers[s + 1] for _, sec in w.send_b), default=0.0)
+    return total
+
+
+def _peak_memory(plan: Plan, profile: ModelProfile, schedule: Schedule) -> tuple[list[int], dict[int, int]]:
+    """Asteroid eq. 3 per device with the most forward tasks the schedule keeps resident."""
+    stage_peak, device_peak = [], {}
+    for stage, actions in zip(plan.stages, schedule):
+        resident = most = 0
+        for action in actions:
+            resident += 1 if action.kind == "F" else -1
+            most = max(most, resident)
+        for device, share in zip(stage.devices, stage.shares):
+            device_peak[device] = stage_memory_bytes(profile, stage.layers, share, most)
+        stage_peak.append(max(device_peak[d] for d in stage.devices))
+    return stage_peak, device_peak
