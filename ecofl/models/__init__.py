@@ -1,0 +1,33 @@
+"""Model zoo as layer sequences (DESIGN.md: ``ecofl/models``).
+
+``build_model(name, input_shape, num_classes, **options)`` builds one of
+:data:`MODELS`; ``layer_sequence(model, granularity)`` gives the ordered layers a
+pipeline planner cuts at, sharing parameters with the model, such that
+``torch.nn.Sequential(*layer_sequence(m, g))(x) == m(x)``.
+
+Layer counts (``len(layer_sequence(m, g))``) for 3x32x32 inputs, defaults:
+
+==================  =====  ====
+model               block  fine
+==================  =====  ====
+cnn                     5    10
+mobilenet_v2           22    73
+efficientnet_b0        21    79
+efficientnet_b1        28    86
+efficientnet_b7        60   118
+resnet18               12    14
+resnet50               20    22
+bert_small              7    14
+==================  =====  ====
+
+EfficientNet-B1 at "fine" has 86 layers where Asteroid (Table 7) counts 213:
+here a block with a skip connection stays whole (the 16 residual MBConv blocks
+and every squeeze-excitation gate), since cutting inside it would need the skip
+tensor to travel between stages; the 7 MBConv blocks without a residual are
+flattened to their convolutions, batch-norms and activations.
+"""
+
+from ecofl.models.layers import GRANULARITIES, layer_sequence, named_layer_sequence
+from ecofl.models.registry import MODELS, build_model, model_options
+
+__all__ = ["GRANULARITIES", "MODELS", "build_model", "layer_sequence", "model_options", "named_layer_sequence"]
