@@ -1,0 +1,160 @@
+"""The sync-round cost model: trapezoid, bubbles, memory, links, flush."""
+
+import time
+
+import numpy as np
+import pytest
+
+from ecofl.devices import MBPS, DeviceSpec, HomePool
+from ecofl.pipeline.cost import memory_per_stage, simulate, stage_memory_bytes
+from ecofl.pipeline.plan import Plan, StagePlan
+from ecofl.pipeline.profile import ModelProfile
+from ecofl.pipeline.schedule import ScheduleError, default_in_flight
+
+T_F, T_B = 0.01, 0.02  # host seconds per sample of every layer
+
+
+def synthetic_profile(layers: int, activation: float = 0.0, weight: float = 1e6, step: float = 0.0) -> ModelProfile:
+    """Every layer costs the same; times linear in batch size."""
+    sizes = (1, 64)
+    per_size = np.array(sizes, dtype=float)
+    return ModelProfile(
+        model="synthetic",
+        layer_names=tuple(f"layer{i}" for i in range(layers)),
+        batch_sizes=sizes,
+        forward_s=np.outer(np.full(layers, T_F), per_size),
+        backward_s=np.outer(np.full(layers, T_B), per_size),
+        activation_bytes=np.full(layers, activation),
+        gradient_bytes=np.full(layers, activation),
+        stash_bytes=np.full(layers, 1000.0),
+        weight_bytes=np.full(layers, weight),
+        optimizer_bytes=np.full(layers, weight),
+        flops=np.full(layers, 1e6),
+        input_bytes=int(activation),
+        optimizer_step_s=np.full(layers, step),
+    )
+
+
+def uniform_pool(n: int, mbps: float = 100.0, speed: float = 1.0) -> HomePool:
+    return HomePool("test", tuple(DeviceSpec(f"d{i}", speed, 1 << 32, mbps * MBPS) for i in range(n)))
+
+
+def chain_plan(stages: int, micro_batch: int, micro_batches: int, schedule: str = "1f1b", in_flight=None) -> Plan:
+    in_flight = in_flight or default_in_flight(stages)
+    return Plan(
+        planner="test",
+        stages=tuple(StagePlan((s, s), (s,), (micro_batch,), in_flight[s]) for s in range(stages)),
+        micro_batch=micro_batch,
+        num_micro_batches=micro_batches,
+        schedule=schedule,
+    )
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("stages,micro_batches", [(2, 4), (4, 8), (6, 16)])
+def test_balanced_pipeline_without_communication_is_the_trapezoid(schedule, stages, micro_batches):
+    cost = simulate(chain_plan(stages, 4, micro_batches, schedule), synthetic_profile(stages), uniform_pool(stages))
+    t_f, t_b = 4 * T_F, 4 * T_B
+    assert cost.sync_round_s == pytest.approx((micro_batches + stages - 1) * (t_f + t_b))
+    assert cost.ssb_s == pytest.approx((stages - 1) * (t_f + t_b))  # Eco-FL eq. 2
+    assert cost.sync_round_s == pytest.approx(micro_batches * (t_f + t_b) + cost.ssb_s)
+    assert max(cost.ddb_s) == pytest.approx(0.0, abs=1e-9)
+    assert cost.throughput == pytest.approx(4 * micro_batches / cost.sync_round_s)
+
+
+def test_too_few_in_flight_makes_dependency_bubbles():
+    profile, pool = synthetic_profile(3), uniform_pool(3)
+    tight = simulate(chain_plan(3, 4, 8, in_flight=[1, 1, 1]), profile, pool)
+    loose = simulate(chain_plan(3, 4, 8), profile, pool)
+    assert tight.sync_round_s > loose.sync_round_s
+    assert max(tight.ddb_s) > 0
+
+
+def test_1f1b_peak_memory_at_most_gpipe_and_lower_once_m_exceeds_k0():
+    profile, pool = synthetic_profile(4), uniform_pool(4)
+    k0 = default_in_flight(4)[0]
+    for micro_batches in (1, 4, k0, k0 + 1, 16):
+        ours = simulate(chain_plan(4, 2, micro_batches), profile, pool).stage_memory_bytes
+        theirs = simulate(chain_plan(4, 2, micro_batches, "gpipe"), profile, pool).stage_memory_bytes
+        assert all(a <= b for a, b in zip(ours, theirs))
+        if micro_batches > k0:
+            assert all(a < b for a, b in zip(ours, theirs))
+
+
+def test_memory_per_stage_matches_simulation_and_eq3():
+    profile, pool = synthetic_profile(3), uniform_pool(3)
+    plan = chain_plan(3, 8, 16)
+    assert memory_per_stage(plan, profile) == list(simulate(plan, profile, pool).stage_memory_bytes)
+    # stage 0 holds K_0 = 5 forward tasks: MOD (2 x weights) + OPT + 5 x 1000 B x 8 samples
+    assert memory_per_stage(plan, profile)[0] == 2 * 10**6 + 10**6 + 5 * 1000 * 8
+    assert stage_memory_bytes(profile, (0, 2), 8, 1) == 3 * (3 * 10**6) + 3 * 1000 * 8
+
+
+def test_slower_link_raises_sync_round():
+    profile = synthetic_profile(3, activation=200_000.0)
+    plan = chain_plan(3, 8, 8)
+    fast = simulate(plan, profile, uniform_pool(3, mbps=1000)).sync_round_s
+    slow = simulate(plan, profile, uniform_pool(3, mbps=10)).sync_round_s
+    assert slow > fast
+    # at 10 Mbps each transfer (1.6 MB, 1.28 s) is slower than a stage's compute: comm-bound
+    assert slow > 8 * 1.6e6 / (10 * MBPS)
+
+
+def test_portal_sends_inputs_when_stage0_is_elsewhere():
+    profile = synthetic_profile(2, activation=100_000.0)
+    pool = uniform_pool(3)
+    on_portal = Plan("t", (StagePlan((0, 0), (0,), (4,), 3), StagePlan((1, 1), (1,), (4,), 1)), 4, 4)
+    off_portal = Plan("t", (StagePlan((0, 0), (2,), (4,), 3), StagePlan((1, 1), (1,), (4,), 1)), 4, 4)
+    near, far = simulate(on_portal, profile, pool), simulate(off_portal, profile, pool)
+    first_input = 4 * 100_000 / (100 * MBPS)
+    assert far.sync_round_s == pytest.approx(near.sync_round_s + first_input)
+    assert any(e.device == 0 and e.stage == -1 and e.kind == "send" for e in far.timeline)
+
+
+def test_replicated_stage_all_reduces_and_splits_samples():
+    weight = 4e6
+    profile = synthetic_profile(2, weight=weight, step=0.001)
+    pool = uniform_pool(3)
+    plan = Plan("t", (StagePlan((0, 0), (0, 1), (2, 6), 3), StagePlan((1, 1), (2,), (8,), 1)), 8, 2)
+    cost = simulate(plan, profile, pool)
+    allreduce = [e for e in cost.timeline if e.kind == "allreduce"]
+    assert {e.device for e in allreduce} == {0, 1}
+    assert allreduce[0].end - allreduce[0].start == pytest.approx(2 * 1 / 2 * weight / (100 * MBPS))
+    assert cost.flush_s[0] == pytest.approx(allreduce[0].end - allreduce[0].start + 0.001)
+    forward = {e.device: e.end - e.start for e in cost.timeline if e.kind == "F" and e.micro_batch == 0}
+    assert forward[1] == pytest.approx(3 * forward[0])  # 6 samples vs 2
+    # the bigger share holds more activations
+    assert cost.device_memory_bytes[1] > cost.device_memory_bytes[0]
+    assert cost.stage_memory_bytes[0] == memory_per_stage(plan, profile)[0]
+
+
+def test_devices_never_overlap_their_own_compute():
+    profile = synthetic_profile(6, activation=50_000.0)
+    cost = simulate(chain_plan(6, 4, 16), profile, uniform_pool(6))
+    for device in range(6):
+        spans = sorted((e.start, e.end) for e in cost.timeline if e.device == device and e.kind in "FB")
+        assert len(spans) == 32
+        assert all(a_end <= b_start + 1e-12 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
+def test_deadlocking_in_flight_is_a_schedule_error():
+    with pytest.raises(ScheduleError, match="deadlock"):
+        simulate(chain_plan(3, 2, 6, in_flight=[1, 3, 1]), synthetic_profile(3), uniform_pool(3))
+
+
+def test_plan_must_fit_profile_and_pool():
+    with pytest.raises(ValueError, match="layers"):
+        simulate(chain_plan(3, 2, 2), synthetic_profile(4), uniform_pool(3))
+    with pytest.raises(ValueError, match="devices"):
+        simulate(chain_plan(3, 2, 2), synthetic_profile(3), uniform_pool(2))
+
+
+def test_fast_enough_for_planner_inner_loops():
+    profile, pool = synthetic_profile(6, activation=10_000.0), uniform_pool(6)
+    plan = chain_plan(6, 8, 16)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        simulate(plan, profile, pool)
+        best = min(best, time.perf_counter() - start)
+    assert best < 5e-3
