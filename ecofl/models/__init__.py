@@ -5,7 +5,8 @@
 pipeline planner cuts at, sharing parameters with the model, such that
 ``torch.nn.Sequential(*layer_sequence(m, g))(x) == m(x)``.
 
-Layer counts (``len(layer_sequence(m, g))``) for 3x32x32 inputs, defaults:
+Layer counts (``len(layer_sequence(m, g))``, independent of the input shape;
+default options; ``bert_small`` has ``layers + 3`` blocks and ``layers + 10`` fine layers):
 
 ==================  =====  ====
 model               block  fine
@@ -14,6 +15,11 @@ cnn                     5    10
 mobilenet_v2           22    73
 efficientnet_b0        21    79
 efficientnet_b1        28    86
+efficientnet_b2        28    86
+efficientnet_b3        31    89
+efficientnet_b4        37    95
+efficientnet_b5        44   102
+efficientnet_b6        50   108
 efficientnet_b7        60   118
 resnet18               12    14
 resnet50               20    22
