@@ -12,12 +12,15 @@ has two steps:
 
 1. :func:`assign_classes` chooses which classes each holder (client or
    group) gets: exactly ``per_holder`` distinct classes each, every class to
-   at least one holder, all classes used equally often (within one). Class
-   demands are balanced integers; each holder in turn takes the classes of
-   highest remaining demand, ties broken at random. That greedy choice of
-   the largest column sums always completes a 0/1 matrix with the given row
-   and column sums when one exists (Gale-Ryser), and balanced demands of at
-   most the number of holders always admit one.
+   at least one holder. How many holders a class gets (its demand) is
+   near-proportional to its number of samples, so client sizes stay even on
+   imbalanced data, and capped by the samples available (a holder must get
+   at least one sample of each of its classes). Each holder in turn takes
+   the classes of highest remaining demand, ties broken at random: this
+   greedy choice of the largest column sums completes a 0/1 matrix with the
+   given row and column sums whenever one exists (Ryser 1957), and with all
+   row sums equal to k one exists as soon as no demand exceeds the number
+   of holders.
 2. :func:`share_out` deals each class's samples, shuffled, in near-equal
    parts to the clients holding it, so every sample lands in exactly one
    client and every client holds at least one sample of each of its classes.
@@ -33,19 +36,56 @@ import numpy as np
 from ecofl.errors import UserError
 
 
+def class_demands(
+    rng: np.random.Generator, weights: np.ndarray, total: int, caps: np.ndarray
+) -> np.ndarray:
+    """How many holders get each class: ``total`` in all, near-proportional to ``weights``.
+
+    Every class gets at least 1 and at most its cap (water-filling: what a
+    capped class cannot take goes to the others in proportion; the last
+    units go to the largest remainders, ties broken at random).
+    """
+    count = len(weights)
+    if total < count or caps.min() < 1 or caps.sum() < total:
+        raise UserError(
+            f"cannot share {count} classes out as {total} (holder, class) pairs: a class goes to "
+            f"at least 1 and at most {caps.tolist()} holders (no more clients than its samples); "
+            "use fewer clients or fewer classes per client"
+        )
+    demand = np.ones(count, dtype=np.int64)
+    while (left := total - int(demand.sum())) > 0:
+        weight = np.where(demand < caps, weights, 0).astype(float)
+        ideal = left * weight / weight.sum()
+        add = np.minimum(np.floor(ideal).astype(np.int64), caps - demand)
+        if add.sum() == 0:  # every ideal share is below one: the largest remainders get one each
+            order = np.lexsort((rng.random(count), -ideal))
+            add[order[:left]] = 1
+        demand += add
+    return demand
+
+
 def assign_classes(
-    rng: np.random.Generator, num_holders: int, per_holder: int, classes: np.ndarray
+    rng: np.random.Generator,
+    num_holders: int,
+    per_holder: int,
+    classes: np.ndarray,
+    weights: np.ndarray,
+    caps: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """Give each holder ``per_holder`` distinct classes; every class is used, evenly."""
+    """Give each holder ``per_holder`` distinct classes; every class is used.
+
+    Class ``classes[j]`` goes to about ``weights[j]``-proportionally many
+    holders (:func:`class_demands`), at most ``caps[j]`` and at most every
+    holder.
+    """
     count = len(classes)
-    total = num_holders * per_holder
-    if not 1 <= per_holder <= count or total < count:
+    if not 1 <= per_holder <= count or num_holders * per_holder < count:
         raise UserError(
             f"cannot give {num_holders} holders {per_holder} of {count} classes each "
             "so that every class is used"
         )
-    demand = np.full(count, total // count)
-    demand[rng.choice(count, total % count, replace=False)] += 1
+    limit = np.full(count, num_holders) if caps is None else np.minimum(caps, num_holders)
+    demand = class_demands(rng, np.asarray(weights, dtype=float), num_holders * per_holder, limit)
     chosen_sets = []
     for _ in range(num_holders):
         order = np.argsort(-(demand + rng.random(count)))  # by demand; random among equals
@@ -63,11 +103,7 @@ def share_out(
     for label in np.unique(labels):
         holders = [i for i, held in enumerate(client_classes) if label in held]
         samples = rng.permutation(np.flatnonzero(labels == label))
-        if len(samples) < len(holders):
-            raise UserError(
-                f"class {label} has {len(samples)} samples but {len(holders)} clients "
-                "must hold it; use fewer clients or fewer classes per client"
-            )
+        assert len(samples) >= len(holders), "class demands are capped by class sizes"
         for holder, part in zip(rng.permutation(holders), np.array_split(samples, len(holders))):
             chunks[holder].append(part)
     return [np.sort(np.concatenate(parts)) for parts in chunks]
@@ -77,7 +113,7 @@ def shards(
     labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
     """Each client holds exactly ``classes_per_client`` classes (Eco-FL §6.1: two random classes)."""
-    classes = np.unique(labels)
+    classes, sizes = np.unique(labels, return_counts=True)
     if classes_per_client > len(classes):
         raise UserError(f"classes_per_client={classes_per_client} exceeds the {len(classes)} classes")
     if num_clients * classes_per_client < len(classes):
@@ -85,7 +121,8 @@ def shards(
             f"{num_clients} clients with {classes_per_client} classes each cannot hold all "
             f"{len(classes)} classes; use at least {math.ceil(len(classes) / classes_per_client)} clients"
         )
-    return share_out(labels, assign_classes(rng, num_clients, classes_per_client, classes), rng)
+    client_classes = assign_classes(rng, num_clients, classes_per_client, classes, sizes, caps=sizes)
+    return share_out(labels, client_classes, rng)
 
 
 def latency_groups(
@@ -103,12 +140,12 @@ def latency_groups(
     client holds ``classes_per_client`` of the group's classes where possible;
     a group with too few clients to cover its classes that way gives each
     client ``ceil(group classes / group size)`` classes instead. Each class's
-    samples are shared out among all clients, of every group, holding it.
+    samples are shared out among all clients, of every group, holding it;
+    so that each of them gets at least one, a group gives a class to at most
+    as many clients as its equal share of that class's samples.
     """
-    classes = np.unique(labels)
+    classes, sizes = np.unique(labels, return_counts=True)
     group_ids = np.unique(groups)
-    if classes_per_client < 1:
-        raise UserError(f"classes_per_client must be at least 1, got {classes_per_client}")
     if classes_per_group is None:
         group_classes = [classes] * len(group_ids)
     else:
@@ -121,11 +158,17 @@ def latency_groups(
                 f"{len(group_ids)} groups of {classes_per_group} classes cannot hold all "
                 f"{len(classes)} classes; need groups * classes_per_group >= {len(classes)}"
             )
-        group_classes = assign_classes(rng, len(group_ids), classes_per_group, classes)
+        group_classes = assign_classes(rng, len(group_ids), classes_per_group, classes, sizes)
+    groups_holding = np.zeros(len(classes), dtype=np.int64)
+    for held in group_classes:
+        groups_holding[np.searchsorted(classes, held)] += 1
     client_classes: list[np.ndarray] = [classes[:0]] * len(groups)
     for group, held in zip(group_ids, group_classes):
         members = np.flatnonzero(groups == group)
         per_client = min(len(held), max(classes_per_client, math.ceil(len(held) / len(members))))
-        for member, chosen in zip(members, assign_classes(rng, len(members), per_client, held)):
+        at = np.searchsorted(classes, held)
+        fair_share = sizes[at] // groups_holding[at]  # samples of each class this group may use
+        chosen_sets = assign_classes(rng, len(members), per_client, held, sizes[at], caps=fair_share)
+        for member, chosen in zip(members, chosen_sets):
             client_classes[member] = chosen
     return share_out(labels, client_classes, rng)
