@@ -171,11 +171,12 @@ def test_digits_split_shapes_and_normalisation():
     assert load_dataset("digits") is data  # decoded once per process
 
 
-def test_mnist_without_files_offline_says_how_to_get_them(tmp_path):
+@pytest.mark.parametrize(("name", "layout"), [("mnist", "MNIST/raw"), ("cifar10", "cifar-10-batches-py")])
+def test_missing_files_offline_say_how_to_get_them(name, layout, tmp_path):
     with pytest.raises(UserError) as error:
-        load_dataset("mnist", root=str(tmp_path))
+        load_dataset(name, root=str(tmp_path))
     message = str(error.value)
-    assert "--download" in message and "ROOT/MNIST/raw" in message and str(tmp_path) in message
+    assert "--download" in message and f"ROOT/{layout}" in message and str(tmp_path) in message
 
 
 def test_fashion_mnist_without_files_mentions_debian_package(tmp_path, monkeypatch):
@@ -190,18 +191,20 @@ def write_idx(path: Path, array: np.ndarray) -> None:
         handle.write(header + array.astype(np.uint8).tobytes())
 
 
-def test_fashion_mnist_from_a_torchvision_layout_root(tmp_path):
-    raw = tmp_path / "FashionMNIST" / "raw"
+@pytest.mark.parametrize(("name", "folder", "last_class"), [("fashion_mnist", "FashionMNIST", "Ankle boot"),
+                                                          ("mnist", "MNIST", "9")])
+def test_idx_files_from_a_torchvision_layout_root(name, folder, last_class, tmp_path):
+    raw = tmp_path / folder / "raw"
     raw.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for split, count in (("train", 30), ("t10k", 12)):
         write_idx(raw / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (count, 28, 28)))
         write_idx(raw / f"{split}-labels-idx1-ubyte.gz", np.arange(count) % 10)
-    data = load_dataset("fashion_mnist", root=str(tmp_path))
+    data = load_dataset(name, root=str(tmp_path))
     assert (len(data.train), len(data.test)) == (30, 12)
     assert data.source == f"root:{raw}"
     assert data.train.y.tolist() == [i % 10 for i in range(30)]
-    assert data.class_names[9] == "Ankle boot"
+    assert data.class_names[9] == last_class and data.input_shape == (1, 28, 28)
 
 
 @pytest.mark.skipif(not DEBIAN.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")

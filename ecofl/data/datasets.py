@@ -22,7 +22,7 @@ training split (for MNIST this is the familiar 0.1307/0.3081).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Callable
 
@@ -85,7 +85,7 @@ _CIFAR10_NAMES = ("airplane", "automobile", "bird", "cat", "deer",
 
 
 def load_dataset(name: str, root: str | None = None, download: bool = False) -> Dataset:
-    """Load dataset ``name`` (one of :data:`DATASETS`), cached per (name, root, download).
+    """Load dataset ``name`` (one of :data:`DATASETS`), decoded once per process and root.
 
     Raises :class:`UserError` for an unknown name, or when the files are not
     found and cannot be downloaded; the message says how to get them.
@@ -93,7 +93,12 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
     if name not in DATASETS:
         raise UserError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     resolved = str(Path(root).expanduser().resolve()) if root is not None else None
-    return _load(name, resolved, bool(download))
+    try:
+        return _load(name, resolved, False)  # files already there: one cache entry either way
+    except UserError:
+        if not download:
+            raise
+    return _load(name, resolved, True)
 
 
 @lru_cache(maxsize=None)
@@ -180,7 +185,7 @@ def _load_cifar10(root: Path | None, download: bool) -> _Raw:
     if not (directory / "test_batch").is_file():
         if not download:
             raise _missing("cifar10", [directory], CIFAR10.base_folder)
-        _download("cifar10", lambda: CIFAR10(str(target), train=True, download=True))
+        _download("cifar10", partial(CIFAR10, str(target), train=True, download=True), CIFAR10.base_folder)
         origin = "download"
     try:
         train = CIFAR10(str(target), train=True, download=False)
@@ -216,19 +221,20 @@ def _download_idx(name: str, folder: str, target: Path) -> _Raw:
     import torchvision.datasets
 
     dataset_class = getattr(torchvision.datasets, folder)
-    _download(name, lambda: dataset_class(str(target), train=True, download=True))
+    _download(name, partial(dataset_class, str(target), train=True, download=True), f"{folder}/raw")
     found = _read_idx_dir(target / folder / "raw", "download")
     if found is None:
         raise UserError(f"{name}: download finished but {target / folder / 'raw'} lacks the IDX files")
     return found
 
 
-def _download(name: str, fetch: Callable[[], object]) -> None:
-    """Run a torchvision download, turning network failures into a :class:`UserError`."""
+def _download(name: str, fetch: Callable[[], object], layout: str) -> None:
+    """Run a torchvision download, turning network failures into a one-line :class:`UserError`."""
     try:
         fetch()
     except (OSError, RuntimeError) as error:  # URLError is an OSError
-        raise UserError(f"{name}: download failed ({error}); {_how_to(name)}") from error
+        reason = " ".join(str(error).split())
+        raise UserError(f"{name}: download failed ({reason}); {_how_to(name, layout)}") from error
 
 
 def _missing(name: str, searched: list[Path], layout: str) -> UserError:
