@@ -158,3 +158,14 @@ def test_fast_enough_for_planner_inner_loops():
         simulate(plan, profile, pool)
         best = min(best, time.perf_counter() - start)
     assert best < 5e-3
+
+
+def test_gantt_writes_a_png(tmp_path):
+    from ecofl.pipeline.gantt import plot_gantt
+
+    cost = simulate(chain_plan(3, 4, 4), synthetic_profile(3, activation=50_000.0), uniform_pool(3))
+    path = tmp_path / "gantt.png"
+    plot_gantt(cost.timeline, path, title="test", device_names={0: "nano"})
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="empty"):
+        plot_gantt([], tmp_path / "none.png")

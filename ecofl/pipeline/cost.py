@@ -148,7 +148,7 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool) -> SyncRoundCost
 
     for worker in workers[0]:  # the portal feeds stage 0
         if worker.device != 0:
-            seconds = profile.input_bytes * (worker.hi - worker.lo) / bandwidth[0, worker.device]
+            seconds = profile.input_bytes * (worker.hi - worker.lo) / float(bandwidth[0, worker.device])
             t = 0.0
             for m in range(m_count):
                 timeline.append(TimelineEvent(0, -1, "send", m, t, t + seconds))
@@ -275,7 +275,7 @@ def _flush(
         allreduce = 0.0
         if n > 1:
             links = pool.bandwidth_bps[np.ix_(stage.devices, stage.devices)]
-            slowest = links[~np.eye(n, dtype=bool)].min()
+            slowest = float(links[~np.eye(n, dtype=bool)].min())
             allreduce = 2 * (n - 1) / n * float(profile.weight_bytes[first : last + 1].sum()) / slowest
             for d in stage.devices:
                 timeline.append(TimelineEvent(d, s, "allreduce", -1, start, start + allreduce))

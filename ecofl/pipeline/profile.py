@@ -15,13 +15,28 @@ Byte counts are per *sample* unless named otherwise:
   backward (saved tensors): ACT of Asteroid eq. 3 is the sum over a stage;
 - ``weight_bytes[l]``, ``optimizer_bytes[l]``: per layer, not per sample
   (MOD and OPT of Asteroid eq. 3).
+
+:func:`profile_model` measures a layer sequence on the host (one thread: one
+host core is speed 1) and caches the result on disk; :func:`device_times`
+scales a profile to a device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Sequence
 
 import numpy as np
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from ecofl.devices import DeviceSpec
 
@@ -73,3 +88,254 @@ def _interpolate(sizes: tuple[int, ...], times: np.ndarray, batch: int) -> np.nd
     i = int(np.clip(np.searchsorted(x, batch) - 1, 0, len(x) - 2))
     w = (batch - x[i]) / (x[i + 1] - x[i])
     return np.maximum(times[:, i] + w * (times[:, i + 1] - times[:, i]), 0.0)
+
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "ecofl" / "profiles"
+
+
+def profile_model(
+    layers: Sequence[nn.Module],
+    input_shape: tuple[int, ...],
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    *,
+    name: str,
+    warmup: int = 2,
+    repeats: int = 5,
+    cache_dir: str | None = None,
+    layer_names: Sequence[str] | None = None,
+) -> ModelProfile:
+    """Measure each layer of a sequence (layer l feeds layer l+1) on the host, or load it from the cache.
+
+    ``input_shape`` is one sample's shape (no batch dimension). Times are the
+    median of ``repeats`` runs after ``warmup`` runs, with one torch thread, of
+    the layer's forward (in training mode) and of its backward from a random
+    output gradient (parameter gradients and, except for layer 0, the input
+    gradient). Byte counts are per sample, taken at the largest batch size:
+
+    - stash: storage of the tensors autograd saves for backward (hooked with
+      ``torch.autograd.graph.saved_tensors_hooks``), deduplicated by storage,
+      parameters excluded. A tensor saved by two adjacent layers (a ReLU's
+      output that the next convolution saves as input) counts in both, so a
+      stage's sum errs on the safe side;
+    - weights: the layer's parameters (buffers are not counted);
+    - optimizer state: SGD with momentum, one buffer per trainable parameter
+      (1 x the trainable weights);
+    - FLOPs: forward, as counted by ``torch.utils.flop_counter.FlopCounterMode``
+      (matrix products and convolutions; element-wise ops count zero).
+
+    The optimizer step of each layer (SGD with momentum, learning rate 0 so the
+    weights do not change) is timed once. A layer that cannot run in training
+    mode at some batch size (batch-norm over one value per channel at batch 1)
+    is timed in evaluation mode at that size. The layers are left as found
+    (training flags, buffers such as batch-norm statistics, no gradients). The cache key is the model name,
+    the layers' structure, the input shape, the batch sizes and torch's
+    version; the file is an ``.npz`` (no pickle) in ``cache_dir`` or
+    ``~/.cache/ecofl/profiles``.
+    """
+    sizes = tuple(sorted(set(int(b) for b in batch_sizes)))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"batch sizes must be positive integers, got {tuple(batch_sizes)}")
+    if not layers:
+        raise ValueError("cannot profile an empty layer sequence")
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"need warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
+    names = tuple(layer_names) if layer_names is not None else tuple(
+        f"{i}:{type(layer).__name__}" for i, layer in enumerate(layers)
+    )
+    if len(names) != len(layers):
+        raise ValueError(f"{len(names)} layer names for {len(layers)} layers")
+    path = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    path = path / f"{_safe(name)}-{_cache_key(name, layers, input_shape, sizes)}.npz"
+    if path.exists():
+        return load_profile(path)
+    threads = torch.get_num_threads()
+    modes = [layer.training for layer in layers]
+    buffers = [[b.detach().clone() for b in layer.buffers()] for layer in layers]
+    torch.set_num_threads(1)
+    try:
+        profile = _measure(list(layers), tuple(input_shape), sizes, name, names, warmup, repeats)
+    finally:
+        torch.set_num_threads(threads)
+        for layer, mode, saved in zip(layers, modes, buffers):
+            layer.train(mode)
+            for p in layer.parameters():
+                p.grad = None
+            with torch.no_grad():  # batch-norm statistics moved while measuring
+                for b, value in zip(layer.buffers(), saved):
+                    b.copy_(value)
+    save_profile(profile, path)
+    return profile
+
+
+def save_profile(profile: ModelProfile, path: str | os.PathLike) -> None:
+    """Write a profile as ``.npz`` (arrays plus a JSON header, no pickle), atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        f.name: np.asarray(getattr(profile, f.name), dtype=float)
+        for f in fields(profile)
+        if isinstance(getattr(profile, f.name), np.ndarray)
+    }
+    meta = {
+        "model": profile.model,
+        "layer_names": list(profile.layer_names),
+        "batch_sizes": list(profile.batch_sizes),
+        "input_bytes": profile.input_bytes,
+    }
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as handle:
+        np.savez(handle, meta=np.array(json.dumps(meta)), **arrays)
+    os.replace(handle.name, path)
+
+
+def load_profile(path: str | os.PathLike) -> ModelProfile:
+    """Read a profile written by :func:`save_profile`."""
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(str(data["meta"]))
+        arrays = {key: data[key] for key in data.files if key != "meta"}
+    return ModelProfile(
+        model=meta["model"],
+        layer_names=tuple(meta["layer_names"]),
+        batch_sizes=tuple(meta["batch_sizes"]),
+        input_bytes=int(meta["input_bytes"]),
+        **arrays,
+    )
+
+
+def _measure(
+    layers: list[nn.Module],
+    input_shape: tuple[int, ...],
+    sizes: tuple[int, ...],
+    name: str,
+    names: tuple[str, ...],
+    warmup: int,
+    repeats: int,
+) -> ModelProfile:
+    count = len(layers)
+    forward = np.zeros((count, len(sizes)))
+    backward = np.zeros((count, len(sizes)))
+    generator = torch.Generator().manual_seed(0)
+    for column, batch in enumerate(sizes):
+        x = torch.randn((batch, *input_shape), generator=generator)
+        for l, layer in enumerate(layers):
+            layer.train()
+            x = _trainable_input(x, l)
+            _fit_mode(layer, x)
+            forward[l, column], backward[l, column], y = _time_layer(layer, x, warmup, repeats)
+            x = y.detach()
+    activation, gradient, stash, flops = (np.zeros(count) for _ in range(4))
+    batch = sizes[-1]
+    x = torch.randn((batch, *input_shape), generator=generator)
+    input_bytes = x[0].numel() * x.element_size()
+    for l, layer in enumerate(layers):
+        layer.train()
+        x = _trainable_input(x, l)
+        _fit_mode(layer, x)
+        with FlopCounterMode(display=False) as counter:
+            layer(x)
+        y, stash[l] = _stashed(layer, x)
+        flops[l] = counter.get_total_flops() / batch
+        activation[l] = y.numel() * y.element_size() / batch
+        gradient[l] = x.numel() * x.element_size() / batch if x.is_floating_point() else 0.0
+        x = y.detach()
+    params = [list(layer.parameters()) for layer in layers]
+    weight = np.array([sum(p.numel() * p.element_size() for p in ps) for ps in params], dtype=float)
+    optimizer = np.array(
+        [sum(p.numel() * p.element_size() for p in ps if p.requires_grad) for ps in params], dtype=float
+    )
+    return ModelProfile(
+        model=name,
+        layer_names=names,
+        batch_sizes=sizes,
+        forward_s=forward,
+        backward_s=backward,
+        activation_bytes=activation,
+        gradient_bytes=gradient,
+        stash_bytes=stash,
+        weight_bytes=weight,
+        optimizer_bytes=optimizer,
+        flops=flops,
+        input_bytes=int(input_bytes),
+        optimizer_step_s=np.array([_time_step(ps, warmup, repeats) for ps in params]),
+    )
+
+
+def _trainable_input(x: torch.Tensor, index: int) -> torch.Tensor:
+    """A stage boundary: the input needs its gradient, except the model's input (layer 0)."""
+    x = x.detach()
+    return x.requires_grad_(index > 0 and x.is_floating_point())
+
+
+def _fit_mode(layer: nn.Module, x: torch.Tensor) -> None:
+    """Switch to eval mode if the layer cannot train on this batch (batch-norm at batch 1)."""
+    try:
+        with torch.no_grad():
+            layer(x)
+    except ValueError:
+        layer.eval()
+
+
+def _time_layer(layer: nn.Module, x: torch.Tensor, warmup: int, repeats: int) -> tuple[float, float, torch.Tensor]:
+    """Median forward and backward seconds, and the layer's output."""
+    forward_times, backward_times = [], []
+    for run in range(warmup + repeats):
+        start = time.perf_counter()
+        y = layer(x)
+        forward_s = time.perf_counter() - start
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"layer {type(layer).__name__} returns {type(y).__name__}, not one tensor")
+        backward_s = 0.0
+        if y.requires_grad:
+            grad = torch.ones_like(y)
+            start = time.perf_counter()
+            torch.autograd.backward(y, grad)
+            backward_s = time.perf_counter() - start
+        if run >= warmup:
+            forward_times.append(forward_s)
+            backward_times.append(backward_s)
+    return statistics.median(forward_times), statistics.median(backward_times), y
+
+
+def _stashed(layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The layer's output and the bytes per sample it saves for backward (deduplicated by storage)."""
+    own = {t.untyped_storage().data_ptr() for t in layer.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in own:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        y = layer(x)
+    return y, sum(saved.values()) / x.shape[0]
+
+
+def _time_step(params: list[nn.Parameter], warmup: int, repeats: int) -> float:
+    """Median seconds of an SGD-with-momentum step over these parameters (lr 0: weights unchanged)."""
+    trainable = [p for p in params if p.requires_grad]
+    if not trainable:
+        return 0.0
+    for p in trainable:
+        p.grad = torch.ones_like(p)
+    optimizer = torch.optim.SGD(trainable, lr=0.0, momentum=0.9)
+    times = []
+    for run in range(warmup + repeats):
+        start = time.perf_counter()
+        optimizer.step()
+        if run >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _cache_key(name: str, layers: Sequence[nn.Module], input_shape: tuple[int, ...], sizes: tuple[int, ...]) -> str:
+    structure = [
+        (repr(layer), [(n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters()]) for layer in layers
+    ]
+    text = json.dumps([name, structure, list(input_shape), list(sizes), torch.__version__])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
