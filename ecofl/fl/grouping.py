@@ -1,0 +1,321 @@
+"""Client grouping by response latency and label distribution (Eco-FL §5.2, eq. 4, Algorithm 1).
+
+Eco-FL's cost of putting home ``n`` into group ``s`` is (eq. 4)
+
+    COST(s, n) = |L_s - L_n| / RT + lambda * JS(pi_s + pi_n, uniform)
+
+where ``L_s`` is the group's centre (the mean latency of its K-means cluster),
+``pi_s + pi_n`` the label histogram of the group with the home added, and JS
+the Jensen-Shannon *divergence* in base 2, which lies in [0, 1].
+
+Two deliberate choices, documented because the paper leaves them open:
+
+* **Normalisation.** The paper adds seconds to a divergence. We divide the
+  latency distance by RT, so both terms lie in [0, 1] for every feasible
+  home (feasible means ``|L_s - L_n| <= RT``), and lambda weighs two
+  dimensionless quantities whatever the time scale of the simulation.
+* **Whose turn takes whom.** The paper lets the groups, in turn, take the
+  cheapest unassigned home. Taken literally an early group can take a home
+  that lies nearer another group's centre, so lambda = 0 would *not* give the
+  latency-only grouping the paper says it reduces to (§6.2: FedAT and Astraea
+  are "the extreme cases lambda = 0 and lambda = +inf"). Here a group, in its
+  turn, takes the cheapest home (eq. 4) among the unassigned homes that
+  *prefer* it, a home preferring the feasible group whose cost it raises
+  least: |L_s - L_n| / RT + lambda * (JS(pi_s + pi_n) - JS(pi_s)). With
+  lambda = 0 that is exactly nearest-centre assignment within RT; with large
+  lambda a home goes where its labels are missing, which balances the groups
+  (comparing the plain eq. 4 cost across groups instead would send every home
+  to the group that is already most balanced and empty the others). Groups
+  still fill in turn, one home per turn, as in the paper.
+
+Homes that fit no group (farther than RT from every centre) *wait*: they are
+dropped until re-grouping finds their latency back within range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy.spatial.distance import jensenshannon
+from sklearn.cluster import KMeans
+
+from ecofl.errors import UserError
+
+KMEANS_N_INIT = 10
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Homes per group, each group's latency centre L_s (seconds), and the waiting homes."""
+
+    groups: tuple[tuple[int, ...], ...]
+    centres: tuple[float, ...]
+    waiting: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.groups) != len(self.centres):
+            raise ValueError(f"{len(self.groups)} groups but {len(self.centres)} centres")
+        members = [h for g in self.groups for h in g] + list(self.waiting)
+        if len(members) != len(set(members)):
+            raise ValueError("a home appears twice in the grouping")
+
+    def group_of(self, home: int) -> int | None:
+        """The group ``home`` belongs to, or None when it waits."""
+        for index, members in enumerate(self.groups):
+            if home in members:
+                return index
+        return None
+
+    def to_json(self) -> dict:
+        return {
+            "groups": [list(g) for g in self.groups],
+            "centres": list(self.centres),
+            "waiting": list(self.waiting),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Grouping":
+        return cls(
+            groups=tuple(tuple(int(h) for h in g) for g in data["groups"]),
+            centres=tuple(float(c) for c in data["centres"]),
+            waiting=tuple(int(h) for h in data["waiting"]),
+        )
+
+
+def js_to_uniform(hist: np.ndarray) -> np.ndarray | float:
+    """Jensen-Shannon divergence (base 2, in [0, 1]) of label histogram(s) to the uniform distribution.
+
+    ``scipy.spatial.distance.jensenshannon`` returns the JS *distance*, the
+    square root of the divergence; we square it. Works on one histogram or on
+    rows of a 2-D array. An empty histogram is as far from uniform as possible (1).
+    """
+    hist = np.asarray(hist, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        distance = jensenshannon(hist, np.ones_like(hist), axis=-1, base=2)
+    divergence = np.nan_to_num(np.asarray(distance) ** 2, nan=1.0)
+    return float(divergence) if divergence.ndim == 0 else divergence
+
+
+def kmeans_centres(latencies: Sequence[float], num_groups: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """K-means on latency (§5.2): cluster labels per home and centres L_s, sorted fastest first.
+
+    ``num_groups`` is capped at the number of distinct latencies.
+    """
+    values = np.asarray(latencies, dtype=float)
+    if values.size == 0:
+        raise UserError("cannot group zero homes")
+    if num_groups < 1:
+        raise UserError(f"num_groups must be at least 1, got {num_groups}")
+    k = min(num_groups, len(np.unique(values)))
+    model = KMeans(n_clusters=k, n_init=KMEANS_N_INIT, random_state=seed).fit(values.reshape(-1, 1))
+    centres = np.array([values[model.labels_ == c].mean() for c in range(k)])
+    order = np.argsort(centres, kind="stable")
+    rank = np.empty(k, dtype=int)
+    rank[order] = np.arange(k)
+    return rank[model.labels_], centres[order]
+
+
+def derive_rt(latencies: Sequence[float], num_groups: int, seed: int) -> float:
+    """Default latency threshold RT: max(mean gap between adjacent K-means centres, largest home-to-centre distance).
+
+    With it nobody waits in the initial grouping, and a home near the edge of
+    its cluster may also join the neighbouring groups, where lambda decides
+    between latency and label balance; a group's round then waits at most
+    about as long as the next slower group's centre.
+    """
+    values = np.asarray(latencies, dtype=float)
+    labels, centres = kmeans_centres(values, num_groups, seed)
+    spread = float(np.abs(values - centres[labels]).max())
+    gap = float(np.diff(centres).mean()) if len(centres) > 1 else 0.0
+    return max(gap, spread, 1e-9)
+
+
+class _CostTable:
+    """COST(s, n) of eq. 4 for every group and home, given the groups' current label sums."""
+
+    def __init__(self, centres: np.ndarray, latencies: np.ndarray, hists: np.ndarray, rt: float, lam: float):
+        if not rt > 0:
+            raise UserError(f"RT must be positive, got {rt}")
+        if lam < 0:
+            raise UserError(f"lambda must be non-negative, got {lam}")
+        self.distance = np.abs(centres[:, None] - latencies[None, :])  # groups x homes
+        self.feasible = self.distance <= rt
+        self.hists = hists
+        self.rt = rt
+        self.lam = lam
+
+    def costs(self, group_sums: np.ndarray, homes: np.ndarray) -> np.ndarray:
+        """groups x len(homes) costs; infeasible pairs are +inf."""
+        cost = self.distance[:, homes] / self.rt
+        if self.lam > 0:
+            union = group_sums[:, None, :] + self.hists[None, homes, :]
+            cost = cost + self.lam * js_to_uniform(union.reshape(-1, union.shape[-1])).reshape(cost.shape)
+        return np.where(self.feasible[:, homes], cost, np.inf)
+
+
+def _as_arrays(
+    homes: Sequence[int], latencies: Mapping[int, float], label_hists: Mapping[int, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids = np.array(sorted(homes), dtype=int)
+    missing = [h for h in ids if h not in latencies or h not in label_hists]
+    if missing:
+        raise UserError(f"no latency or label histogram for homes {missing[:10]}")
+    lat = np.array([latencies[h] for h in ids], dtype=float)
+    hists = np.stack([np.asarray(label_hists[h], dtype=float) for h in ids]) if len(ids) else np.zeros((0, 1))
+    return ids, lat, hists
+
+
+def initial_grouping(
+    homes: Sequence[int],
+    latencies: Mapping[int, float],
+    label_hists: Mapping[int, np.ndarray],
+    num_groups: int,
+    rt: float,
+    lam: float,
+    seed: int,
+) -> Grouping:
+    """Eco-FL's initial grouping (§5.2): K-means centres, then groups take homes in turn by eq. 4."""
+    ids, lat, hists = _as_arrays(homes, latencies, label_hists)
+    _, centres = kmeans_centres(lat, num_groups, seed)
+    table = _CostTable(centres, lat, hists, rt, lam)
+    g = len(centres)
+    sums = np.zeros((g, hists.shape[1]))
+    members: list[list[int]] = [[] for _ in range(g)]
+    unassigned = np.arange(len(ids))
+    idle_turns = 0
+    turn = 0
+    while unassigned.size and idle_turns < g:
+        cost = table.costs(sums, unassigned)
+        best_group = np.argmin(cost - table.lam * js_to_uniform(sums)[:, None], axis=0)  # ties: lower index
+        mine = (best_group == turn) & np.isfinite(cost[turn])
+        if mine.any():
+            candidates = np.flatnonzero(mine)
+            pick = candidates[np.argmin(cost[turn, candidates])]  # ties: the lower home id
+            index = unassigned[pick]
+            members[turn].append(int(ids[index]))
+            sums[turn] += hists[index]
+            unassigned = np.delete(unassigned, pick)
+            idle_turns = 0
+        else:
+            idle_turns += 1
+        turn = (turn + 1) % g
+    return Grouping(
+        groups=tuple(tuple(sorted(m)) for m in members),
+        centres=tuple(float(c) for c in centres),
+        waiting=tuple(int(ids[i]) for i in unassigned),
+    )
+
+
+def regroup(
+    grouping: Grouping,
+    latencies: Mapping[int, float],
+    label_hists: Mapping[int, np.ndarray],
+    rt: float,
+    lam: float,
+) -> Grouping:
+    """Dynamic re-grouping, Eco-FL Algorithm 1.
+
+    Every grouped home whose latency left its group's range (|L_s - L_n| > RT)
+    moves to the feasible group of smallest COST (eq. 4), or waits when none
+    fits; every waiting home whose latency now fits some group rejoins the
+    cheapest one. Homes are handled in id order; centres stay the initial
+    K-means centres, which define the groups' latency ranges.
+    """
+    homes = [h for g in grouping.groups for h in g] + list(grouping.waiting)
+    ids, lat, hists = _as_arrays(homes, latencies, label_hists)
+    position = {int(h): i for i, h in enumerate(ids)}
+    centres = np.asarray(grouping.centres, dtype=float)
+    table = _CostTable(centres, lat, hists, rt, lam)
+    members = [set(g) for g in grouping.groups]
+    waiting = set(grouping.waiting)
+    sums = np.stack([hists[[position[h] for h in g]].sum(axis=0) for g in members]) if members else None
+
+    def place(home: int) -> int | None:
+        cost = table.costs(sums, np.array([position[home]]))[:, 0]
+        best = int(np.argmin(cost))
+        return best if np.isfinite(cost[best]) else None
+
+    for s, group in enumerate(grouping.groups):
+        for home in group:
+            if table.feasible[s, position[home]]:
+                continue
+            members[s].discard(home)
+            sums[s] -= hists[position[home]]
+            target = place(home)
+            if target is None:
+                waiting.add(home)
+            else:
+                members[target].add(home)
+                sums[target] += hists[position[home]]
+    for home in sorted(grouping.waiting):
+        target = place(home)
+        if target is not None:
+            waiting.discard(home)
+            members[target].add(home)
+            sums[target] += hists[position[home]]
+    return Grouping(
+        groups=tuple(tuple(sorted(m)) for m in members),
+        centres=grouping.centres,
+        waiting=tuple(sorted(waiting)),
+    )
+
+
+def latency_tiers(homes: Sequence[int], latencies: Mapping[int, float], num_tiers: int, seed: int) -> Grouping:
+    """FedAT's tiers (Chai et al. SC'21): K-means on latency, every home in its nearest tier, no data term."""
+    ids = np.array(sorted(homes), dtype=int)
+    lat = np.array([latencies[h] for h in ids], dtype=float)
+    labels, centres = kmeans_centres(lat, num_tiers, seed)
+    return Grouping(
+        groups=tuple(tuple(int(h) for h in ids[labels == t]) for t in range(len(centres))),
+        centres=tuple(float(c) for c in centres),
+        waiting=(),
+    )
+
+
+def data_balanced_groups(
+    homes: Sequence[int],
+    latencies: Mapping[int, float],
+    label_hists: Mapping[int, np.ndarray],
+    num_groups: int,
+) -> Grouping:
+    """Astraea's groups (Duan et al.): in turn, each group adds the home that brings its labels closest to uniform.
+
+    No latency term; group sizes differ by at most one. The centres are the
+    groups' mean latencies (for reporting and deadlines only).
+    """
+    ids, lat, hists = _as_arrays(homes, latencies, label_hists)
+    g = max(1, min(num_groups, len(ids)))
+    sums = np.zeros((g, hists.shape[1]))
+    members: list[list[int]] = [[] for _ in range(g)]
+    unassigned = np.arange(len(ids))
+    turn = 0
+    while unassigned.size:
+        divergence = js_to_uniform(sums[turn][None, :] + hists[unassigned])
+        pick = int(np.argmin(divergence))
+        index = unassigned[pick]
+        members[turn].append(int(ids[index]))
+        sums[turn] += hists[index]
+        unassigned = np.delete(unassigned, pick)
+        turn = (turn + 1) % g
+    by_id = dict(zip(ids.tolist(), lat.tolist()))
+    return Grouping(
+        groups=tuple(tuple(sorted(m)) for m in members),
+        centres=tuple(float(np.mean([by_id[h] for h in m])) for m in members),
+        waiting=(),
+    )
+
+
+def single_group(homes: Sequence[int], latencies: Mapping[int, float]) -> Grouping:
+    """FedAvg: every home in one group."""
+    ids = tuple(sorted(int(h) for h in homes))
+    return Grouping(groups=(ids,), centres=(float(np.mean([latencies[h] for h in ids])),), waiting=())
+
+
+def singletons(homes: Sequence[int], latencies: Mapping[int, float]) -> Grouping:
+    """FedAsync: every home its own group."""
+    ids = sorted(int(h) for h in homes)
+    return Grouping(
+        groups=tuple((h,) for h in ids), centres=tuple(float(latencies[h]) for h in ids), waiting=()
+    )
