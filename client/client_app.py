@@ -1,0 +1,150 @@
+"""Flower ClientApp: a home's portal node (Eco-FL §5).
+
+``query`` reports the home's response latency and label histogram (the
+profiling step of §5.2); ``train`` trains the home's partition from the
+received global model with FedProx's proximal term (§5.1) and returns the
+weights, sample count, loss and the home's latency; ``evaluate`` scores the
+received model on the home's data.
+
+The home trains its model in this one process: a synchronous pipeline
+computes the same update (DESIGN.md), and in simulation the time the home's
+device pool would need comes from its latency model at the virtual time the
+server sends. Which home this node is comes from ``node_config["partition-id"]``
+(set by the simulation engine, or by ``flower-supernode --node-config``).
+
+A request this home cannot serve (a malformed setup or training config,
+weights of the wrong shape, an unknown home) gets an error reply naming the
+problem; the node keeps serving.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import fields
+
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from client import protocol
+from client.home import Federation, federation
+from ecofl.errors import UserError
+from ecofl.fl.transport import HomeReport, TrainReply
+from ecofl.train import TrainConfig, evaluate, train_local
+from ecofl.weights import get_weights, set_weights
+
+app = ClientApp()
+
+
+class MalformedRequest(Exception):
+    """The request cannot be served; the reason goes back to the server."""
+
+
+@app.query()
+def query(message: Message, context: Context) -> Message:
+    """Report this home's latency and label histogram."""
+    try:
+        fed, home = _home(message, context)
+        virtual_time = _number(message.content[protocol.CONFIG], "virtual_time", 0.0)
+    except MalformedRequest as err:
+        return _error(message, err)
+    data = fed.home(home)
+    latency = fed.latency(home, virtual_time)
+    report = HomeReport(
+        home=home,
+        latency_s=0.0 if latency is None else latency,
+        label_histogram=data.label_histogram,
+        num_samples=len(data.y),
+    )
+    return Message(protocol.report_content(report), reply_to=message)
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    """Train this home's partition from the received weights (FedProx, reference = received)."""
+    try:
+        fed, home = _home(message, context)
+        config_record = message.content[protocol.CONFIG]
+        config = train_config(config_record)
+        virtual_time = _number(config_record, "virtual_time", 0.0)
+        model = fed.new_model()
+        set_weights(model, message.content[protocol.ARRAYS].to_numpy_ndarrays())
+    except (MalformedRequest, UserError, ValueError, KeyError, TypeError) as err:
+        return _error(message, err)
+    data = fed.home(home)
+    started = time.perf_counter()
+    result = train_local(model, data.x, data.y, config)
+    measured = time.perf_counter() - started
+    latency = fed.latency(home, virtual_time)
+    reply = TrainReply(
+        home=home,
+        weights=get_weights(model),
+        num_samples=result.num_samples,
+        loss=result.loss,
+        latency_s=measured if latency is None else latency,
+    )
+    return Message(protocol.reply_content(reply), reply_to=message)
+
+
+@app.evaluate()
+def evaluate_home(message: Message, context: Context) -> Message:
+    """Loss and accuracy of the received weights on this home's data."""
+    try:
+        fed, home = _home(message, context)
+        model = fed.new_model()
+        set_weights(model, message.content[protocol.ARRAYS].to_numpy_ndarrays())
+    except (MalformedRequest, UserError, ValueError, KeyError, TypeError) as err:
+        return _error(message, err)
+    data = fed.home(home)
+    result = evaluate(model, data.x, data.y)
+    metrics = {protocol.NUM_EXAMPLES: result.num_samples, "loss": result.loss, "accuracy": result.accuracy}
+    return Message(RecordDict({protocol.METRICS: MetricRecord(metrics)}), reply_to=message)
+
+
+def train_config(record: ConfigRecord) -> TrainConfig:
+    """The :class:`TrainConfig` in ``record``: TrainConfig's fields, type-checked; others ignored.
+
+    Missing fields keep TrainConfig's defaults; a value of the wrong type, a
+    non-finite number or an out-of-range value is a :class:`MalformedRequest`.
+    """
+    values: dict[str, object] = {}
+    for spec in fields(TrainConfig):
+        if spec.name not in record:
+            continue
+        value = record[spec.name]
+        if isinstance(spec.default, int):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise MalformedRequest(f"train config {spec.name} must be an integer, got {value!r}")
+            values[spec.name] = value
+        else:
+            values[spec.name] = _number(record, spec.name, spec.default)
+    try:
+        return TrainConfig(**values)
+    except UserError as err:
+        raise MalformedRequest(str(err)) from err
+
+
+def _number(record: ConfigRecord, key: str, default: float) -> float:
+    value = record.get(key, default)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise MalformedRequest(f"config {key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _home(message: Message, context: Context) -> tuple[Federation, int]:
+    """The federation named by the message's setup, and which home this node is."""
+    try:
+        setup_json = message.content[protocol.CONFIG][protocol.SETUP]
+        fed = federation(setup_json)
+        home = int(context.node_config[protocol.PARTITION_ID])
+    except (KeyError, TypeError) as err:
+        raise MalformedRequest(f"request lacks the home setup or this node its partition-id: {err!r}") from err
+    except UserError as err:
+        raise MalformedRequest(str(err)) from err
+    if not 0 <= home < fed.setup.num_homes:
+        raise MalformedRequest(f"partition-id {home} is not one of the setup's {fed.setup.num_homes} homes")
+    return fed, home
+
+
+def _error(message: Message, err: Exception) -> Message:
+    return Message(Error(code=protocol.MALFORMED_REQUEST, reason=f"{type(err).__name__}: {err}"), reply_to=message)

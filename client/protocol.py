@@ -1,0 +1,118 @@
+"""The messages between the Eco-FL ServerApp and a home's ClientApp.
+
+Both sides import this module (Flower's examples share ``task.py`` the same
+way), so the record names live in one place. The layout follows Flower's own
+strategies, so a home also answers ``flwr.serverapp.strategy.FedAvg``:
+
+=========  ==========================================  =============================================
+message    content sent to the home                    reply content
+=========  ==========================================  =============================================
+query      ``config``: setup, virtual_time             ``metrics``: partition-id, latency_s,
+                                                       num-examples, label-histogram
+train      ``arrays``: global model; ``config``:       ``arrays``: trained model; ``metrics``:
+           setup, epochs, batch_size, lr, mu, seed,    partition-id, num-examples, loss, latency_s
+           virtual_time, round, group, ...
+evaluate   ``arrays``; ``config``: setup               ``metrics``: num-examples, loss, accuracy
+=========  ==========================================  =============================================
+
+``setup`` is the JSON of :class:`client.home.HomeSetup`. A home that cannot
+serve a request answers with a Flower ``Error`` (code
+:data:`MALFORMED_REQUEST`) whose reason says why, instead of crashing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from ecofl.fl.transport import HomeReport, TrainReply, Weights
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+SETUP = "setup"
+PARTITION_ID = "partition-id"
+NUM_EXAMPLES = "num-examples"  # the key Flower's strategies weight by
+MALFORMED_REQUEST = 400  # Flower's own error codes (flwr.common.constant.ErrorCode) stop at 8
+
+
+def config_record(values: Mapping[str, object]) -> ConfigRecord:
+    """A ConfigRecord of ``values``; None values are left out (Flower has no null)."""
+    return ConfigRecord({key: value for key, value in values.items() if value is not None})
+
+
+def query_content(setup_json: str, virtual_time: float) -> RecordDict:
+    return RecordDict({CONFIG: config_record({SETUP: setup_json, "virtual_time": float(virtual_time)})})
+
+
+def train_content(weights: Weights, config: Mapping[str, object], setup_json: str) -> RecordDict:
+    return RecordDict(
+        {ARRAYS: ArrayRecord(list(weights)), CONFIG: config_record({**config, SETUP: setup_json})}
+    )
+
+
+def evaluate_content(weights: Weights, setup_json: str) -> RecordDict:
+    return RecordDict({ARRAYS: ArrayRecord(list(weights)), CONFIG: config_record({SETUP: setup_json})})
+
+
+def report_content(report: HomeReport) -> RecordDict:
+    """A home's answer to the query: its latency and label histogram."""
+    return RecordDict(
+        {
+            METRICS: MetricRecord(
+                {
+                    PARTITION_ID: int(report.home),
+                    "latency_s": float(report.latency_s),
+                    NUM_EXAMPLES: int(report.num_samples),
+                    "label-histogram": [int(c) for c in report.label_histogram],
+                }
+            )
+        }
+    )
+
+
+def reply_content(reply: TrainReply) -> RecordDict:
+    """A home's trained weights and what it measured."""
+    metrics = MetricRecord(
+        {
+            PARTITION_ID: int(reply.home),
+            NUM_EXAMPLES: int(reply.num_samples),
+            "loss": float(reply.loss),
+            "latency_s": float(reply.latency_s),
+        }
+    )
+    return RecordDict({ARRAYS: ArrayRecord(list(reply.weights or [])), METRICS: metrics})
+
+
+def read_report(message: Message) -> HomeReport:
+    """The :class:`HomeReport` in a query reply (raises KeyError/TypeError when malformed)."""
+    metrics = message.content[METRICS]
+    return HomeReport(
+        home=int(metrics[PARTITION_ID]),
+        latency_s=float(metrics["latency_s"]),
+        label_histogram=np.asarray(metrics["label-histogram"], dtype=np.int64),
+        num_samples=int(metrics[NUM_EXAMPLES]),
+    )
+
+
+def read_reply(message: Message, home: int) -> TrainReply:
+    """The :class:`TrainReply` in a train reply; a Flower error becomes ``TrainReply.error``."""
+    if message.has_error():
+        reason = message.error.reason or f"error code {message.error.code}"
+        return TrainReply(home=home, weights=None, num_samples=0, loss=float("nan"), latency_s=0.0, error=reason)
+    try:
+        metrics = message.content[METRICS]
+        return TrainReply(
+            home=home,
+            weights=message.content[ARRAYS].to_numpy_ndarrays(),
+            num_samples=int(metrics[NUM_EXAMPLES]),
+            loss=float(metrics["loss"]),
+            latency_s=float(metrics["latency_s"]),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        return TrainReply(
+            home=home, weights=None, num_samples=0, loss=float("nan"), latency_s=0.0,
+            error=f"malformed reply: {err!r}",
+        )
