@@ -78,9 +78,15 @@ def test_rejects_deadlocking_order():
     ]
     with pytest.raises(ScheduleError, match="deadlock"):
         validate(schedule, 2)
-    # a later stage warming up more than its predecessor starves
-    with pytest.raises(ScheduleError, match="deadlock"):
-        validate(one_f_one_b(3, 6, [1, 3, 1]), 6)
+
+
+def test_1f1b_never_warms_up_beyond_a_predecessor():
+    # stage 1 may hold 3 but stage 0 only 1: warming up 3 would deadlock
+    schedule = one_f_one_b(3, 6, [1, 3, 1])
+    validate(schedule, 6, [1, 3, 1])
+    assert [a.kind for a in schedule[1][:2]] == ["F", "B"]
+    for stages, micro_batches, in_flight in [(4, 9, [2, 5, 4, 3]), (5, 3, [9, 1, 7, 2, 2]), (3, 12, [5, 5, 5])]:
+        validate(one_f_one_b(stages, micro_batches, in_flight), micro_batches, in_flight)
 
 
 def test_rejects_too_many_in_flight():

@@ -34,15 +34,22 @@ Schedule = list[list[Action]]
 
 
 def one_f_one_b(num_stages: int, num_micro_batches: int, in_flight: Sequence[int]) -> Schedule:
-    """1F1B-Sync: min(K_s, M) forwards, then alternate B and F, then drain the Bs."""
+    """1F1B-Sync: W_s forwards, then alternate B and F, then drain the Bs.
+
+    W_s = min(K_0, ..., K_s, M): a micro-batch resident on stage s (forward
+    done, backward not) is resident on every earlier stage too, so a stage can
+    never hold more than its predecessors; warming up beyond that would wait
+    for a forward that only comes after a backward it blocks (deadlock).
+    """
     _check_sizes(num_stages, num_micro_batches)
     if len(in_flight) != num_stages:
         raise ScheduleError(f"need one in-flight bound per stage ({num_stages}), got {len(in_flight)}")
     schedule: Schedule = []
+    warm = num_micro_batches
     for s, k in enumerate(in_flight):
         if k < 1:
             raise ScheduleError(f"stage {s}: in-flight bound must be at least 1, got {k}")
-        warm = min(k, num_micro_batches)
+        warm = min(warm, k)
         actions = [Action(s, "F", m) for m in range(warm)]
         for m in range(num_micro_batches - warm):
             actions.append(Action(s, "B", m))
