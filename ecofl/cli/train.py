@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("train", help="train a model centrally and print test accuracy")
     parser.add_argument("--dataset", default="fashion_mnist")
     parser.add_argument("--model", default="cnn")
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--epochs", type=_positive_int, default=1)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9)
@@ -31,6 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--download", action="store_true", help="allow torchvision downloads")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"epoch {epoch}/{args.epochs}: train loss {result.loss:.4f}  "
                   f"test loss {test.loss:.4f}  test accuracy {test.accuracy:.4f}", flush=True)
     summary = {"dataset": dataset.name, "source": dataset.source, "model": args.model,
-               "train_samples": len(x), "epochs": rows, "accuracy": rows[-1]["test_accuracy"] if rows else None}
+               "train_samples": len(x), "epochs": rows, "accuracy": rows[-1]["test_accuracy"]}
     if args.json:
         print(json.dumps(summary))
     else:
