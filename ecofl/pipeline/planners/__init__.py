@@ -1,0 +1,65 @@
+"""Planners: which devices run which layers, with what micro-batch and forward tasks in flight.
+
+Every planner maps (profile, pool, mini-batch size) to a
+:class:`ecofl.pipeline.plan.Plan` whose ``micro_batch * num_micro_batches``
+equals the mini-batch (micro-batch sizes are its divisors), whose stages keep
+K_s = min(P_s, Q_s, M) forward tasks (P_s = 2(S-s)-1, Q_s from memory) and
+run 1F1B-Sync:
+
+========  ======================================================================
+ecofl     Eco-FL §4.2-4.3: DP of eq. 1, device-order and micro-batch search
+hpp       Asteroid §3.3: Algorithm 2 over data-parallel stage groups, Algorithm 1
+pipeedge  PipeEdge §III-B: DP choosing device subset and order (category compression)
+even      equal layers (or FLOPs) per device in pool order (GPipe / PipeDream style)
+dp        data parallel: whole model everywhere, samples by speed, one AllReduce
+========  ======================================================================
+
+A model that fits the pool in no way raises :class:`ecofl.errors.UserError`
+naming the tightest device and the bytes it misses.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+from ecofl.devices import HomePool
+from ecofl.errors import UserError
+from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.planners.baselines import plan_dp, plan_even
+from ecofl.pipeline.planners.ecofl import plan_ecofl
+from ecofl.pipeline.planners.hpp import plan_hpp
+from ecofl.pipeline.planners.pipeedge import plan_pipeedge
+from ecofl.pipeline.profile import ModelProfile
+
+PLANNERS: dict[str, Callable[..., Plan]] = {
+    "ecofl": plan_ecofl,
+    "hpp": plan_hpp,
+    "pipeedge": plan_pipeedge,
+    "even": plan_even,
+    "dp": plan_dp,
+}
+
+
+def make_plan(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int, **options: object) -> Plan:
+    """Plan ``profile`` on ``pool`` for mini-batches of ``batch_size`` with the named planner.
+
+    ``options`` are the planner's keyword arguments (``micro_batch`` for all,
+    ``sizes`` and ``block`` for hpp, ``balance`` for even).
+    """
+    if planner not in PLANNERS:
+        raise UserError(f"unknown planner {planner!r}; valid planners: {', '.join(PLANNERS)}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise UserError(f"batch size must be a positive integer, got {batch_size!r}")
+    function = PLANNERS[planner]
+    accepted = set(inspect.signature(function).parameters) - {"profile", "pool", "batch_size"}
+    unknown = set(options) - accepted
+    if unknown:
+        raise UserError(
+            f"planner {planner!r} takes no option {', '.join(sorted(unknown))}; "
+            f"its options: {', '.join(sorted(accepted))}"
+        )
+    micro_batch = options.get("micro_batch")
+    if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1 or batch_size % micro_batch):
+        raise UserError(f"micro-batch {micro_batch!r} must be a positive divisor of the batch size {batch_size}")
+    return function(profile, pool, batch_size, **options)
