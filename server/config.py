@@ -1,0 +1,117 @@
+"""One experiment's settings, from Hydra's composed config or Flower's run config.
+
+Hydra (``conf/config.yaml``) and ``flwr run`` (``[tool.flwr.app.config]`` in
+``pyproject.toml``, flattened to dotted keys) describe the same nested
+settings; :func:`experiment` turns either into the pieces the apps need: the
+:class:`~client.home.HomeSetup` every home receives, the event loop's
+:class:`~ecofl.fl.loop.LoopConfig` and the server's own settings. Missing
+keys take the defaults below (TOML has no null, so ``flwr run`` leaves
+``null`` settings out); an unknown key is an error naming the valid ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from flwr.common.config import unflatten_dict
+
+from client.home import HomeSetup
+from ecofl.errors import UserError
+from ecofl.fl.loop import LoopConfig
+
+#: Keys of the ``loop`` section: LoopConfig fields not set by another section.
+LOOP_KEYS = (
+    "homes_per_round", "max_concurrent", "max_updates", "max_virtual_time_s", "target_accuracy",
+    "eval_every", "requery_every", "checkpoint_every", "round_deadline_factor",
+)
+STRATEGY_KEYS = ("name", "alpha", "staleness", "staleness_a", "staleness_b")
+GROUPING_KEYS = ("num_groups", "lambda", "rt")
+SERVER_KEYS = ("eval_samples", "connect_timeout_s", "reply_timeout_s")
+SIMULATION_KEYS = ("actors", "cpus_per_actor")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the ServerApp needs besides the loop: evaluation, timeouts, where to write."""
+
+    eval_samples: int | None = None  # test samples for the global accuracy (None: the whole test split)
+    connect_timeout_s: float = 300.0  # wait this long for all homes to connect and answer the profiling query
+    reply_timeout_s: float = 600.0  # a train round's replies; later ones are stragglers
+
+
+@dataclass(frozen=True)
+class SimulationSettings:
+    """Flower's simulation engine: Ray actors that run the homes' ClientApps."""
+
+    actors: int = 2  # homes training at the same time (one per actor)
+    cpus_per_actor: float = 1.0
+
+    def backend_config(self) -> dict:
+        """``run_simulation``'s backend config: ``actors`` actors of ``cpus_per_actor`` CPUs each."""
+        total = self.actors * self.cpus_per_actor
+        return {
+            "client_resources": {"num_cpus": self.cpus_per_actor, "num_gpus": 0.0},
+            "init_args": {"num_cpus": max(1, round(total)), "num_gpus": 0, "include_dashboard": False},
+        }
+
+
+@dataclass(frozen=True)
+class Experiment:
+    setup: HomeSetup
+    loop: LoopConfig
+    server: ServerSettings
+    simulation: SimulationSettings
+    out_dir: str | None = None
+    resume: str | None = None
+
+
+def experiment(cfg: Mapping) -> Experiment:
+    """Build an :class:`Experiment` from the nested settings (Hydra's config as a plain dict)."""
+    cfg = dict(cfg)
+    homes = int(cfg.get("homes", 300))
+    seed = int(cfg.get("seed", 0))
+    strategy = _section(cfg, "strategy", STRATEGY_KEYS)
+    grouping = _section(cfg, "grouping", GROUPING_KEYS)
+    loop = _section(cfg, "loop", LOOP_KEYS)
+    latency = dict(cfg.get("latency") or {})
+    if latency:
+        latency.update(num_homes=homes, seed=seed)
+    model = dict(cfg.get("model") or {"name": "cnn"})
+    setup = HomeSetup(
+        num_homes=homes,
+        dataset=dict(cfg.get("dataset") or {"name": "fashion_mnist"}),
+        partition=dict(cfg.get("partition") or {"scheme": "shards", "classes_per_client": 2}),
+        model={"name": model["name"], "options": dict(model.get("options") or {})},
+        latency=latency,
+        seed=seed,
+    )
+    renamed = {"name": "strategy", "lambda": "lam"}
+    loop_values = {
+        **{renamed.get(k, k): v for k, v in strategy.items()},
+        **{renamed.get(k, k): v for k, v in grouping.items()},
+        **loop,
+        "train": dict(cfg.get("train") or {}),
+        "seed": seed,
+    }
+    try:
+        loop_config = LoopConfig(**loop_values)
+        server = ServerSettings(**_section(cfg, "server", SERVER_KEYS))
+        simulation = SimulationSettings(**_section(cfg, "simulation", SIMULATION_KEYS))
+    except (TypeError, ValueError) as err:
+        raise UserError(f"invalid experiment settings: {err}") from err
+    return Experiment(setup, loop_config, server, simulation, cfg.get("out_dir"), cfg.get("resume"))
+
+
+def experiment_from_run_config(run_config: Mapping) -> Experiment:
+    """Flower's flat run config (``train.lr = 0.05`` ...) as an :class:`Experiment`."""
+    return experiment(unflatten_dict(dict(run_config)))
+
+
+def _section(cfg: Mapping, name: str, keys: tuple[str, ...]) -> dict:
+    section = dict(cfg.get(name) or {})
+    unknown = sorted(set(section) - set(keys))
+    if unknown:
+        raise UserError(f"unknown {name} setting(s) {', '.join(unknown)}; valid: {', '.join(keys)}")
+    return {k: v for k, v in section.items() if v is not None}
+

@@ -1,0 +1,133 @@
+"""The event loop's :class:`~ecofl.fl.transport.Transport` over a Flower ``Grid``.
+
+Homes are named by partition id in the event loop and by node id in Flower;
+node ids are random per run, so :meth:`GridTransport.connect` first waits
+for the nodes, sends every node a query and keeps the partition-id -> node-id
+map from the replies. After that ``query`` and ``train`` push one message
+per home, poll ``pull_messages`` until every reply is in or the deadline
+passes, and return the replies in whatever order they came; a home that did
+not answer in time is simply missing (a straggler), and a home that answered
+with an error comes back as ``TrainReply.error``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from flwr.app import Message, MessageType
+from flwr.serverapp import Grid
+
+from client import protocol
+from ecofl.fl.transport import HomeReport, TrainReply, TrainTask
+
+log = logging.getLogger(__name__)
+
+
+class GridTransport:
+    """Reach homes through ``grid``; ``setup_json`` (a :class:`client.home.HomeSetup`) goes with every message."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        setup_json: str,
+        num_homes: int,
+        *,
+        reply_timeout_s: float = 600.0,
+        poll_interval_s: float = 0.02,
+    ) -> None:
+        self.grid = grid
+        self.setup_json = setup_json
+        self.num_homes = num_homes
+        self.reply_timeout_s = reply_timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.node_of: dict[int, int] = {}  # partition id -> node id
+
+    def connect(self, timeout_s: float = 300.0) -> list[HomeReport]:
+        """Wait for ``num_homes`` nodes, query them all and map partition ids to node ids.
+
+        Returns the reports (at virtual time 0). Raises ``TimeoutError`` when
+        fewer nodes connect in time, ``RuntimeError`` when two nodes claim one
+        partition id or a node reports a partition id outside the federation.
+        """
+        deadline = time.monotonic() + timeout_s
+        node_ids = sorted(self.grid.get_node_ids())
+        while len(node_ids) < self.num_homes:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(node_ids)} of {self.num_homes} homes connected in {timeout_s:.0f} s")
+            time.sleep(0.5)
+            node_ids = sorted(self.grid.get_node_ids())
+        messages = {
+            node: Message(protocol.query_content(self.setup_json, 0.0), node, MessageType.QUERY)
+            for node in node_ids
+        }
+        replies = self._exchange(messages, max(deadline - time.monotonic(), 1.0))
+        reports = []
+        for node, reply in replies.items():
+            if reply.has_error():
+                log.warning("node %d could not be profiled: %s", node, reply.error.reason)
+                continue
+            report = protocol.read_report(reply)
+            if not 0 <= report.home < self.num_homes:
+                raise RuntimeError(f"node {node} reports partition-id {report.home}, not one of {self.num_homes}")
+            if report.home in self.node_of:
+                raise RuntimeError(f"nodes {self.node_of[report.home]} and {node} both are home {report.home}")
+            self.node_of[report.home] = node
+            reports.append(report)
+        log.info("connected %d of %d homes", len(self.node_of), self.num_homes)
+        return reports
+
+    def query(self, homes: Sequence[int], config: dict) -> list[HomeReport]:
+        """Profile ``homes`` at ``config["virtual_time"]``; errors and silence leave a home out."""
+        virtual_time = float(config.get("virtual_time", 0.0))
+        messages = {
+            home: Message(protocol.query_content(self.setup_json, virtual_time), self.node_of[home], MessageType.QUERY)
+            for home in homes
+            if home in self.node_of
+        }
+        reports = []
+        for home, reply in self._exchange(messages, self.reply_timeout_s).items():
+            if reply.has_error():
+                log.warning("home %d could not be profiled: %s", home, reply.error.reason)
+                continue
+            reports.append(protocol.read_report(reply))
+        return reports
+
+    def train(self, tasks: Sequence[TrainTask], timeout_s: float | None = None) -> list[TrainReply]:
+        """Send every task at once; replies in arrival order, homes silent past the timeout left out."""
+        messages = {}
+        for task in tasks:
+            if task.home not in self.node_of:
+                log.warning("home %d is not connected; its task is dropped", task.home)
+                continue
+            content = protocol.train_content(task.weights, task.config, self.setup_json)
+            messages[task.home] = Message(
+                content, self.node_of[task.home], MessageType.TRAIN, group_id=str(task.config.get("round", ""))
+            )
+        replies = self._exchange(messages, self.reply_timeout_s if timeout_s is None else timeout_s)
+        return [protocol.read_reply(reply, home) for home, reply in replies.items()]
+
+    def _exchange(self, messages: dict[int, Message], timeout_s: float) -> dict[int, Message]:
+        """Push ``messages`` (keyed by home or node) and pull replies until all are in or ``timeout_s``."""
+        if not messages:
+            return {}
+        pushed = set(self.grid.push_messages(list(messages.values())))
+        pending = {
+            message.metadata.message_id: key
+            for key, message in messages.items()
+            if message.metadata.message_id in pushed
+        }
+        replies: dict[int, Message] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                key = pending.pop(reply.metadata.reply_to_message_id, None)
+                if key is not None:
+                    replies[key] = reply
+            if not pending or time.monotonic() > deadline:
+                break
+            time.sleep(self.poll_interval_s)
+        if pending:
+            log.info("%d of %d homes did not answer within %.1f s", len(pending), len(messages), timeout_s)
+        return replies

@@ -1,0 +1,104 @@
+"""Flower ServerApp: Eco-FL's event loop over Flower's Grid (Eco-FL §5, DESIGN.md "The server's event loop").
+
+The ServerApp connects to the homes (a query round that maps partition ids
+to Flower node ids and profiles every home), then hands the
+:class:`~ecofl.fl.loop.EventLoop` a :class:`~server.grid_transport.GridTransport`:
+grouping, the groups' synchronous FedProx rounds, FedAsync mixing into the
+global model in virtual-time order, re-grouping, checkpoints and metrics all
+live in the Flower-free loop. The server evaluates the global model on the
+test split (or a seeded subset of ``eval_samples`` of it).
+
+Two ways in:
+
+* ``app`` (``flwr run .``): settings from ``[tool.flwr.app.config]`` via
+  :func:`server.config.experiment_from_run_config`; outputs in ``out_dir``.
+* :func:`make_server_app` (``simulations.run`` and tests): settings and the
+  output directory passed in, since ``run_simulation`` has no run config.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from ecofl.data import load_dataset
+from ecofl.fl.clock import VirtualClock, WallClock
+from ecofl.fl.loop import EventLoop
+from ecofl.models import build_model
+from ecofl.train import evaluate
+from ecofl.weights import Weights, get_weights, set_weights
+from server.config import Experiment, experiment_from_run_config
+from server.grid_transport import GridTransport
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OUT_DIR = "outputs/flwr"
+
+
+class GlobalEvaluator:
+    """Test loss and accuracy of global weights on the (seeded subset of the) test split."""
+
+    def __init__(self, exp: Experiment) -> None:
+        dataset = load_dataset(**exp.setup.dataset)
+        x, y = dataset.test.x, dataset.test.y
+        samples = exp.server.eval_samples
+        if samples is not None and samples < len(y):
+            keep = torch.randperm(len(y), generator=torch.Generator().manual_seed(exp.setup.seed))[:samples]
+            x, y = x[keep], y[keep]
+        self.x, self.y = x, y
+        options = exp.setup.model.get("options") or {}
+        torch.manual_seed(exp.setup.seed)
+        self.model = build_model(exp.setup.model["name"], dataset.input_shape, dataset.num_classes, **options)
+
+    def initial_weights(self) -> Weights:
+        """The seeded initial global model."""
+        return get_weights(self.model)
+
+    def __call__(self, weights: Weights) -> tuple[float, float]:
+        set_weights(self.model, weights)
+        result = evaluate(self.model, self.x, self.y)
+        return result.loss, result.accuracy
+
+
+def run_server(grid: Grid, exp: Experiment, out_dir: Path, progress: bool = True) -> list[dict]:
+    """Connect to the homes and run (or resume) the event loop; returns its per-update metrics."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    evaluator = GlobalEvaluator(exp)
+    transport = GridTransport(grid, exp.setup.to_json(), exp.setup.num_homes, reply_timeout_s=exp.server.reply_timeout_s)
+    transport.connect(exp.server.connect_timeout_s)
+    if exp.resume:
+        loop = EventLoop.resume(exp.resume, transport, evaluator, out_dir=out_dir, progress=progress)
+    else:
+        clock = VirtualClock() if exp.setup.latency else WallClock()
+        loop = EventLoop(
+            exp.loop, transport, range(exp.setup.num_homes), evaluator.initial_weights(), evaluator,
+            clock=clock, out_dir=out_dir, progress=progress,
+        )
+    records = loop.run()
+    log.info("%d global updates; metrics in %s", len(records), out_dir)
+    return records
+
+
+def make_server_app(exp: Experiment, out_dir: Path, progress: bool = True) -> ServerApp:
+    """A ServerApp that runs ``exp`` and writes to ``out_dir`` (for ``run_simulation``)."""
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_server(grid, exp, out_dir, progress)
+
+    return server_app
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """``flwr run``: the experiment comes from the run config."""
+    exp = experiment_from_run_config(context.run_config)
+    run_server(grid, exp, Path(exp.out_dir or DEFAULT_OUT_DIR).resolve(), progress=False)

@@ -1,0 +1,1 @@
+"""Hydra-configured Flower simulations of Eco-FL (``python -m simulations.run``) and their plots."""
