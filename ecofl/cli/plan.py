@@ -1,0 +1,162 @@
+"""``ecofl plan``: plan a model on a home pool and predict its sync-round.
+
+Profiles the model's layers on this host (cached on disk, see
+:func:`ecofl.pipeline.profile.profile_model`), runs a planner
+(:mod:`ecofl.pipeline.planners`), and simulates one sync-round of the plan
+(:func:`ecofl.pipeline.cost.simulate`). ``--pool`` is a named pool
+(``ecofl.devices.POOLS``) or a comma-separated list of device presets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from ecofl.devices import POOLS, PRESETS, HomePool, load_pool, make_pool
+from ecofl.errors import UserError
+from ecofl.models import GRANULARITIES, build_model, layer_sequence, named_layer_sequence
+from ecofl.pipeline.cost import SyncRoundCost, simulate, stage_compute_s
+from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.planners import PLANNERS, make_plan
+from ecofl.pipeline.profile import ModelProfile, profile_model
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("plan", help="plan a model over a home's devices and predict a sync-round")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--pool", required=True, help=f"one of {', '.join(POOLS)} or presets a,b,c")
+    parser.add_argument("--planner", default="ecofl", help=f"one of {', '.join(PLANNERS)}")
+    parser.add_argument("--batch", type=int, default=128, help="mini-batch (samples per sync-round)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="fix the micro-batch size")
+    parser.add_argument("--bandwidth", type=float, default=None, help="every link in Mbps (default 100)")
+    parser.add_argument("--granularity", default="block", help=f"one of {', '.join(GRANULARITIES)}")
+    parser.add_argument("--input-shape", default="3,32,32", help="one sample's C,H,W")
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--cache-dir", default=None, help="profile cache (default ~/.cache/ecofl/profiles)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--gantt", default=None, metavar="FILE", help="write the simulated sync-round as PNG")
+    parser.set_defaults(func=run)
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise UserError(f"--input-shape must be three positive integers C,H,W, got {text!r}")
+    return shape  # type: ignore[return-value]
+
+
+def parse_pool(text: str, bandwidth_mbps: float | None) -> HomePool:
+    """A named pool, or a pool of the comma-separated device presets."""
+    if bandwidth_mbps is not None and not bandwidth_mbps > 0:
+        raise UserError(f"--bandwidth must be positive, got {bandwidth_mbps} Mbps")
+    if text in POOLS:
+        return load_pool(text, bandwidth_mbps)
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise UserError(f"empty pool {text!r}: name a pool ({', '.join(POOLS)}) or device presets")
+    unknown = [name for name in names if name not in PRESETS]
+    if unknown:
+        raise UserError(
+            f"unknown pool or device preset {unknown[0]!r}; pools: {', '.join(POOLS)}; "
+            f"presets: {', '.join(PRESETS)}"
+        )
+    return make_pool(text, names, bandwidth_mbps)
+
+
+def model_profile(
+    model: str, input_shape: tuple[int, int, int], classes: int, granularity: str, cache_dir: str | None = None
+) -> ModelProfile:
+    """The host profile of a zoo model's layer sequence (cached on disk)."""
+    if granularity not in GRANULARITIES:
+        raise UserError(f"unknown granularity {granularity!r}; valid: {', '.join(GRANULARITIES)}")
+    network = build_model(model, input_shape, classes)
+    named = named_layer_sequence(network, granularity)
+    shape = "x".join(map(str, input_shape))
+    return profile_model(
+        layer_sequence(network, granularity), input_shape, name=f"{model}-{granularity}-{shape}-{classes}",
+        cache_dir=cache_dir, layer_names=[name for name, _ in named],
+    )
+
+
+def describe(plan: Plan, profile: ModelProfile, pool: HomePool, cost: SyncRoundCost, planning_s: float) -> dict:
+    """The plan and its predicted sync-round as one JSON-ready object."""
+    stages = []
+    for s, stage in enumerate(plan.stages):
+        times = [sum(stage_compute_s(profile, pool.devices[d], stage.layers, y)) for d, y in zip(stage.devices, stage.shares)]
+        stages.append({
+            "stage": s,
+            "devices": list(stage.devices),
+            "device_names": [pool.devices[d].name for d in stage.devices],
+            "layers": list(stage.layers),
+            "shares": list(stage.shares),
+            "in_flight": stage.in_flight,
+            "memory_bytes": cost.stage_memory_bytes[s],
+            "budget_bytes": min(pool.devices[d].memory_bytes for d in stage.devices),
+            "stage_time_s": max(times),
+            "busy_fraction": cost.busy_fraction[s],
+        })
+    return {
+        "planner": plan.planner,
+        "model": profile.model,
+        "pool": pool.name,
+        "num_layers": profile.num_layers,
+        "batch_size": plan.batch_size,
+        "micro_batch": plan.micro_batch,
+        "num_micro_batches": plan.num_micro_batches,
+        "schedule": plan.schedule,
+        "stages": stages,
+        "sync_round_s": cost.sync_round_s,
+        "throughput": cost.throughput,
+        "planning_s": planning_s,
+    }
+
+
+def _table(report: dict) -> str:
+    head = ("stage", "devices", "layers", "share", "K_p", "memory / budget (MiB)", "stage time (s)")
+    rows = [head]
+    for st in report["stages"]:
+        rows.append((
+            str(st["stage"]),
+            ",".join(f"{d}:{n}" for d, n in zip(st["devices"], st["device_names"])),
+            f"{st['layers'][0]}-{st['layers'][1]}",
+            "+".join(map(str, st["shares"])),
+            str(st["in_flight"]),
+            f"{st['memory_bytes'] / 2**20:.0f} / {st['budget_bytes'] / 2**20:.0f}",
+            f"{st['stage_time_s']:.4f}",
+        ))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join([
+        f"{report['planner']} plan of {report['model']} ({report['num_layers']} layers) on {report['pool']}: "
+        f"mini-batch {report['batch_size']} = {report['num_micro_batches']} x {report['micro_batch']}, "
+        f"planned in {report['planning_s']:.3f} s",
+        *lines,
+        f"predicted sync-round {report['sync_round_s']:.3f} s, throughput {report['throughput']:.2f} samples/s",
+    ])
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.planner not in PLANNERS:
+        raise UserError(f"unknown planner {args.planner!r}; valid planners: {', '.join(PLANNERS)}")
+    if args.batch < 1:
+        raise UserError(f"--batch must be positive, got {args.batch}")
+    pool = parse_pool(args.pool, args.bandwidth)
+    profile = model_profile(args.model, parse_shape(args.input_shape), args.classes, args.granularity, args.cache_dir)
+    options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
+    started = time.perf_counter()
+    plan = make_plan(args.planner, profile, pool, args.batch, **options)
+    planning_s = time.perf_counter() - started
+    cost = simulate(plan, profile, pool)
+    report = describe(plan, profile, pool, cost, planning_s)
+    if args.gantt:
+        from ecofl.pipeline.gantt import plot_gantt
+
+        plot_gantt(cost.timeline, args.gantt, title=f"{args.planner}: {profile.model} on {pool.name}",
+                   device_names={d: spec.name for d, spec in enumerate(pool.devices)})
+    print(json.dumps(report) if args.json else _table(report))
+    return 0
