@@ -5,8 +5,8 @@ Hydra (``conf/config.yaml``) and ``flwr run`` (``[tool.flwr.app.config]`` in
 settings; :func:`experiment` turns either into the pieces the apps need: the
 :class:`~client.home.HomeSetup` every home receives, the event loop's
 :class:`~ecofl.fl.loop.LoopConfig` and the server's own settings. Missing
-keys take the defaults below (TOML has no null, so ``flwr run`` leaves
-``null`` settings out); an unknown key is an error naming the valid ones.
+keys take the defaults below (TOML has no null: in the run config an empty
+string stands for it); an unknown key is an error naming the valid ones.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def experiment(cfg: Mapping) -> Experiment:
 
 
 def experiment_from_run_config(run_config: Mapping) -> Experiment:
-    """Flower's flat run config (``train.lr = 0.05`` ...) as an :class:`Experiment`."""
-    return experiment(unflatten_dict(dict(run_config)))
+    """Flower's flat run config (``train.lr = 0.05`` ...) as an :class:`Experiment`; ``""`` is null."""
+    return experiment(unflatten_dict({k: (None if v == "" else v) for k, v in run_config.items()}))
 
 
 def _section(cfg: Mapping, name: str, keys: tuple[str, ...]) -> dict:
