@@ -1,0 +1,93 @@
+"""A :class:`~ecofl.fl.transport.Transport` that trains every home in this process (tests, benchmarks).
+
+Each home is a partition of one dataset; ``train`` builds the model, loads
+the task's weights, runs :func:`ecofl.train.train_local` with the task's
+settings (FedProx ``mu`` included) and reports the latency the home's latency
+model gives at the task's ``virtual_time``, exactly what a simulated Flower
+ClientApp does, minus Flower.
+
+For tests: ``shuffle_replies_seed`` returns replies in a random order (the
+loop must not care), ``nan_homes`` answer with NaN weights, ``failing_homes``
+with an error, ``silent_homes`` not at all (both sets may be changed between
+calls).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Callable, Collection, Sequence
+
+import numpy as np
+import torch
+
+from ecofl.fl.latency import LatencyModel
+from ecofl.fl.transport import HomeReport, TrainReply, TrainTask
+from ecofl.train import TrainConfig, train_local
+from ecofl.weights import get_weights, set_weights
+
+TRAIN_KEYS = {f.name for f in fields(TrainConfig)}
+
+
+class InProcessTransport:
+    def __init__(
+        self,
+        model_fn: Callable[[], torch.nn.Module],
+        dataset_x: torch.Tensor,
+        dataset_y: torch.Tensor,
+        parts: Sequence[np.ndarray],
+        latency_model: LatencyModel,
+        shuffle_replies_seed: int | None = None,
+        num_classes: int | None = None,
+        nan_homes: Collection[int] = (),
+        failing_homes: Collection[int] = (),
+        silent_homes: Collection[int] = (),
+    ):
+        self.model_fn = model_fn
+        self.x = dataset_x
+        self.y = dataset_y
+        self.parts = [torch.as_tensor(np.asarray(p), dtype=torch.long) for p in parts]
+        self.latency_model = latency_model
+        self.num_classes = num_classes or int(dataset_y.max()) + 1
+        self.shuffle = np.random.default_rng(shuffle_replies_seed) if shuffle_replies_seed is not None else None
+        self.nan_homes = set(nan_homes)
+        self.failing_homes = set(failing_homes)
+        self.silent_homes = set(silent_homes)
+        self.tasks_run = 0
+
+    def query(self, homes: Sequence[int], config: dict) -> list[HomeReport]:
+        t = float(config.get("virtual_time", 0.0))
+        reports = [
+            HomeReport(
+                home=h,
+                latency_s=self.latency_model.latency(h, t),
+                label_histogram=np.bincount(self.y[self.parts[h]].numpy(), minlength=self.num_classes),
+                num_samples=len(self.parts[h]),
+            )
+            for h in homes
+            if h not in self.silent_homes
+        ]
+        return self._ordered(reports)
+
+    def train(self, tasks: Sequence[TrainTask], timeout_s: float | None = None) -> list[TrainReply]:
+        replies = [self._train_one(task) for task in tasks if task.home not in self.silent_homes]
+        return self._ordered(replies)
+
+    def _train_one(self, task: TrainTask) -> TrainReply:
+        latency = self.latency_model.latency(task.home, float(task.config.get("virtual_time", 0.0)))
+        part = self.parts[task.home]
+        if task.home in self.failing_homes:
+            return TrainReply(task.home, None, len(part), float("nan"), latency, error="injected failure")
+        model = self.model_fn()
+        set_weights(model, task.weights)
+        config = TrainConfig(**{k: v for k, v in task.config.items() if k in TRAIN_KEYS})
+        result = train_local(model, self.x[part], self.y[part], config)
+        self.tasks_run += 1
+        weights = get_weights(model)
+        if task.home in self.nan_homes:
+            weights = [np.full_like(w, np.nan) if np.issubdtype(w.dtype, np.floating) else w for w in weights]
+        return TrainReply(task.home, weights, result.num_samples, result.loss, latency)
+
+    def _ordered(self, items: list) -> list:
+        if self.shuffle is not None:
+            return [items[i] for i in self.shuffle.permutation(len(items))]
+        return items

@@ -1,0 +1,193 @@
+"""The event loop: virtual-time order, determinism, rejection of bad updates, checkpoints, policies."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from ecofl.errors import UserError
+from ecofl.fl.aggregation import weighted_mean
+from ecofl.fl.inprocess import InProcessTransport
+from ecofl.fl.latency import FixedLatency, PaperLatency
+from ecofl.fl.loop import EventLoop, GroupRound, LoopConfig
+from ecofl.train import evaluate as evaluate_model
+from ecofl.weights import get_weights, set_weights
+
+CLASSES, FEATURES, HOMES = 6, 8, 24
+TRAIN = {"epochs": 1, "batch_size": 10, "lr": 0.1, "mu": 0.05}
+
+
+def make_model():
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, CLASSES))
+
+
+def synthetic(seed, per_class):
+    """Gaussian classes around fixed means; ``seed`` draws the samples."""
+    means = torch.randn(CLASSES, FEATURES, generator=torch.Generator().manual_seed(0)) * 2.0
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(CLASSES).repeat_interleave(per_class)
+    x = means[y] + torch.randn(len(y), FEATURES, generator=g)
+    return x, y
+
+
+X, Y = synthetic(0, per_class=150)
+X_TEST, Y_TEST = synthetic(1, per_class=30)
+
+
+def two_class_parts(num_homes=HOMES, seed=0):
+    """Each home holds two classes (Eco-FL §6.1)."""
+    rng = np.random.default_rng(seed)
+    by_class = {c: rng.permutation(np.flatnonzero(Y.numpy() == c)).tolist() for c in range(CLASSES)}
+    parts = []
+    for h in range(num_homes):
+        classes = [h % CLASSES, (h + 1 + h // CLASSES) % CLASSES]
+        parts.append(np.array([by_class[c].pop() for c in classes for _ in range(12)]))
+    return parts
+
+
+def initial_weights():
+    torch.manual_seed(0)
+    return get_weights(make_model())
+
+
+def evaluate(weights):
+    model = make_model()
+    set_weights(model, weights)
+    result = evaluate_model(model, X_TEST, Y_TEST)
+    return result.loss, result.accuracy
+
+
+def make_loop(config, latency=None, out_dir=None, **transport_kwargs):
+    latency = latency or PaperLatency(HOMES, mean_s=10.0, std_s=3.0, seed=0, change_prob=0.3)
+    transport = InProcessTransport(make_model, X, Y, two_class_parts(), latency, **transport_kwargs)
+    loop = EventLoop(config, transport, range(HOMES), initial_weights(), evaluate, out_dir=out_dir, progress=False)
+    return loop, transport
+
+
+def without_wall_time(rows):
+    return [{k: v for k, v in row.items() if k != "wall_time"} for row in rows]
+
+
+def test_runs_are_identical_whatever_order_replies_come_back_in():
+    config = LoopConfig(num_groups=3, homes_per_round=3, max_updates=25, train=TRAIN, requery_every=5)
+    first, _ = make_loop(config, shuffle_replies_seed=1)
+    second, _ = make_loop(config, shuffle_replies_seed=2)
+    rows = first.run()
+    assert len(rows) == 25
+    assert without_wall_time(rows) == without_wall_time(second.run())
+    times = [r["virtual_time"] for r in rows]
+    assert times == sorted(times)
+    assert len({r["group"] for r in rows}) == 3
+    assert rows[-1]["accuracy"] > 0.4 > rows[0]["accuracy"]
+    assert max(r["staleness"] for r in rows) > 0
+
+
+def test_a_nan_update_is_rejected_and_the_run_goes_on():
+    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=4, train=TRAIN)
+    loop, _ = make_loop(config, nan_homes={3}, failing_homes={5})
+    rows = loop.run()
+    assert len(rows) == 4
+    assert all(r["rejected"] == 1 and r["failed"] == 1 and r["homes"] == HOMES - 2 for r in rows)
+    assert rows[-1]["rejected_total"] == 4
+    assert all(np.isfinite(w).all() for w in loop.global_weights)
+    assert np.isfinite(rows[-1]["loss"]) and rows[-1]["accuracy"] > 0.3
+
+
+def test_fedavg_applies_the_weighted_mean_of_one_synchronous_round():
+    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=1, train=TRAIN)
+    loop, transport = make_loop(config, latency=FixedLatency(np.linspace(1, 5, HOMES)))
+    start = [w.copy() for w in loop.global_weights]
+    rows = loop.run()
+    assert rows[0]["alpha"] == 1.0 and rows[0]["staleness"] == 0 and rows[0]["virtual_time"] == 5.0
+    # the same homes trained by hand from the same start and the same seeds
+    sent = GroupRound(group=0, round=0, dispatch=0, start=0.0, version=0, homes=tuple(range(HOMES)), deadline=None, weights=start)
+    replies = transport.train([loop._task(sent, h) for h in range(HOMES)])
+    expected = weighted_mean([r.weights for r in replies], [r.num_samples for r in replies])
+    for got, want in zip(loop.global_weights, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_group_twice_as_fast_applies_about_twice_as_many_updates():
+    latencies = [1.0 if h < HOMES // 2 else 2.0 for h in range(HOMES)]
+    config = LoopConfig(num_groups=2, lam=0.0, rt=0.2, homes_per_round=3, max_updates=60, eval_every=60, train=TRAIN)
+    loop, _ = make_loop(config, latency=FixedLatency(latencies))
+    rows = loop.run()
+    counts = Counter(r["group"] for r in rows)
+    assert loop.grouping.centres == (1.0, 2.0)
+    assert counts[0] / counts[1] == pytest.approx(2.0, rel=0.2)
+
+
+def test_resuming_from_a_checkpoint_gives_the_same_metrics_as_not_stopping(tmp_path):
+    config = LoopConfig(num_groups=3, homes_per_round=3, max_updates=20, checkpoint_every=8, train=TRAIN, requery_every=3)
+    full, _ = make_loop(config, out_dir=tmp_path / "full", shuffle_replies_seed=3)
+    rows = full.run()
+    checkpoint = tmp_path / "full" / "checkpoints" / "update_000008.json"
+    assert checkpoint.is_file() and checkpoint.with_suffix(".npz").is_file()
+    assert (tmp_path / "full" / "metrics.csv").is_file() and (tmp_path / "full" / "summary.json").is_file()
+    latency = PaperLatency(HOMES, mean_s=10.0, std_s=3.0, seed=0, change_prob=0.3)
+    transport = InProcessTransport(make_model, X, Y, two_class_parts(), latency, shuffle_replies_seed=4)
+    resumed = EventLoop.resume(checkpoint, transport, evaluate, out_dir=tmp_path / "resumed", progress=False)
+    assert resumed.version == 8 and len(resumed.in_flight) == 3
+    assert without_wall_time(resumed.run()) == without_wall_time(rows)
+    for a, b in zip(resumed.global_weights, full.global_weights):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_stragglers_beyond_the_deadline_are_left_out():
+    latencies = [1.0] * (HOMES - 4) + [9.0] * 4
+    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=2, round_deadline_factor=1.5, train=TRAIN)
+    loop, _ = make_loop(config, latency=FixedLatency(latencies))
+    rows = loop.run()
+    assert [r["stragglers"] for r in rows] == [4, 4]
+    assert [r["homes"] for r in rows] == [HOMES - 4] * 2
+    assert [r["virtual_time"] for r in rows] == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("strategy", ["ecofl_wo_dg", "fedasync", "fedat", "astraea"])
+def test_every_policy_runs_on_the_one_loop(strategy):
+    config = LoopConfig(strategy=strategy, num_groups=3, homes_per_round=2, max_concurrent=6, max_updates=12, train=TRAIN)
+    loop, _ = make_loop(config)
+    rows = loop.run()
+    assert len(rows) == 12
+    assert all(0 < r["alpha"] <= 1 for r in rows)
+    if strategy == "fedasync":
+        assert all(r["homes"] == 1 for r in rows) and len(rows[0]["group_sizes"]) == HOMES
+        assert len({r["group"] for r in rows}) > 6  # the concurrency cap rotates homes
+    else:
+        assert len(rows[0]["group_sizes"]) == 3
+
+
+def test_dynamic_latency_moves_homes_between_groups_only_with_regrouping():
+    config = LoopConfig(num_groups=3, homes_per_round=3, max_updates=30, requery_every=2, rt=2.0, train=TRAIN, eval_every=30)
+    latency = PaperLatency(HOMES, mean_s=10.0, std_s=1.0, seed=0, change_prob=0.5, period_s=5.0)
+    dynamic, _ = make_loop(config, latency=latency)
+    initial = None
+    dynamic._profile()
+    initial = dynamic.grouping
+    dynamic._dispatch()
+    dynamic.run()
+    assert dynamic.grouping != initial
+    for members, centre in zip(dynamic.grouping.groups, dynamic.grouping.centres):
+        assert all(abs(dynamic.latencies[h] - centre) <= 2.0 for h in members)
+    static, _ = make_loop(LoopConfig(**{**config.__dict__, "strategy": "ecofl_wo_dg"}), latency=latency)
+    static.run()
+    assert static.grouping == initial
+
+
+def test_unknown_strategy_lists_the_valid_ones():
+    with pytest.raises(UserError, match="ecofl, ecofl_wo_dg, fedavg, fedasync, fedat, astraea"):
+        LoopConfig(strategy="scaffold")
+    with pytest.raises(UserError, match="alpha"):
+        LoopConfig(alpha=0.0)
+
+
+def test_fedat_weighs_the_less_updated_tier_more():
+    from ecofl.fl.strategies import get_policy
+
+    fedat, config = get_policy("fedat"), LoopConfig(strategy="fedat", alpha=0.5)
+    # tier 0 has 9 updates (+1 = 10), tier 1 has 1 (+1 = 2), tier 2 has 4 (+1 = 5): T = 17
+    assert fedat.mixing_weight(config, 0, 1, [9, 1, 4]) == pytest.approx(0.5 * 3 * 10 / 17)
+    assert fedat.mixing_weight(config, 0, 0, [9, 1, 4]) == pytest.approx(0.5 * 3 * 2 / 17)
+    assert fedat.mixing_weight(config, 0, 2, [9, 1, 4]) == pytest.approx(0.5 * 3 * 5 / 17)
+    assert fedat.mixing_weight(config, 7, 0, [3, 3]) == pytest.approx(0.5)
