@@ -1,0 +1,132 @@
+"""Emulating a home's devices on one machine (DESIGN.md, "Emulate").
+
+- **Time dilation**: an operation takes the longer of its real time and its
+  emulated time: the cost model's time for it when a profile is given (host
+  profile / device speed, :func:`ecofl.pipeline.cost.stage_compute_s`), else
+  real time / speed. The worker sleeps the difference.
+- **Link bandwidth**: a token bucket per link paces the bytes a worker sends.
+- **Memory accounting**: weights, accumulated gradients, optimizer state and
+  the activations each resident forward task keeps for its backward
+  (Asteroid eq. 3, Mem_p = MOD + OPT + K_p x ACT_p), measured from the saved
+  tensors of every forward; exceeding the device's budget is
+  :class:`~ecofl.pipeline.runtime.errors.EmulatedOOM`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from ecofl.pipeline.runtime.errors import EmulatedOOM
+
+
+def dilate(started: float, emulated_s: float | None, speed: float) -> float:
+    """Sleep until an operation begun at ``started`` (time.time()) has lasted its emulated time; return the end.
+
+    The emulated time is ``emulated_s`` if given, else the real time / ``speed``.
+    """
+    real = time.time() - started
+    goal = emulated_s if emulated_s is not None else real / speed
+    if goal > real:
+        time.sleep(goal - real)
+    return time.time()
+
+
+class TokenBucket:
+    """Paces a link at ``rate_bps`` bytes/s with bursts of at most ``burst_bytes``.
+
+    :meth:`consume` blocks the sender until the link could have carried the
+    bytes: back-to-back transfers of n bytes take n / rate each, like the cost
+    model's FIFO channel.
+    """
+
+    def __init__(self, rate_bps: float, burst_bytes: int = 64 * 1024):
+        if not rate_bps > 0:
+            raise ValueError(f"link rate must be positive, got {rate_bps}")
+        self.rate = rate_bps
+        self.burst = burst_bytes
+        self._tokens = float(burst_bytes)
+        self._stamp = time.time()
+        self._lock = threading.Lock()
+
+    def consume(self, nbytes: int) -> None:
+        with self._lock:
+            now = time.time()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate) - nbytes
+            self._stamp = now
+            wait = -self._tokens / self.rate
+        if wait > 0:
+            time.sleep(wait)
+
+
+@contextmanager
+def saved_bytes(exclude: list[torch.Tensor]) -> Iterator[list[int]]:
+    """Measure the bytes autograd keeps for backward inside the block (parameters excluded).
+
+    Yields a one-element list that holds, after the block, the total size of the
+    distinct storages packed by :func:`torch.autograd.graph.saved_tensors_hooks`.
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in skip:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    total = [0]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield total
+    total[0] = sum(storages.values())
+
+
+class MemoryLedger:
+    """One device's memory: MOD + OPT fixed, plus the activations of resident forward tasks.
+
+    After each forward the ledger checks the peak the schedule will reach,
+    ``fixed + max(resident now, resident_bound x largest forward seen)``:
+    every micro-batch of a stage is the same size, so the device's peak is
+    known from the first forward and an out-of-memory is raised before the
+    host allocates it (with ``enforce``; otherwise the ledger only measures).
+    """
+
+    def __init__(self, device: str, stage: int, budget: int, fixed: int, resident_bound: int, schedule: str,
+                 enforce: bool):
+        self.device, self.stage, self.budget, self.fixed = device, stage, budget, fixed
+        self.resident_bound, self.schedule, self.enforce = resident_bound, schedule, enforce
+        self.resident: dict[int, int] = {}
+        self.largest = 0
+        self.peak_count = 0
+        self.peak_bytes = 0
+
+    def forward(self, micro_batch: int, nbytes: int) -> None:
+        self.resident[micro_batch] = nbytes
+        self.largest = max(self.largest, nbytes)
+        self.peak_count = max(self.peak_count, len(self.resident))
+        self.peak_bytes = max(self.peak_bytes, sum(self.resident.values()))
+        projected = max(sum(self.resident.values()), self.resident_bound * self.largest)
+        if self.enforce and self.fixed + projected > self.budget:
+            raise EmulatedOOM(
+                f"emulated out of memory on device {self.device} (stage {self.stage}, {self.schedule}): "
+                f"{self.resident_bound} resident micro-batches x {_size(self.largest)} activations = "
+                f"{_size(projected)} + {_size(self.fixed)} weights, gradients and optimizer state = "
+                f"{_size(self.fixed + projected)} > budget {_size(self.budget)}"
+            )
+
+    def backward(self, micro_batch: int) -> None:
+        del self.resident[micro_batch]
+
+    def reset_round(self) -> None:
+        self.resident.clear()
+
+
+def _size(nbytes: float) -> str:
+    units, i = ("B", "KiB", "MiB", "GiB"), 0
+    while nbytes >= 1024 and i < len(units) - 1:
+        nbytes, i = nbytes / 1024, i + 1
+    return f"{nbytes:.1f} {units[i]}"

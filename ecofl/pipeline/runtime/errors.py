@@ -1,0 +1,35 @@
+"""What can go wrong while a home pipeline runs, as errors the portal raises.
+
+Every failure of a worker ends at the portal as one of these, within the
+portal's ``timeout_s``, after the portal has stopped every worker it started.
+"""
+
+from __future__ import annotations
+
+
+class HomePipelineError(RuntimeError):
+    """The home pipeline could not run; the message says which device and why."""
+
+
+class DeviceUnreachable(HomePipelineError):
+    """A device of the plan did not join the home in time."""
+
+
+class AuthenticationFailed(HomePipelineError):
+    """A peer did not prove it holds the home's secret (or the portal did not)."""
+
+
+class WorkerDied(HomePipelineError):
+    """A worker's process or connection ended while the pipeline needed it."""
+
+
+class WorkerFailed(HomePipelineError):
+    """A worker raised an error; its message is carried to the portal."""
+
+
+class EmulatedOOM(HomePipelineError):
+    """An emulated device would exceed its memory budget (weights, optimizer state, activations)."""
+
+
+class WorkerTimeout(HomePipelineError):
+    """A worker did not answer within the portal's timeout."""

@@ -1,0 +1,89 @@
+"""Starting and stopping the worker processes of the devices a portal emulates locally.
+
+Each device is ``python -m ecofl.pipeline.runtime.worker`` in its own process
+(the same program a real device runs to join a home). The home's secret
+travels in the environment, never on the command line. A worker asks the
+kernel to kill it when the portal process dies (``PR_SET_PDEATHSIG``), so a
+killed portal leaves nothing behind either; :meth:`LocalDevices.stop` stops
+and reaps every process it started.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+SECRET_ENV = "ECOFL_HOME_SECRET"  # the home's secret, hex
+PORTAL_PID_ENV = "ECOFL_PORTAL_PID"  # set when the portal started the worker itself
+
+
+class LocalDevices:
+    """The worker processes of one home pipeline, by device index."""
+
+    def __init__(self) -> None:
+        self.processes: dict[int, subprocess.Popen] = {}
+        self._stderr: dict[int, tempfile._TemporaryFileWrapper] = {}
+
+    def start(self, device: int, portal: tuple[str, int], secret: bytes, prefix: list[str] | None = None,
+              extra_env: dict[str, str] | None = None) -> None:
+        """Start device ``device``'s worker; ``prefix`` wraps the command (e.g. ``ip netns exec NS``)."""
+        env = {
+            **os.environ,
+            SECRET_ENV: secret.hex(),
+            PORTAL_PID_ENV: str(os.getpid()),
+            "OMP_NUM_THREADS": "1",
+            **(extra_env or {}),
+        }
+        log = tempfile.NamedTemporaryFile(prefix=f"ecofl-device{device}-", suffix=".log", delete=True)
+        command = [sys.executable, "-m", "ecofl.pipeline.runtime.worker",
+                   "--portal", f"{portal[0]}:{portal[1]}", "--device", str(device)]
+        self._stderr[device] = log
+        self.processes[device] = subprocess.Popen(
+            (prefix or []) + command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+
+    @property
+    def pids(self) -> dict[int, int]:
+        return {d: p.pid for d, p in self.processes.items()}
+
+    def exited(self) -> dict[int, int]:
+        """Devices whose process has ended, with its exit code."""
+        return {d: p.returncode for d, p in self.processes.items() if p.poll() is not None}
+
+    def log_tail(self, device: int, lines: int = 5) -> str:
+        log = self._stderr.get(device)
+        if log is None:
+            return ""
+        with open(log.name, errors="replace") as f:
+            return "\n".join(f.read().strip().splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Wait up to ``grace_s`` for the workers to exit, then kill the rest; reap all."""
+        deadline = time.time() + grace_s
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+        for process in self.processes.values():
+            process.wait()
+        for log in self._stderr.values():
+            log.close()
+        self._stderr.clear()
+
+
+def die_with_portal() -> None:
+    """In a worker: be killed when the portal that started it dies (Linux), or exit if it already has."""
+    parent = os.environ.pop(PORTAL_PID_ENV, None)
+    if parent is None:
+        return  # started by hand on a real device
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):
+        os._exit(1)

@@ -1,0 +1,188 @@
+"""Who does what in a home pipeline: one :class:`WorkerRole` per device of a plan.
+
+Derived once by the portal from (plan, pool, profile) and sent to each
+worker as JSON, so a worker only executes (DeepSpeed's explicit topology
+object, torch.distributed.pipelining's action lists):
+
+- **ranks**: stage by stage, device by device, as the plan lists them;
+- **samples**: each micro-batch's samples 0..B-1 are split over a stage's
+  devices in contiguous ranges by ``shares``; device i of stage s sends to
+  device j of stage s+1 the activations of the samples both ranges hold and
+  j returns their gradients to i (Asteroid Fig. 10 and §4: every sample's
+  forward and backward on one device per stage), exactly as the cost model
+  (:mod:`ecofl.pipeline.cost`) assumes;
+- **actions**: the stage's action list from :mod:`ecofl.pipeline.schedule`;
+- **emulation targets**: what each operation must take on the emulated device
+  (the cost model's own numbers when a profile is given), link rates, memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ecofl.devices import HomePool
+from ecofl.pipeline.cost import plan_schedule, stage_compute_s
+from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.profile import ModelProfile
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A device of a neighbouring stage and the samples of each micro-batch shared with it."""
+
+    rank: int
+    device: int
+    lo: int  # first shared sample of a micro-batch (index in the micro-batch)
+    hi: int  # one past the last
+    bandwidth_bps: float | None  # rate of the link towards that peer when emulating, else None
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """Everything one worker needs to run its part of every sync-round."""
+
+    device: int
+    device_name: str
+    rank: int
+    world_size: int
+    stage: int
+    num_stages: int
+    layers: tuple[int, int]
+    lo: int  # this device's samples of each micro-batch: lo..hi-1
+    hi: int
+    micro_batch: int
+    num_micro_batches: int
+    schedule: str
+    actions: tuple[tuple[str, int], ...]  # ("F" | "B", micro-batch), in order
+    resident_bound: int  # most forward tasks the action list keeps resident
+    sources: tuple[Peer, ...]  # devices of stage - 1 that send me activations
+    destinations: tuple[Peer, ...]  # devices of stage + 1 I send activations to
+    replicas: tuple[int, ...]  # ranks of every device of my stage (mine included)
+    replica_weight: float  # my share / micro_batch (for averaging buffers)
+    groups: tuple[tuple[int, ...], ...]  # ranks of every replicated stage (all ranks create all groups)
+    emulate: bool
+    speed: float
+    memory_bytes: int
+    input_bps: float | None  # link from the portal (device 0) when emulating and not myself
+    forward_s: float | None  # emulated seconds of my forward per micro-batch (None: real / speed)
+    backward_s: float | None
+    step_s: float | None
+    allreduce_bps: float | None  # slowest link inside my stage when emulating a replicated stage
+
+    @property
+    def samples(self) -> int:
+        return self.hi - self.lo
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "WorkerRole":
+        data = dict(data)
+        data["layers"] = tuple(data["layers"])
+        data["actions"] = tuple((kind, int(m)) for kind, m in data["actions"])
+        data["sources"] = tuple(Peer(**p) for p in data["sources"])
+        data["destinations"] = tuple(Peer(**p) for p in data["destinations"])
+        data["replicas"] = tuple(data["replicas"])
+        data["groups"] = tuple(tuple(g) for g in data["groups"])
+        return cls(**data)
+
+
+def worker_roles(plan: Plan, pool: HomePool, profile: ModelProfile | None, emulate: bool) -> list[WorkerRole]:
+    """One role per device the plan uses, in rank order."""
+    used = [d for stage in plan.stages for d in stage.devices]
+    if len(set(used)) != len(used):
+        raise ValueError(f"a device may serve one stage only: {used}")
+    if any(not 0 <= d < len(pool) for d in used):
+        raise ValueError(f"plan uses devices {used}, pool {pool.name!r} has {len(pool)}")
+    if profile is not None and profile.num_layers != plan.num_layers:
+        raise ValueError(f"plan covers {plan.num_layers} layers, profile {profile.model!r} has {profile.num_layers}")
+    rank_of = {d: r for r, d in enumerate(used)}
+    ranges = [_ranges(stage.devices, stage.shares) for stage in plan.stages]
+    schedule = plan_schedule(plan)
+    groups = tuple(tuple(rank_of[d] for d in st.devices) for st in plan.stages if len(st.devices) > 1)
+
+    def link(a: int, b: int) -> float | None:
+        rate = float(pool.bandwidth_bps[a, b])
+        return rate if emulate and rate != float("inf") else None
+
+    roles = []
+    for s, stage in enumerate(plan.stages):
+        actions = tuple((a.kind, a.micro_batch) for a in schedule[s])
+        bound = _resident_bound(actions)
+        for device, (lo, hi) in ranges[s].items():
+            spec = pool.devices[device]
+            forward = backward = step = None
+            if emulate and profile is not None:
+                forward, backward = stage_compute_s(profile, spec, stage.layers, hi - lo)
+                if profile.optimizer_step_s is not None:
+                    first, last = stage.layers
+                    step = float(profile.optimizer_step_s[first : last + 1].sum()) / spec.speed
+            roles.append(
+                WorkerRole(
+                    device=device,
+                    device_name=spec.name,
+                    rank=rank_of[device],
+                    world_size=len(used),
+                    stage=s,
+                    num_stages=len(plan.stages),
+                    layers=stage.layers,
+                    lo=lo,
+                    hi=hi,
+                    micro_batch=plan.micro_batch,
+                    num_micro_batches=plan.num_micro_batches,
+                    schedule=plan.schedule,
+                    actions=actions,
+                    resident_bound=bound,
+                    sources=_peers(ranges[s - 1], lo, hi, rank_of, lambda d, me=device: link(me, d)) if s else (),
+                    destinations=(
+                        _peers(ranges[s + 1], lo, hi, rank_of, lambda d, me=device: link(me, d))
+                        if s + 1 < len(plan.stages)
+                        else ()
+                    ),
+                    replicas=tuple(rank_of[d] for d in stage.devices),
+                    replica_weight=(hi - lo) / plan.micro_batch,
+                    groups=groups,
+                    emulate=emulate,
+                    speed=spec.speed,
+                    memory_bytes=spec.memory_bytes,
+                    input_bps=link(0, device) if s == 0 and device != 0 else None,
+                    forward_s=forward,
+                    backward_s=backward,
+                    step_s=step,
+                    allreduce_bps=_slowest_link(pool, stage.devices) if emulate and len(stage.devices) > 1 else None,
+                )
+            )
+    return roles
+
+
+def _ranges(devices: tuple[int, ...], shares: tuple[int, ...]) -> dict[int, tuple[int, int]]:
+    out, lo = {}, 0
+    for device, share in zip(devices, shares):
+        out[device] = (lo, lo + share)
+        lo += share
+    return out
+
+
+def _peers(ranges: dict[int, tuple[int, int]], lo: int, hi: int, rank_of: dict[int, int], link) -> tuple[Peer, ...]:
+    """Devices whose sample range overlaps lo..hi-1, with the overlap."""
+    peers = []
+    for device, (a, b) in ranges.items():
+        first, last = max(a, lo), min(b, hi)
+        if first < last:
+            peers.append(Peer(rank_of[device], device, first, last, link(device)))
+    return tuple(peers)
+
+
+def _resident_bound(actions: tuple[tuple[str, int], ...]) -> int:
+    resident = most = 0
+    for kind, _ in actions:
+        resident += 1 if kind == "F" else -1
+        most = max(most, resident)
+    return most
+
+
+def _slowest_link(pool: HomePool, devices: tuple[int, ...]) -> float:
+    """The slowest link between two devices of a replicated stage (its ring all-reduce's pace)."""
+    return min(float(pool.bandwidth_bps[a, b]) for a in devices for b in devices if a != b)

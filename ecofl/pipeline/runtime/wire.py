@@ -1,0 +1,78 @@
+"""Framed messages on the control channel: a JSON header, then raw array bytes.
+
+Nothing on this channel is ever unpickled. A message is an 8-byte big-endian
+length, a UTF-8 JSON object, and the bytes of the arrays the header lists
+under ``"arrays"`` (name, dtype, shape), back to back. Before a peer has
+authenticated (:mod:`ecofl.pipeline.runtime.auth`) the reader accepts only a
+small header and no arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any
+
+import numpy as np
+
+PREAUTH_LIMIT = 4096  # bytes of header accepted from an unauthenticated peer
+HEADER_LIMIT = 64 << 20
+
+_LENGTH = struct.Struct(">Q")
+
+
+class ChannelClosed(ConnectionError):
+    """The peer closed the connection (or it broke) before a whole message arrived."""
+
+
+def send_message(sock: socket.socket, header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> None:
+    """Send ``header`` (JSON-serialisable) and ``arrays`` (numeric, any shape) as one message."""
+    arrays = arrays or {}
+    contiguous = {name: np.asarray(a, order="C") for name, a in arrays.items()}  # keeps 0-d arrays 0-d
+    listing = [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape)} for n, a in contiguous.items()]
+    body = json.dumps({**header, "arrays": listing}).encode()
+    sock.sendall(_LENGTH.pack(len(body)) + body)
+    for array in contiguous.values():
+        if array.dtype.hasobject:
+            raise TypeError("object arrays cannot travel on the control channel")
+        sock.sendall(memoryview(array).cast("B"))
+
+
+def recv_message(sock: socket.socket, *, authenticated: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Receive one message; raise :class:`ChannelClosed` on end of stream, ValueError if malformed."""
+    (length,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
+    limit = HEADER_LIMIT if authenticated else PREAUTH_LIMIT
+    if length > limit:
+        raise ValueError(f"control message header of {length} bytes exceeds {limit}")
+    header = json.loads(_recv_exactly(sock, length))
+    if not isinstance(header, dict):
+        raise ValueError("control message header is not a JSON object")
+    listing = header.pop("arrays", [])
+    if listing and not authenticated:
+        raise ValueError("an unauthenticated peer may not send arrays")
+    arrays: dict[str, np.ndarray] = {}
+    for entry in listing:
+        dtype = np.dtype(entry["dtype"])
+        if dtype.hasobject:
+            raise ValueError("object arrays are refused")
+        shape = tuple(int(d) for d in entry["shape"])
+        count = int(np.prod(shape, dtype=np.int64))
+        data = _recv_exactly(sock, count * dtype.itemsize)
+        arrays[entry["name"]] = np.frombuffer(data, dtype=dtype).reshape(shape)
+    return header, arrays
+
+
+def _recv_exactly(sock: socket.socket, count: int) -> bytearray:
+    buffer = bytearray(count)
+    view = memoryview(buffer)
+    received = 0
+    while received < count:
+        try:
+            n = sock.recv_into(view[received:], count - received)
+        except (ConnectionResetError, BrokenPipeError) as error:
+            raise ChannelClosed(str(error)) from error
+        if n == 0:
+            raise ChannelClosed("connection closed by peer")
+        received += n
+    return buffer
