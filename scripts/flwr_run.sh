@@ -63,7 +63,8 @@ if superlink_up; then
 fi
 
 mkdir -p "$FLWR_HOME/local-superlink"
-# Its own session (process group), so stopping it also stops the simulation and Ray it started.
+# In its own session, so Ctrl-C reaches only this script, whose exit trap stops the
+# SuperLink and every process it started (the simulation and Ray).
 setsid flower-superlink --insecure --simulation --isolation subprocess \
     --disable-runtime-dependency-installation \
     --control-api-address "127.0.0.1:${FLWR_LOCAL_CONTROL_API_PORT}" \
@@ -72,13 +73,26 @@ setsid flower-superlink --insecure --simulation --isolation subprocess \
     --log-file "$FLWR_HOME/local-superlink/superlink.log" >/dev/null 2>&1 &
 superlink=$!
 
+process_tree() {  # a pid and all its descendants (the simulation, Ray and its workers)
+    local pids=("$1") i=0
+    while [ "$i" -lt "${#pids[@]}" ]; do
+        pids+=($(ps -o pid= --ppid "${pids[$i]}" || true))
+        i=$((i + 1))
+    done
+    echo "${pids[@]}"
+}
+
 stop_superlink() {
-    kill -TERM -- "-$superlink" 2>/dev/null || true
+    local pids alive
+    pids=$(process_tree "$superlink")
+    kill -TERM $pids 2>/dev/null || true
     for _ in $(seq 50); do
-        kill -0 -- "-$superlink" 2>/dev/null || return 0
+        alive=""
+        for pid in $pids; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        [ -z "$alive" ] && return 0
         sleep 0.2
     done
-    kill -KILL -- "-$superlink" 2>/dev/null || true
+    kill -KILL $pids 2>/dev/null || true
 }
 trap stop_superlink EXIT
 trap 'exit 130' INT TERM
@@ -93,13 +107,15 @@ superlink_up || { echo "flower-superlink did not come up" >&2; exit 1; }
 run_config=()
 [ -n "$overrides" ] && run_config=(--run-config "$overrides")
 flwr run . local --stream "${run_config[@]}" \
-    --federation-config "num-supernodes=$homes client-resources-num-cpus=$cpus init-args-num-cpus=$((actors * cpus))"
+    --federation-config "num-supernodes=$homes client-resources-num-cpus=$cpus init-args-num-cpus=$((actors * cpus))" \
+    | tee "$FLWR_HOME/last-run.log"
+run_id=$(sed -n 's/.*Successfully started run \([0-9]*\).*/\1/p' "$FLWR_HOME/last-run.log" | head -n1)
+[ -n "$run_id" ] || { echo "flwr run did not start a run" >&2; exit 1; }
 
-# The newest run's status: finished:completed is success; anything else fails.
-status=$(flwr ls local --format json | "$python" -c '
+# `flwr run` exits 0 even when the ServerApp failed: ask the SuperLink how the run ended.
+status=$(flwr ls local --run-id "$run_id" --format json | "$python" -c '
 import json, sys
 runs = json.load(sys.stdin).get("runs", [])
-run = max(runs, key=lambda r: r.get("created-at", "")) if runs else {}
-print(run.get("status", "no run found"))')
-echo "run status: $status"
+print(runs[0]["status"] if runs else "unknown")')
+echo "run $run_id status: $status"
 [ "$status" = "finished:completed" ]

@@ -1,0 +1,128 @@
+"""End to end: Flower simulations of Eco-FL (run_simulation, the Hydra entry point, `flwr run`).
+
+Every test checks that the processes it started are gone afterwards: Ray's
+processes carry their driver's pid in their session directory
+(``/tmp/ray/session_<date>_<time>_<micro>_<driver pid>``), and the SuperLink
+of ``scripts/flwr_run.sh`` must not outlive the script.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from client.home import federation
+from ecofl.fl.inprocess import InProcessTransport
+from ecofl.fl.loop import EventLoop
+from server.config import experiment
+from server.server_app import GlobalEvaluator
+from simulations.run import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL = {
+    "homes": 50,
+    "dataset": {"name": "digits"},
+    "latency": {"kind": "paper", "mean_s": 10.0, "std_s": 3.0},
+    "train": {"epochs": 1, "batch_size": 10, "lr": 0.05, "mu": 0.05},
+    "loop": {"max_updates": 6, "requery_every": 3, "target_accuracy": 0.2},
+    "server": {"eval_samples": None},
+}
+COMPARED = ("update", "virtual_time", "accuracy", "loss", "group", "homes", "staleness", "alpha", "train_loss",
+            "group_sizes", "waiting")
+
+
+def processes_matching(*needles: str) -> list[str]:
+    """Command lines of running processes that contain any of ``needles``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(needle in cmdline for needle in needles):
+            found.append(f"{entry.name}: {cmdline[:200]}")
+    return found
+
+
+def assert_ray_gone(driver_pid: int, grace_s: float = 20.0) -> None:
+    marker = f"_{driver_pid}/"  # in Ray's session directory, on the command line of raylet, gcs_server, ...
+    deadline = time.monotonic() + grace_s
+    while (left := processes_matching(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"Ray processes of driver {driver_pid} still running: {left}"
+
+
+@pytest.mark.slow
+def test_flower_simulation_of_50_homes_equals_the_loop_without_flower(tmp_path):
+    """run_simulation: 50 homes, a few global updates, metrics written; Flower changes no number."""
+    exp = experiment(SMALL)
+    summary = simulate(exp, tmp_path / "flower", progress=False)
+    assert_ray_gone(os.getpid())
+
+    assert summary["updates"] == 6 and summary["num_homes"] == 50
+    assert summary["failed_total"] == 0 and summary["rejected_total"] == 0
+    with open(tmp_path / "flower" / "metrics.csv") as handle:
+        assert len(list(csv.DictReader(handle))) == 6
+    flower_rows = json.loads((tmp_path / "flower" / "metrics.json").read_text())
+
+    fed = federation(exp.setup.to_json())
+    transport = InProcessTransport(fed.new_model, fed.dataset.train.x, fed.dataset.train.y, fed.parts,
+                                   fed.latency_model, num_classes=fed.dataset.num_classes)
+    evaluator = GlobalEvaluator(exp)
+    loop = EventLoop(exp.loop, transport, range(50), evaluator.initial_weights(), evaluator, progress=False)
+    local_rows = loop.run()
+    assert [{k: r[k] for k in COMPARED} for r in flower_rows] == [{k: r[k] for k in COMPARED} for r in local_rows]
+
+
+@pytest.mark.slow
+def test_hydra_smoke_experiment_writes_metrics_summary_and_plot(tmp_path):
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "simulations.run", "+experiment=smoke", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    output, _ = process.communicate(timeout=300)
+    elapsed = time.monotonic() - started
+    assert process.returncode == 0, output[-3000:]
+    assert_ray_gone(process.pid)
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["updates"] == 6 and summary["num_homes"] == 50
+    assert {"final_accuracy", "best_accuracy", "time_to_target_s", "waiting_homes"} <= set(summary)
+    assert (tmp_path / "metrics.csv").read_text().count("\n") == 7  # header + 6 updates
+    assert (tmp_path / "accuracy.png").stat().st_size > 0
+    assert elapsed < 120, f"the smoke experiment took {elapsed:.0f} s"
+
+
+def flwr_run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39191", "FLWR_LOCAL_CONTROL_API_PORT": "39193"}
+    return subprocess.run(
+        ["bash", "scripts/flwr_run.sh", *overrides, f"out_dir={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_flwr_run_uses_pyproject_defaults_and_fails_visibly(tmp_path):
+    done = flwr_run(tmp_path / "ok", "homes=20", "dataset.name=digits", "loop.max_updates=3", "train.epochs=1",
+                    "server.eval_samples=")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "status: finished:completed" in done.stdout
+    assert json.loads((tmp_path / "ok" / "summary.json").read_text())["updates"] == 3
+
+    failed = flwr_run(tmp_path / "bad", "homes=5", "dataset.name=no_such_dataset")
+    assert failed.returncode != 0
+    assert "finished:failed" in failed.stdout
+    time.sleep(1)
+    assert not processes_matching("--port 39191", "127.0.0.1:39191")
