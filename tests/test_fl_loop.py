@@ -1,5 +1,6 @@
 """The event loop: virtual-time order, determinism, rejection of bad updates, checkpoints, policies."""
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 from ecofl.errors import UserError
 from ecofl.fl.aggregation import weighted_mean
 from ecofl.fl.inprocess import InProcessTransport
+from ecofl.fl.clock import WallClock
 from ecofl.fl.latency import FixedLatency, PaperLatency
 from ecofl.fl.loop import EventLoop, GroupRound, LoopConfig
 from ecofl.train import evaluate as evaluate_model
@@ -191,3 +193,27 @@ def test_fedat_weighs_the_less_updated_tier_more():
     assert fedat.mixing_weight(config, 0, 0, [9, 1, 4]) == pytest.approx(0.5 * 3 * 2 / 17)
     assert fedat.mixing_weight(config, 0, 2, [9, 1, 4]) == pytest.approx(0.5 * 3 * 5 / 17)
     assert fedat.mixing_weight(config, 7, 0, [3, 3]) == pytest.approx(0.5)
+
+
+def test_virtual_time_limit_and_target_accuracy_stop_the_run(tmp_path):
+    config = LoopConfig(num_groups=3, homes_per_round=3, max_updates=1000, max_virtual_time_s=40.0, eval_every=1000, train=TRAIN)
+    loop, _ = make_loop(config, out_dir=tmp_path)
+    rows = loop.run()
+    assert loop.stop_reason == "max_virtual_time_s" and rows[-1]["virtual_time"] <= 40.0
+    assert rows[-1]["accuracy"] is not None and all(r["accuracy"] is None for r in rows[:-1])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["updates"] == len(rows) and summary["final_accuracy"] == rows[-1]["accuracy"]
+    target, _ = make_loop(LoopConfig(num_groups=3, homes_per_round=3, max_updates=1000, target_accuracy=0.5, train=TRAIN))
+    rows = target.run()
+    assert target.stop_reason == "target_accuracy" and rows[-1]["accuracy"] >= 0.5 > rows[-2]["accuracy"]
+    assert target.summary()["time_to_target_s"] == rows[-1]["virtual_time"]
+
+
+def test_the_wall_clock_orders_rounds_by_the_latencies_homes_measured():
+    latencies = [0.01 if h < HOMES // 2 else 0.02 for h in range(HOMES)]
+    transport = InProcessTransport(make_model, X, Y, two_class_parts(), FixedLatency(latencies))
+    config = LoopConfig(num_groups=2, lam=0.0, rt=0.001, homes_per_round=2, max_updates=6, train=TRAIN)
+    loop = EventLoop(config, transport, range(HOMES), initial_weights(), evaluate, clock=WallClock(), progress=False)
+    rows = loop.run()
+    assert len(rows) == 6 and rows[-1]["wall_time"] > 0
+    assert rows[0]["group"] == 0  # sent together, the faster group's round is applied first

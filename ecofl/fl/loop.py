@@ -72,7 +72,7 @@ class LoopConfig:
     re-grouping (0: only the latencies replies report; policies that do not
     re-group never re-query). ``train``: local training settings passed to
     every home in ``TrainTask.config`` (epochs, batch_size, lr, mu, ...).
-    ``evaluate`` runs every ``eval_every`` updates and on the last one.
+    ``evaluate`` runs every ``eval_every`` updates and on the last one, whatever stopped the run.
     """
 
     strategy: str = "ecofl"
@@ -206,6 +206,9 @@ class EventLoop:
         finally:
             if bar is not None:
                 bar.close()
+        if self.rows and self.rows[-1]["accuracy"] is None:  # stopped between evaluations
+            self._evaluate(self.rows[-1]["virtual_time"])
+            self.rows[-1]["loss"], self.rows[-1]["accuracy"] = self.last_eval
         self.wall_offset = self._wall()
         if self.out_dir is not None:
             write_metrics(self.out_dir, self.rows, self.summary())
