@@ -83,7 +83,7 @@ def join_home(sock: socket.socket, secret: bytes, device: int) -> None:
 
 def _peer(sock: socket.socket) -> str:
     try:
-        host, port = sock.getpeername()[:2]
-        return f"{host}:{port}"
+        address = sock.getpeername()
     except OSError:
         return "(disconnected)"
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else repr(address or "(local socket)")

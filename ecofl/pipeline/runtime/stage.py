@@ -88,7 +88,7 @@ class StageExecutor:
         assert self.settings is not None, "configure() first"
         round_start = time.time()
         stats = RoundStats(fixed_bytes=self.fixed_bytes())
-        ledger = MemoryLedger(role.device_name, role.stage, role.memory_bytes, stats.fixed_bytes,
+        ledger = MemoryLedger(f"{role.device} ({role.device_name})", role.stage, role.memory_bytes, stats.fixed_bytes,
                               role.resident_bound, role.schedule, enforce=role.emulate)
         self.module.train()
         if role.samples:

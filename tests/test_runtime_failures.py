@@ -1,0 +1,151 @@
+"""Failures end at the portal as clear errors within bounded time, leaving no process behind.
+
+A worker that dies mid-round, a device that never joins, and a peer without
+the home's secret (plus the handshake itself, both ways, without processes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from ecofl.devices import DeviceSpec, HomePool
+from ecofl.pipeline.plan import Plan, StagePlan
+from ecofl.pipeline.runtime import (
+    AuthenticationFailed,
+    DeviceUnreachable,
+    HomePipeline,
+    LayerList,
+    WorkerDied,
+)
+from ecofl.pipeline.runtime.auth import admit_device, join_home
+from ecofl.pipeline.runtime.launch import LocalDevices
+
+pytestmark = pytest.mark.timeout(180)
+
+MLP = LayerList((
+    ("Linear", {"in_features": 4, "out_features": 8}),
+    ("ReLU", {}),
+    ("Linear", {"in_features": 8, "out_features": 3}),
+))
+PLAN = Plan("hand", (StagePlan((0, 0), (0,), (2,), 5), StagePlan((1, 1), (1,), (2,), 3),
+                     StagePlan((2, 2), (2,), (2,), 1)), micro_batch=2, num_micro_batches=8)
+
+
+def pool(speed: float = 1.0) -> HomePool:
+    return HomePool("home", tuple(DeviceSpec(f"dev{i}", speed, 1 << 30, 1e9) for i in range(3)))
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(16, 4), torch.randint(0, 3, (16,))
+
+
+def assert_gone(pids) -> None:
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_worker_killed_mid_round_is_reported_and_everything_stops():
+    x, y = data()
+    with HomePipeline(MLP, pool(speed=0.002), PLAN, emulate=True, timeout_s=60) as home:
+        pids = home.worker_pids
+        killer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGKILL))
+        killer.start()
+        started = time.time()
+        try:
+            with pytest.raises(WorkerDied, match=r"device 1 \(dev1\) went away \(exit code -9\)"):
+                home.train(None, x, y, 50, lr=0.1)
+        finally:
+            killer.cancel()
+        assert time.time() - started < 15
+    assert_gone(pids.values())
+
+
+def test_device_that_never_joins_is_unreachable():
+    home = HomePipeline(MLP, pool(), PLAN, timeout_s=8, local_devices=[0, 1])
+    started = time.time()
+    with pytest.raises(DeviceUnreachable, match=r"device\(s\) 2 \(dev2\) did not join the home within 8 s"):
+        with home:
+            pass
+    assert time.time() - started < 20
+    assert_gone(home.worker_pids.values())
+
+
+def test_peer_without_the_home_secret_is_refused():
+    port = free_port()
+    impostor = LocalDevices()
+    impostor.start(2, ("127.0.0.1", port), b"not the home secret", extra_env={"GLOO_SOCKET_IFNAME": "lo"})
+    home = HomePipeline(MLP, pool(), PLAN, timeout_s=30, port=port, local_devices=[0, 1])
+    try:
+        with pytest.raises(AuthenticationFailed, match="claiming device 2 failed authentication"):
+            with home:
+                pass
+    finally:
+        impostor.stop(grace_s=10)
+    assert impostor.exited()[2] != 0  # the impostor was turned away, not let in
+    assert_gone(list(home.worker_pids.values()) + list(impostor.pids.values()))
+
+
+@pytest.mark.parametrize("device_secret, portal_secret", [(b"a" * 32, b"b" * 32), (b"b" * 32, b"b" * 32)])
+def test_handshake_both_ways(device_secret, portal_secret):
+    portal_end, device_end = socket.socketpair()
+    outcome: dict[str, object] = {}
+
+    def device() -> None:
+        try:
+            join_home(device_end, device_secret, 7)
+            outcome["device"] = "joined"
+        except AuthenticationFailed as error:
+            outcome["device"] = error
+
+    thread = threading.Thread(target=device)
+    thread.start()
+    try:
+        outcome["portal"] = admit_device(portal_end, portal_secret)
+    except AuthenticationFailed as error:
+        outcome["portal"] = error
+    thread.join(timeout=10)
+    portal_end.close()
+    device_end.close()
+    if device_secret == portal_secret:
+        assert outcome == {"portal": 7, "device": "joined"}
+    else:
+        assert isinstance(outcome["portal"], AuthenticationFailed)
+        assert isinstance(outcome["device"], AuthenticationFailed)
+
+
+def test_device_refuses_a_portal_without_the_secret():
+    """A device follows only a portal that proves the secret (no spec, no tensors from strangers)."""
+    from ecofl.pipeline.runtime.wire import recv_message, send_message
+
+    portal_end, device_end = socket.socketpair()
+    errors: list[Exception] = []
+
+    def device() -> None:
+        try:
+            join_home(device_end, b"s" * 32, 0)
+        except AuthenticationFailed as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=device)
+    thread.start()
+    send_message(portal_end, {"type": "challenge", "nonce": "00" * 32})
+    recv_message(portal_end, authenticated=False)
+    send_message(portal_end, {"type": "welcome", "mac": "ff" * 32})  # a forged welcome
+    thread.join(timeout=10)
+    portal_end.close()
+    device_end.close()
+    assert errors and "failed to prove" in str(errors[0])
