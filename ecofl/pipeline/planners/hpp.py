@@ -38,6 +38,10 @@ Each (head group, tail) step is a handful of numpy operations over
 ``[first layer, end layer, front point]`` arrays, and Algorithm 1 runs
 vectorised over all layer ranges of a group at once.
 
+**Devices.** If no plan fits with every device (one cannot hold any stage
+beside the others), the device with the least memory is left out, and so
+on, which is where the memory-sorted order would put it: last.
+
 **Micro-batches.** Sizes are divisors of the mini-batch (M = batch / size)
 tried from large to small as for the other planners; the latency of the
 first ``sizes`` feasible ones (default 3) is compared and the fastest kept.
@@ -71,11 +75,15 @@ class Stage:
 class HppModel:
     """Everything the HPP cost model needs at one micro-batch size."""
 
-    def __init__(self, profile: ModelProfile, pool: HomePool, batch_size: int, micro_batch: int, block: int | None = None):
+    def __init__(
+        self, profile: ModelProfile, pool: HomePool, batch_size: int, micro_batch: int,
+        block: int | None = None, devices: int | None = None,
+    ):
         self.profile, self.pool = profile, pool
         self.micro_batch, self.num_micro_batches = micro_batch, batch_size // micro_batch
         self.block = block or max(1, micro_batch // 16)
-        self.order = sorted(range(len(pool)), key=lambda d: (-pool.devices[d].memory_bytes, -pool.devices[d].speed, d))
+        order = sorted(range(len(pool)), key=lambda d: (-pool.devices[d].memory_bytes, -pool.devices[d].speed, d))
+        self.order = order[: devices or len(pool)]  # the ``devices`` with the most memory
         self.tables = stage_tables(profile, micro_batch)
         self.forward, self.backward = batch_prefix(profile, micro_batch)
         n = profile.num_layers
@@ -199,7 +207,7 @@ def _pareto(v: np.ndarray, w: np.ndarray, *pointers: np.ndarray) -> tuple[np.nda
 
 def solve(model: HppModel) -> tuple[float, list[Stage]]:
     """Algorithm 2 with Pareto fronts: (latency, stages) minimising eq. 4; inf if nothing fits."""
-    n_dev, n_layers, m = len(model.pool), model.profile.num_layers, model.num_micro_batches
+    n_dev, n_layers, m = len(model.order), model.profile.num_layers, model.num_micro_batches
     fronts: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
     for a in range(n_dev):
         e, _, t_a = _exec_matrices(model, a, n_dev, 0)
@@ -252,16 +260,19 @@ def plan_hpp(
     """Asteroid's HPP plan: the fastest of the first ``sizes`` feasible micro-batch sizes."""
     candidates = [micro_batch] if micro_batch else micro_batch_candidates(batch_size, len(pool))
     best: tuple[float, HppModel | None, list[Stage]] = (np.inf, None, [])
-    tried = 0
-    for beta in candidates:
-        model = HppModel(profile, pool, batch_size, beta, block)
-        value, stages = solve(model)
-        if np.isfinite(value):
-            tried += 1
-            if value < best[0]:
-                best = (value, model, stages)
-            if tried == sizes:
-                break
+    for devices in range(len(pool), 0, -1):
+        tried = 0
+        for beta in candidates:
+            model = HppModel(profile, pool, batch_size, beta, block, devices)
+            value, stages = solve(model)
+            if np.isfinite(value):
+                tried += 1
+                if value < best[0]:
+                    best = (value, model, stages)
+                if tried == sizes:
+                    break
+        if best[1] is not None:
+            break
     value, model, stages = best
     if model is None:
         raise_infeasible(profile, pool, "hpp")
