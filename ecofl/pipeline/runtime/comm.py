@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -91,6 +92,7 @@ class Dispatcher:
         self._idle.set()
         self._pending = 0
         self._lock = threading.Lock()
+        self._events: list[tuple[str, int, float, float]] = []
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"send-to-{dst}")
         self._thread.start()
 
@@ -106,9 +108,12 @@ class Dispatcher:
             tensor, micro_batch = item
             try:
                 if self._error is None:
+                    start = time.time()
                     if self._bucket is not None:
                         self._bucket.consume(tensor.numel() * tensor.element_size())
                     send_tensor(tensor, self.dst, micro_batch)
+                    with self._lock:
+                        self._events.append(("send", micro_batch, start, time.time()))
             except BaseException as error:  # noqa: BLE001 - re-raised by the owner
                 self._error = error
             with self._lock:
@@ -121,6 +126,12 @@ class Dispatcher:
         if not self._idle.wait(timeout_s):
             raise TimeoutError(f"sending to rank {self.dst} did not finish within {timeout_s:.0f} s")
         self.raise_error()
+
+    def take_events(self) -> list[tuple[str, int, float, float]]:
+        """The sends done since the last call: ("send", micro-batch, start, end)."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
 
     def raise_error(self) -> None:
         if self._error is not None:

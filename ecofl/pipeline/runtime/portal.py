@@ -20,7 +20,7 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -223,6 +223,7 @@ class HomePipeline:
         weight_decay: float = 0.0,
         mu: float = 0.0,
         reference: Weights | None = None,
+        progress: Callable[[int, float], None] | None = None,
     ) -> PipelineResult:
         """Train ``sync_rounds`` mini-batches of ``plan.batch_size`` samples of (x, y), in order, cycling.
 
@@ -232,6 +233,7 @@ class HomePipeline:
         Sync-round r uses samples (r * B + i) mod len(x), i < B, split into
         M micro-batches of consecutive samples, as
         :func:`ecofl.train.accumulate_gradients` splits a mini-batch.
+        ``progress(r, seconds)`` is called after each sync-round.
         """
         if self._closed or not self.connections:
             raise HomePipelineError("the home pipeline is not running (use it as a context manager)")
@@ -240,12 +242,12 @@ class HomePipeline:
         if sync_rounds < 1:
             raise ValueError(f"sync_rounds must be at least 1, got {sync_rounds}")
         try:
-            return self._train(weights, x, y, sync_rounds, lr, momentum, weight_decay, mu, reference)
+            return self._train(weights, x, y, sync_rounds, lr, momentum, weight_decay, mu, reference, progress)
         except BaseException:
             self.close()
             raise
 
-    def _train(self, weights, x, y, sync_rounds, lr, momentum, weight_decay, mu, reference) -> PipelineResult:
+    def _train(self, weights, x, y, sync_rounds, lr, momentum, weight_decay, mu, reference, progress) -> PipelineResult:
         start_weights = dict(zip(self.keys, self.weights if weights is None else weights))
         if weights is not None and len(weights) != len(self.keys):
             raise ValueError(f"expected {len(self.keys)} weight arrays, got {len(weights)}")
@@ -280,6 +282,8 @@ class HomePipeline:
                 send_message(self.connections[role.device], {"type": "round", "batch_size": batch}, arrays)
             rounds.append(self._gather("done"))
             round_s.append(time.time() - started)
+            if progress is not None:
+                progress(r, round_s[-1])
 
         for role in self.roles:
             send_message(self.connections[role.device], {"type": "collect"})

@@ -105,6 +105,7 @@ class StageExecutor:
         self._flush(stats)
         for dispatcher in self.dispatchers.values():
             dispatcher.drain(self.timeout_s)
+            stats.events.extend(dispatcher.take_events())
         stats.peak_resident, stats.peak_activation_bytes = ledger.peak_count, ledger.peak_bytes
         return stats
 

@@ -1,0 +1,155 @@
+"""``ecofl home train``: train a model through a real (emulated) home pipeline.
+
+Profiles the model (cached), plans it on the pool (:mod:`ecofl.pipeline.planners`),
+predicts its sync-round (:func:`ecofl.pipeline.cost.simulate`), then runs it:
+one worker process per device on this machine, each emulating its device
+(:mod:`ecofl.pipeline.runtime.emulation`), for ``--rounds`` sync-rounds on the
+first samples of the dataset's training split. Prints per-stage utilisation
+and memory, measured against predicted; ``--json`` prints one object;
+``--timeline FILE`` draws the measured timeline as a Gantt chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+
+from ecofl.cli.plan import model_profile, parse_pool
+from ecofl.data import DATASETS, load_dataset
+from ecofl.errors import UserError
+from ecofl.models import GRANULARITIES
+from ecofl.pipeline.cost import SyncRoundCost, simulate
+from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.planners import PLANNERS, make_plan
+from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
+from ecofl.pipeline.runtime.portal import HomePipeline
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    home = subparsers.add_parser("home", help="run a home's pipeline for real (emulated devices)")
+    commands = home.add_subparsers(dest="home_command", required=True)
+    parser = commands.add_parser("train", help="train through the home pipeline and measure it")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--pool", required=True, help="a named pool or presets a,b,c")
+    parser.add_argument("--dataset", required=True, help=f"one of {', '.join(DATASETS)}")
+    parser.add_argument("--planner", default="ecofl", help=f"one of {', '.join(PLANNERS)}")
+    parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default=None, help="override the plan's schedule")
+    parser.add_argument("--rounds", type=int, default=3, help="sync-rounds to train")
+    parser.add_argument("--batch", type=int, default=64, help="mini-batch (samples per sync-round)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="fix the micro-batch size")
+    parser.add_argument("--bandwidth", type=float, default=None, help="every link in Mbps (default 100)")
+    parser.add_argument("--granularity", default="block", help=f"one of {', '.join(GRANULARITIES)}")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds any step may take before failing")
+    parser.add_argument("--cache-dir", default=None, help="profile cache (default ~/.cache/ecofl/profiles)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--timeline", default=None, metavar="FILE", help="write the measured timeline as PNG")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rounds < 1 or args.batch < 1:
+        raise UserError(f"--rounds and --batch must be positive, got {args.rounds} and {args.batch}")
+    if args.planner not in PLANNERS:
+        raise UserError(f"unknown planner {args.planner!r}; valid planners: {', '.join(PLANNERS)}")
+    pool = parse_pool(args.pool, args.bandwidth)
+    data = load_dataset(args.dataset)
+    shape = tuple(int(d) for d in data.input_shape)
+    profile = model_profile(args.model, shape, data.num_classes, args.granularity, args.cache_dir)
+    options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
+    plan = make_plan(args.planner, profile, pool, args.batch, **options)
+    if args.schedule is not None:
+        plan = dataclasses.replace(plan, schedule=args.schedule)
+    predicted = simulate(plan, profile, pool)
+    spec = ZooModel(args.model, shape, data.num_classes, args.granularity)
+    x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]
+    try:
+        with HomePipeline(spec, pool, plan, profile=profile, emulate=True, timeout_s=args.timeout) as home:
+            result = home.train(None, x, y, args.rounds, lr=args.lr, momentum=args.momentum,
+                                progress=None if args.json else _progress(args.rounds))
+    except HomePipelineError as error:
+        raise UserError(str(error)) from None
+    report = describe(plan, pool, predicted, result)
+    if args.timeline:
+        from ecofl.pipeline.gantt import plot_gantt
+
+        plot_gantt(result.timeline, args.timeline, title=f"measured: {args.model} on {pool.name} ({plan.planner})",
+                   device_names={d: spec.name for d, spec in enumerate(pool.devices)})
+    print(json.dumps(report) if args.json else table(report))
+    return 0
+
+
+def _progress(total: int):
+    def show(r: int, seconds: float) -> None:
+        done = r + 1
+        bar = "#" * (20 * done // total)
+        end = "\n" if done == total else ""
+        print(f"\rsync-round {done}/{total} [{bar:<20}] {seconds:.2f} s", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult) -> dict:
+    """Measured against predicted, as one JSON-ready object (sync-round: median over rounds)."""
+    measured = statistics.median(result.sync_round_s)
+    stages = []
+    for s, stage in enumerate(plan.stages):
+        stages.append({
+            "stage": s,
+            "devices": list(stage.devices),
+            "device_names": [pool.devices[d].name for d in stage.devices],
+            "layers": list(stage.layers),
+            "shares": list(stage.shares),
+            "busy_fraction": result.busy_fraction[s],
+            "predicted_busy_fraction": predicted.busy_fraction[s],
+            "peak_memory_bytes": result.peak_memory_bytes[s],
+            "predicted_memory_bytes": predicted.stage_memory_bytes[s],
+            "peak_resident": result.peak_resident[s],
+            "forward_s": result.forward_s[s],
+            "backward_s": result.backward_s[s],
+        })
+    return {
+        "planner": plan.planner,
+        "schedule": plan.schedule,
+        "batch_size": plan.batch_size,
+        "micro_batch": plan.micro_batch,
+        "num_micro_batches": plan.num_micro_batches,
+        "throughput": plan.batch_size / measured,
+        "predicted_throughput": predicted.throughput,
+        "sync_round_s": measured,
+        "predicted_sync_round_s": predicted.sync_round_s,
+        "sync_rounds_s": list(result.sync_round_s),
+        "loss": result.loss,
+        "stages": stages,
+    }
+
+
+def table(report: dict) -> str:
+    head = ("stage", "devices", "layers", "share", "busy (pred.)", "memory MiB (pred.)", "resident", "F / B s")
+    rows = [head]
+    for st in report["stages"]:
+        rows.append((
+            str(st["stage"]),
+            ",".join(f"{d}:{n}" for d, n in zip(st["devices"], st["device_names"])),
+            f"{st['layers'][0]}-{st['layers'][1]}",
+            "+".join(map(str, st["shares"])),
+            f"{st['busy_fraction']:.2f} ({st['predicted_busy_fraction']:.2f})",
+            f"{st['peak_memory_bytes'] / 2**20:.0f} ({st['predicted_memory_bytes'] / 2**20:.0f})",
+            str(st["peak_resident"]),
+            f"{st['forward_s']:.3f} / {st['backward_s']:.3f}",
+        ))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    error = abs(report["predicted_sync_round_s"] - report["sync_round_s"]) / report["sync_round_s"]
+    return "\n".join([
+        f"{report['planner']} plan, {report['schedule']}: mini-batch {report['batch_size']} = "
+        f"{report['num_micro_batches']} x {report['micro_batch']}, mean loss {report['loss']:.4f}",
+        *lines,
+        f"sync-round {report['sync_round_s']:.3f} s measured (median), {report['predicted_sync_round_s']:.3f} s "
+        f"predicted (error {100 * error:.1f}%); throughput {report['throughput']:.2f} samples/s",
+    ])

@@ -1,0 +1,35 @@
+"""``ecofl home train``: one JSON object with measured and predicted figures; errors in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ecofl.cli import main
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_home_train_json_and_timeline(tmp_path, capsys):
+    timeline = tmp_path / "timeline.png"
+    code = main([
+        "home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",
+        "--batch", "16", "--rounds", "2", "--json", "--timeline", str(timeline), "--cache-dir", str(tmp_path),
+    ])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {"throughput", "sync_round_s", "predicted_sync_round_s", "stages"} <= set(report)
+    assert report["throughput"] > 0 and report["sync_round_s"] > 0 and report["predicted_sync_round_s"] > 0
+    assert len(report["sync_rounds_s"]) == 2
+    for stage in report["stages"]:
+        assert {"devices", "busy_fraction", "peak_memory_bytes"} <= set(stage)
+        assert 0 < stage["busy_fraction"] <= 1 and stage["peak_memory_bytes"] > 0
+    assert sorted(d for st in report["stages"] for d in st["devices"]) == [0, 1]
+    assert timeline.stat().st_size > 0
+
+
+def test_home_train_user_error_is_one_line(capsys):
+    assert main(["home", "train", "--model", "cnn", "--pool", "no-such-pool", "--dataset", "digits"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ecofl: error: unknown pool or device preset 'no-such-pool'") and err.count("\n") == 1
