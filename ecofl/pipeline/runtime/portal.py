@@ -42,6 +42,7 @@ from ecofl.pipeline.runtime.errors import (
 )
 from ecofl.pipeline.runtime.launch import LocalDevices
 from ecofl.pipeline.runtime.model_spec import ModelSpec, layer_state_keys
+from ecofl.pipeline.runtime.netns import HomeNetwork
 from ecofl.pipeline.runtime.topology import WorkerRole, worker_roles
 from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
 from ecofl.weights import Weights, get_weights
@@ -77,7 +78,9 @@ class HomePipeline:
     with ``python -m ecofl.pipeline.runtime.worker`` within ``timeout_s``.
     ``emulate`` dilates time, paces links and enforces memory budgets per
     device (:mod:`ecofl.pipeline.runtime.emulation`), with the cost model's
-    times when a ``profile`` is given.
+    times when a ``profile`` is given. With a ``network``
+    (:class:`~ecofl.pipeline.runtime.netns.HomeNetwork`, entered) each worker
+    runs in its device's namespace and the kernel shapes the links instead.
     """
 
     def __init__(
@@ -93,19 +96,22 @@ class HomePipeline:
         host: str = "127.0.0.1",
         port: int = 0,
         local_devices: list[int] | None = None,
-        launch_prefix: dict[int, list[str]] | None = None,
-        worker_env: dict[str, str] | None = None,
+        network: HomeNetwork | None = None,
     ):
         self.model, self.pool, self.plan, self.timeout_s = model, pool, plan, timeout_s
-        self.roles = worker_roles(plan, pool, profile, emulate)
+        self.roles = worker_roles(plan, pool, profile, emulate, pace_links=network is None)
         self.secret = secret if secret is not None else new_secret()
-        self.host, self.port = host, port
+        self.port = port
         devices = [role.device for role in self.roles]
         self.local_devices = devices if local_devices is None else list(local_devices)
-        self.launch_prefix = launch_prefix or {}
-        if worker_env is None and host.startswith("127."):
-            worker_env = {"GLOO_SOCKET_IFNAME": "lo"}  # gloo would otherwise pick the hostname's interface
-        self.worker_env = worker_env
+        if network is not None:  # workers in namespaces, links shaped by the kernel
+            self.host = network.portal_address
+            self.launch_prefix = {d: network.prefix(d) for d in devices}
+            self.worker_env: dict[str, str] | None = {"GLOO_SOCKET_IFNAME": "eth0"}
+        else:
+            self.host, self.launch_prefix = host, {}
+            # gloo would otherwise pick the interface of the host name
+            self.worker_env = {"GLOO_SOCKET_IFNAME": "lo"} if host.startswith("127.") else None
         full_model, layers = model.build()
         if len(layers) != plan.num_layers:
             raise ValueError(f"the plan covers {plan.num_layers} layers, the model has {len(layers)}")

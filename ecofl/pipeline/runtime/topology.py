@@ -89,8 +89,13 @@ class WorkerRole:
         return cls(**data)
 
 
-def worker_roles(plan: Plan, pool: HomePool, profile: ModelProfile | None, emulate: bool) -> list[WorkerRole]:
-    """One role per device the plan uses, in rank order."""
+def worker_roles(
+    plan: Plan, pool: HomePool, profile: ModelProfile | None, emulate: bool, pace_links: bool = True
+) -> list[WorkerRole]:
+    """One role per device the plan uses, in rank order.
+
+    ``pace_links=False`` leaves link rates to the kernel (:mod:`ecofl.pipeline.runtime.netns`).
+    """
     used = [d for stage in plan.stages for d in stage.devices]
     if len(set(used)) != len(used):
         raise ValueError(f"a device may serve one stage only: {used}")
@@ -105,7 +110,7 @@ def worker_roles(plan: Plan, pool: HomePool, profile: ModelProfile | None, emula
 
     def link(a: int, b: int) -> float | None:
         rate = float(pool.bandwidth_bps[a, b])
-        return rate if emulate and rate != float("inf") else None
+        return rate if emulate and pace_links and rate != float("inf") else None
 
     roles = []
     for s, stage in enumerate(plan.stages):
