@@ -1,0 +1,81 @@
+"""The runtime's pure parts, without processes: topology, wire format, link pacing, memory ledger."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from ecofl.devices import DeviceSpec, HomePool
+from ecofl.pipeline.plan import Plan, StagePlan
+from ecofl.pipeline.runtime.emulation import MemoryLedger, TokenBucket
+from ecofl.pipeline.runtime.errors import EmulatedOOM
+from ecofl.pipeline.runtime.topology import Peer, WorkerRole, worker_roles
+from ecofl.pipeline.runtime.wire import PREAUTH_LIMIT, recv_message, send_message
+from ecofl.pipeline.schedule import one_f_one_b
+
+
+def test_replicated_stages_exchange_overlapping_sample_ranges():
+    """Asteroid Fig. 10 with uneven shares: 5+3 samples feed 2+6 samples."""
+    pool = HomePool("p", tuple(DeviceSpec(f"d{i}", 1.0, 1 << 30, 1e6 * (i + 1)) for i in range(4)))
+    plan = Plan("hand", (StagePlan((0, 1), (0, 1), (5, 3), 3), StagePlan((2, 2), (2, 3), (2, 6), 1)), 8, 4)
+    roles = {r.device: r for r in worker_roles(plan, pool, None, emulate=True)}
+    assert [roles[d].rank for d in range(4)] == [0, 1, 2, 3]
+    assert (roles[0].lo, roles[0].hi, roles[1].lo, roles[1].hi) == (0, 5, 5, 8)
+    assert roles[0].destinations == (Peer(2, 2, 0, 2, 1e6), Peer(3, 3, 2, 5, 1e6))
+    assert roles[1].destinations == (Peer(3, 3, 5, 8, 2e6),)
+    assert roles[3].sources == (Peer(0, 0, 2, 5, 1e6), Peer(1, 1, 5, 8, 2e6))  # slower end of each path
+    assert roles[0].groups == ((0, 1), (2, 3)) and roles[3].replicas == (2, 3)
+    assert roles[0].input_bps is None and roles[1].input_bps == 1e6  # the portal is device 0
+    assert roles[0].allreduce_bps == 1e6
+    expected = [(a.kind, a.micro_batch) for a in one_f_one_b(2, 4, [3, 1])[0]]
+    assert list(roles[0].actions) == expected and roles[0].resident_bound == 3
+    assert WorkerRole.from_json(roles[3].to_json()) == roles[3]
+    assert all(p.bandwidth_bps is None for r in worker_roles(plan, pool, None, emulate=False) for p in r.destinations)
+
+
+def test_wire_round_trips_arrays_and_refuses_strangers_arrays():
+    a, b = socket.socketpair()
+    arrays = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.array(7, dtype=np.int64),
+              "e": np.zeros((0, 4), dtype=np.float64)}
+    send_message(a, {"type": "x", "k": [1, 2]}, arrays)
+    header, got = recv_message(b)
+    assert header == {"type": "x", "k": [1, 2]}
+    for name, array in arrays.items():
+        assert got[name].dtype == array.dtype and got[name].shape == array.shape
+        np.testing.assert_array_equal(got[name], array)
+    send_message(a, {"type": "hello"}, {"w": arrays["w"]})
+    with pytest.raises(ValueError, match="unauthenticated"):
+        recv_message(b, authenticated=False)
+    a.close(), b.close()
+    a, b = socket.socketpair()
+    send_message(a, {"type": "hello", "pad": "x" * PREAUTH_LIMIT})
+    with pytest.raises(ValueError, match="exceeds"):
+        recv_message(b, authenticated=False)
+    with pytest.raises(TypeError):
+        send_message(a, {}, {"o": np.array([object()])})
+    a.close(), b.close()
+
+
+def test_token_bucket_paces_bytes_at_its_rate():
+    bucket = TokenBucket(rate_bps=2e6, burst_bytes=1000)
+    start = time.time()
+    for _ in range(4):
+        bucket.consume(100_000)
+    assert 0.18 < time.time() - start < 0.5  # 400 kB at 2 MB/s
+
+
+def test_memory_ledger_projects_the_schedule_peak_from_measured_forwards():
+    ledger = MemoryLedger("1 (nano)", 1, budget=1000, fixed=100, resident_bound=3, schedule="1f1b", enforce=True)
+    ledger.forward(0, 250)  # 100 + 3 x 250 = 850 fits
+    ledger.forward(1, 250)
+    ledger.backward(0)
+    ledger.forward(2, 250)
+    assert (ledger.peak_count, ledger.peak_bytes) == (2, 500)
+    with pytest.raises(EmulatedOOM, match=r"device 1 \(nano\) \(stage 1, 1f1b\): 3 resident micro-batches"):
+        ledger.forward(3, 400)  # 3 x 400 + 100 > 1000
+    relaxed = MemoryLedger("0", 0, budget=10, fixed=100, resident_bound=8, schedule="gpipe", enforce=False)
+    relaxed.forward(0, 10**6)
+    assert relaxed.peak_bytes == 10**6
