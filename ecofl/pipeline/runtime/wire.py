@@ -30,13 +30,14 @@ def send_message(sock: socket.socket, header: dict[str, Any], arrays: dict[str, 
     """Send ``header`` (JSON-serialisable) and ``arrays`` (numeric, any shape) as one message."""
     arrays = arrays or {}
     contiguous = {name: np.asarray(a, order="C") for name, a in arrays.items()}  # keeps 0-d arrays 0-d
+    if any(a.dtype.hasobject for a in contiguous.values()):
+        raise TypeError("object arrays cannot travel on the control channel")
     listing = [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape)} for n, a in contiguous.items()]
     body = json.dumps({**header, "arrays": listing}).encode()
     sock.sendall(_LENGTH.pack(len(body)) + body)
     for array in contiguous.values():
-        if array.dtype.hasobject:
-            raise TypeError("object arrays cannot travel on the control channel")
-        sock.sendall(memoryview(array).cast("B"))
+        if array.size:
+            sock.sendall(memoryview(array.reshape(-1)).cast("B"))
 
 
 def recv_message(sock: socket.socket, *, authenticated: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
