@@ -251,3 +251,28 @@ def test_dp_splits_samples_by_speed_in_one_stage():
     assert stage.devices == (0, 1, 2, 3, 4) and stage.layers == (0, 3) and stage.in_flight == 1
     speeds = np.array([d.speed for d in pool.devices])
     assert np.allclose(np.array(stage.shares) / plan.micro_batch, speeds / speeds.sum(), atol=1.0 / plan.micro_batch)
+
+
+@pytest.mark.parametrize("planner", ["ecofl", "pipeedge"])
+def test_fastest_micro_batch_rule_never_estimates_slower_than_largest(planner):
+    from ecofl.pipeline.planners.chain import round_estimate
+
+    def estimate(plan, pool, profile):
+        tables = stage_tables(profile, plan.micro_batch)
+        devices = [st.devices[0] for st in plan.stages]
+        cuts = [st.layers[0] for st in plan.stages] + [profile.num_layers]
+        return round_estimate(tables, pool, devices, cuts, plan.num_micro_batches)
+
+    compared = 0
+    for rng, profile, pool in instances(12, 15, layers=(5, 8), devices=(2, 4)):
+        try:
+            largest = make_plan(planner, profile, pool, 64)
+        except UserError:
+            continue
+        compared += 1
+        fastest = make_plan(planner, profile, pool, 64, micro_batch_rule="fastest")
+        assert fastest.micro_batch <= largest.micro_batch
+        assert estimate(fastest, pool, profile) <= estimate(largest, pool, profile) + 1e-9
+    assert compared >= 5
+    with pytest.raises(UserError, match="largest, fastest"):
+        make_plan(planner, profile, pool, 64, micro_batch_rule="smallest")

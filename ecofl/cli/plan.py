@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--planner", default="ecofl", help=f"one of {', '.join(PLANNERS)}")
     parser.add_argument("--batch", type=int, default=128, help="mini-batch (samples per sync-round)")
     parser.add_argument("--micro-batch", type=int, default=None, help="fix the micro-batch size")
+    parser.add_argument("--micro-batch-rule", default=None, choices=("largest", "fastest"),
+                        help="ecofl/pipeedge: largest size holding P_s tasks (paper) or fastest estimated round")
     parser.add_argument("--bandwidth", type=float, default=None, help="every link in Mbps (default 100)")
     parser.add_argument("--granularity", default="block", help=f"one of {', '.join(GRANULARITIES)}")
     parser.add_argument("--input-shape", default="3,32,32", help="one sample's C,H,W")
@@ -147,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--batch must be positive, got {args.batch}")
     pool = parse_pool(args.pool, args.bandwidth)
     profile = model_profile(args.model, parse_shape(args.input_shape), args.classes, args.granularity, args.cache_dir)
-    options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
+    options: dict[str, object] = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
+    if args.micro_batch_rule is not None:
+        options["micro_batch_rule"] = args.micro_batch_rule
     started = time.perf_counter()
     plan = make_plan(args.planner, profile, pool, args.batch, **options)
     planning_s = time.perf_counter() - started

@@ -18,12 +18,16 @@ device subsets become count vectors (PipeEdge Table II).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ecofl.devices import HomePool
+from ecofl.errors import UserError
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.planners.memory import fits, stage_in_flight, target_in_flight
-from ecofl.pipeline.planners.tables import StageTables
+from ecofl.pipeline.planners.tables import StageTables, stage_tables
+from ecofl.pipeline.profile import ModelProfile
 
 
 def categories(pool: HomePool) -> list[list[int]]:
@@ -108,3 +112,47 @@ class StageTimes:
             ok = fits(self.tables, tasks, self.tables.micro_batch, spec.memory_bytes)
             self._cache[key] = np.where(ok, self._compute / spec.speed, np.inf)
         return self._cache[key]
+
+
+MICRO_BATCH_RULES = ("largest", "fastest")
+
+
+def round_estimate(tables: StageTables, pool: HomePool, devices: list[int], cuts: list[int], num_micro_batches: int) -> float:
+    """Eco-FL §4.3's sync-round estimate without DDB: M x bottleneck + SSB (eq. 2)."""
+    ssb = 0.0
+    for k in range(len(devices) - 1):
+        i, j = cuts[k], cuts[k + 1]
+        ssb += (tables.compute[j] - tables.compute[i]) / pool.devices[devices[k]].speed
+        ssb += tables.micro_batch * tables.cut_bytes[j] / pool.bandwidth_bps[devices[k], devices[k + 1]]
+    return num_micro_batches * chain_bottleneck(tables, pool, devices, cuts) + ssb
+
+
+Search = Callable[[StageTables, HomePool, bool], tuple[float, list[int], list[int]]]
+
+
+def choose_micro_batch(
+    profile: ModelProfile, pool: HomePool, batch_size: int, sizes: list[int], search: Search, rule: str
+) -> tuple[StageTables, list[int], list[int]] | None:
+    """Eco-FL §4.3 micro-batch search over ``sizes`` (largest first) with a chain ``search``.
+
+    Rule ``largest`` (the paper's): the first size at which some chain holds
+    K_s = P_s forward tasks everywhere. Rule ``fastest``: of all such sizes,
+    the one with the smallest :func:`round_estimate` (memory can force a large
+    micro-batch into a lopsided partition). Without any such size, the same
+    rule over sizes at which every stage holds one task.
+    """
+    if rule not in MICRO_BATCH_RULES:
+        raise UserError(f"unknown micro-batch rule {rule!r}; valid: {', '.join(MICRO_BATCH_RULES)}")
+    for strict in (True, False):
+        found = []
+        for beta in sizes:
+            tables = stage_tables(profile, beta)
+            value, devices, cuts = search(tables, pool, strict)
+            if not np.isfinite(value):
+                continue
+            if rule == "largest":
+                return tables, devices, cuts
+            found.append((round_estimate(tables, pool, devices, cuts, batch_size // beta), beta, tables, devices, cuts))
+        if found:
+            return min(found, key=lambda f: (f[0], -f[1]))[2:]
+    return None

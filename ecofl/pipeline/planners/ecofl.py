@@ -20,6 +20,9 @@ Micro-batch search (§4.3): sizes from large to small
 for which some order lets every stage hold K_s = P_s = 2(S-s)-1 forward tasks
 is taken. If no size allows that, the largest size at which every stage holds
 at least one task is taken (dependency bubbles then occur; K_s = min(P_s, Q_s)).
+Memory can make the largest such size a poor one (early stages squeezed to a
+few layers); ``micro_batch_rule="fastest"`` instead takes the size with the
+smallest estimated sync-round, M x bottleneck + SSB (§4.3, eq. 2).
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ import numpy as np
 from ecofl.devices import HomePool
 from ecofl.errors import UserError
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.planners.chain import StageTimes, categories, category_bandwidth, chain_plan
+from ecofl.pipeline.planners.chain import StageTimes, categories, category_bandwidth, chain_plan, choose_micro_batch
 from ecofl.pipeline.planners.memory import micro_batch_candidates, raise_infeasible, target_in_flight
-from ecofl.pipeline.planners.tables import StageTables, stage_tables
+from ecofl.pipeline.planners.tables import StageTables
 from ecofl.pipeline.profile import ModelProfile
 
 
@@ -137,19 +140,24 @@ def search_orders(tables: StageTables, pool: HomePool, strict: bool) -> tuple[fl
     return value, [pools[c].pop(0) for c in order], cuts
 
 
-def plan_ecofl(profile: ModelProfile, pool: HomePool, batch_size: int, micro_batch: int | None = None) -> Plan:
-    """Eco-FL's plan: every device one stage, best order and partition, largest feasible micro-batch."""
+def plan_ecofl(
+    profile: ModelProfile, pool: HomePool, batch_size: int, micro_batch: int | None = None,
+    micro_batch_rule: str = "largest",
+) -> Plan:
+    """Eco-FL's plan: every device one stage, best order and partition, micro-batch by ``micro_batch_rule``.
+
+    ``largest`` is the paper's rule; ``fastest`` compares the feasible sizes by
+    the estimated sync-round (:func:`ecofl.pipeline.planners.chain.choose_micro_batch`).
+    """
     if profile.num_layers < len(pool):
         raise UserError(
             f"planner 'ecofl' pipelines over every device: model {profile.model!r} has {profile.num_layers} "
             f"layers for {len(pool)} devices; use planner 'pipeedge' or 'hpp'"
         )
     sizes = [micro_batch] if micro_batch else micro_batch_candidates(batch_size, len(pool))
-    for strict in (True, False):
-        for beta in sizes:
-            tables = stage_tables(profile, beta)
-            value, devices, cuts = search_orders(tables, pool, strict)
-            if np.isfinite(value):
-                return chain_plan("ecofl", tables, pool, devices, cuts, batch_size)
+    found = choose_micro_batch(profile, pool, batch_size, sizes, search_orders, micro_batch_rule)
+    if found:
+        tables, devices, cuts = found
+        return chain_plan("ecofl", tables, pool, devices, cuts, batch_size)
     raise_infeasible(profile, pool, "ecofl", every_device=True)
     raise AssertionError("unreachable")

@@ -15,7 +15,9 @@ does not fit its device's memory is excluded. Each (c, u, v) step is one
 on ties the plan with fewer devices wins.
 
 Micro-batch search as Eco-FL's (:mod:`ecofl.pipeline.planners.ecofl`): the
-largest size at which every stage holds P_s tasks, else at least one.
+largest size at which every stage holds P_s tasks, else at least one (or,
+with ``micro_batch_rule="fastest"``, the feasible size of least estimated
+sync-round).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ import numpy as np
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.planners.chain import StageTimes, categories, category_bandwidth, chain_plan
+from ecofl.pipeline.planners.chain import StageTimes, categories, category_bandwidth, chain_plan, choose_micro_batch
 from ecofl.pipeline.planners.memory import micro_batch_candidates, raise_infeasible
-from ecofl.pipeline.planners.tables import StageTables, stage_tables
+from ecofl.pipeline.planners.tables import StageTables
 from ecofl.pipeline.profile import ModelProfile
 
 
@@ -91,14 +93,15 @@ def search_subsets(tables: StageTables, pool: HomePool, strict: bool) -> tuple[f
     return value, devices, cuts
 
 
-def plan_pipeedge(profile: ModelProfile, pool: HomePool, batch_size: int, micro_batch: int | None = None) -> Plan:
+def plan_pipeedge(
+    profile: ModelProfile, pool: HomePool, batch_size: int, micro_batch: int | None = None,
+    micro_batch_rule: str = "largest",
+) -> Plan:
     """PipeEdge's plan: the best subset and order of devices, one stage each."""
     sizes = [micro_batch] if micro_batch else micro_batch_candidates(batch_size, len(pool))
-    for strict in (True, False):
-        for beta in sizes:
-            tables = stage_tables(profile, beta)
-            value, devices, cuts = search_subsets(tables, pool, strict)
-            if np.isfinite(value):
-                return chain_plan("pipeedge", tables, pool, devices, cuts, batch_size)
+    found = choose_micro_batch(profile, pool, batch_size, sizes, search_subsets, micro_batch_rule)
+    if found:
+        tables, devices, cuts = found
+        return chain_plan("pipeedge", tables, pool, devices, cuts, batch_size)
     raise_infeasible(profile, pool, "pipeedge")
     raise AssertionError("unreachable")
