@@ -45,7 +45,8 @@ def make_plan(planner: str, profile: ModelProfile, pool: HomePool, batch_size: i
     """Plan ``profile`` on ``pool`` for mini-batches of ``batch_size`` with the named planner.
 
     ``options`` are the planner's keyword arguments (``micro_batch`` for all,
-    ``sizes`` and ``block`` for hpp, ``balance`` for even).
+    ``micro_batch_rule`` for ecofl and pipeedge, ``sizes`` and ``block`` for
+    hpp, ``balance`` for even); an unknown one is a UserError.
     """
     if planner not in PLANNERS:
         raise UserError(f"unknown planner {planner!r}; valid planners: {', '.join(PLANNERS)}")
