@@ -109,7 +109,8 @@ def raise_infeasible(profile: ModelProfile, pool: HomePool, planner: str, every_
     if device is None or missing <= 0:
         raise UserError(
             f"planner {planner!r} finds no plan of model {profile.model!r} ({profile.num_layers} layers) "
-            f"on pool {pool.name!r} ({len(pool)} devices); try planner 'pipeedge' or 'hpp'"
+            f"on pool {pool.name!r} ({len(pool)} devices)"
+            + ("; it needs every device in the pipeline: try planner 'pipeedge' or 'hpp'" if every_device else "")
         )
     spec = pool.devices[device]
     raise UserError(
