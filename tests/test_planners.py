@@ -186,7 +186,7 @@ def test_micro_batch_search_picks_the_largest_size_meeting_k_equals_p(planner):
         feasible = [b for b in sizes if np.isfinite(brute_chain(stage_tables(profile, b), pool, orders, True))]
         if not feasible:
             continue
-        plan = make_plan(planner, profile, pool, batch)
+        plan = make_plan(planner, profile, pool, batch, micro_batch_rule="largest")
         assert plan.micro_batch == feasible[0]
         assert plan.micro_batch * plan.num_micro_batches == batch
         stages = len(plan.stages)
@@ -266,11 +266,11 @@ def test_fastest_micro_batch_rule_never_estimates_slower_than_largest(planner):
     compared = 0
     for rng, profile, pool in instances(12, 15, layers=(5, 8), devices=(2, 4)):
         try:
-            largest = make_plan(planner, profile, pool, 64)
+            largest = make_plan(planner, profile, pool, 64, micro_batch_rule="largest")
         except UserError:
             continue
         compared += 1
-        fastest = make_plan(planner, profile, pool, 64, micro_batch_rule="fastest")
+        fastest = make_plan(planner, profile, pool, 64)  # the default rule
         assert fastest.micro_batch <= largest.micro_batch
         assert estimate(fastest, pool, profile) <= estimate(largest, pool, profile) + 1e-9
     assert compared >= 5

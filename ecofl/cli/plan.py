@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch", type=int, default=128, help="mini-batch (samples per sync-round)")
     parser.add_argument("--micro-batch", type=int, default=None, help="fix the micro-batch size")
     parser.add_argument("--micro-batch-rule", default=None, choices=("largest", "fastest"),
-                        help="ecofl/pipeedge: largest size holding P_s tasks (paper) or fastest estimated round")
+                        help="ecofl/pipeedge: fastest estimated round (default) or largest size holding P_s tasks (paper)")
     parser.add_argument("--bandwidth", type=float, default=None, help="every link in Mbps (default 100)")
     parser.add_argument("--granularity", default="block", help=f"one of {', '.join(GRANULARITIES)}")
     parser.add_argument("--input-shape", default="3,32,32", help="one sample's C,H,W")

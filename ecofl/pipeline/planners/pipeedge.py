@@ -14,10 +14,10 @@ does not fit its device's memory is excluded. Each (c, u, v) step is one
 ``[L+1, L+1]`` array operation. The answer is min over (c, u) of g(0, c, u);
 on ties the plan with fewer devices wins.
 
-Micro-batch search as Eco-FL's (:mod:`ecofl.pipeline.planners.ecofl`): the
-largest size at which every stage holds P_s tasks, else at least one (or,
-with ``micro_batch_rule="fastest"``, the feasible size of least estimated
-sync-round).
+Micro-batch search as Eco-FL's (:mod:`ecofl.pipeline.planners.ecofl`): of
+the sizes at which every stage holds P_s tasks (else at least one), the one of
+least estimated sync-round (``micro_batch_rule="fastest"``, the default) or
+the largest (``"largest"``, the paper's literal rule).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def search_subsets(tables: StageTables, pool: HomePool, strict: bool) -> tuple[f
 
 def plan_pipeedge(
     profile: ModelProfile, pool: HomePool, batch_size: int, micro_batch: int | None = None,
-    micro_batch_rule: str = "largest",
+    micro_batch_rule: str = "fastest",
 ) -> Plan:
     """PipeEdge's plan: the best subset and order of devices, one stage each."""
     sizes = [micro_batch] if micro_batch else micro_batch_candidates(batch_size, len(pool))
