@@ -121,9 +121,6 @@ class MemoryLedger:
     def backward(self, micro_batch: int) -> None:
         del self.resident[micro_batch]
 
-    def reset_round(self) -> None:
-        self.resident.clear()
-
 
 def _size(nbytes: float) -> str:
     units, i = ("B", "KiB", "MiB", "GiB"), 0

@@ -52,6 +52,10 @@ class HomeNetwork:
     def namespace(self, device: int) -> str:
         return f"ecofl-{self.tag}-d{device}"
 
+    def address(self, device: int) -> str:
+        """The IPv4 address of ``device``'s ``eth0``."""
+        return str(self.subnet[10 + self.devices.index(device)])
+
     def prefix(self, device: int) -> list[str]:
         """Command prefix that runs a program inside ``device``'s namespace."""
         return ["ip", "netns", "exec", self.namespace(device)]
@@ -77,13 +81,13 @@ class HomeNetwork:
         _ip("addr", "add", f"{self.portal_address}/{prefix}", "dev", self.uplink)
         _ip("link", "set", self.uplink, "up")
         _ip("-n", self.hub, "link", "set", "portal", "master", "br0", "up")
-        for i, device in enumerate(self.devices):
+        for device in self.devices:
             ns = self.namespace(device)
             self._netns_add(ns)
             port = f"d{device}"
             _ip("-n", self.hub, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _ip("-n", self.hub, "link", "set", port, "master", "br0", "up")
-            _ip("-n", ns, "addr", "add", f"{self.subnet[10 + i]}/{prefix}", "dev", "eth0")
+            _ip("-n", ns, "addr", "add", f"{self.address(device)}/{prefix}", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             rate = self.pool.devices[device].bandwidth_bps

@@ -247,17 +247,15 @@ class HomePipeline:
             raise ValueError(f"need as many labels as inputs, got {len(x)} and {len(y)}")
         if sync_rounds < 1:
             raise ValueError(f"sync_rounds must be at least 1, got {sync_rounds}")
-        try:
-            return self._train(weights, x, y, sync_rounds, lr, momentum, weight_decay, mu, reference, progress)
+        start = dict(zip(self.keys, self._checked(self.weights if weights is None else weights)))
+        ref = dict(zip(self.keys, self._checked(reference))) if reference is not None else start
+        try:  # from here on a failure leaves the workers in an unknown state: stop them all
+            return self._train(start, ref, x, y, sync_rounds, lr, momentum, weight_decay, mu, progress)
         except BaseException:
             self.close()
             raise
 
-    def _train(self, weights, x, y, sync_rounds, lr, momentum, weight_decay, mu, reference, progress) -> PipelineResult:
-        start_weights = dict(zip(self.keys, self.weights if weights is None else weights))
-        if weights is not None and len(weights) != len(self.keys):
-            raise ValueError(f"expected {len(self.keys)} weight arrays, got {len(weights)}")
-        ref = dict(zip(self.keys, reference)) if reference is not None else start_weights
+    def _train(self, start_weights, ref, x, y, sync_rounds, lr, momentum, weight_decay, mu, progress) -> PipelineResult:
         optimization = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "mu": mu}
         for role in self.roles:
             keys = self.stage_keys[role.stage]
@@ -298,6 +296,15 @@ class HomePipeline:
             collected.update(reply["arrays"])
         self.weights = [collected[k] for k in self.keys]
         return self._result(rounds, round_s, origin)
+
+    def _checked(self, weights: Weights) -> Weights:
+        """``weights`` if they match the model's state (count and shapes), else ValueError."""
+        if len(weights) != len(self.keys):
+            raise ValueError(f"expected {len(self.keys)} weight arrays, got {len(weights)}")
+        for key, current, given in zip(self.keys, self.weights, weights):
+            if np.shape(given) != np.shape(current):
+                raise ValueError(f"{key}: expected shape {np.shape(current)}, got {np.shape(given)}")
+        return weights
 
     def _result(self, rounds: list[dict[int, dict[str, Any]]], round_s: list[float], origin: float) -> PipelineResult:
         num_stages = len(self.plan.stages)
