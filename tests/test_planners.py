@@ -226,6 +226,18 @@ def test_a_model_that_fits_nowhere_names_the_device_and_missing_bytes(planner):
         make_plan(planner, profile, pool, 32)
 
 
+@pytest.mark.parametrize("planner", list(PLANNERS))
+def test_a_fixed_micro_batch_too_big_for_memory_names_it_and_the_missing_bytes(planner):
+    """Fits with small micro-batches, not with the one the user fixed: say so, with bytes."""
+    profile = random_profile(np.random.default_rng(8), 5)
+    pool = load_pool("asteroid-d")
+    make_plan(planner, profile, pool, 64)  # fits when the planner may choose
+    stash = float(np.sum(profile.stash_bytes))
+    batch = 2 ** int(np.ceil(np.log2(4 * pool.devices[0].memory_bytes * len(pool) / stash)))
+    with pytest.raises(UserError, match=rf"micro-batches of {batch}\b.* \d+ bytes short"):
+        make_plan(planner, profile, pool, batch, micro_batch=batch)
+
+
 def test_unknown_planner_and_option_are_user_errors():
     profile, pool = random_profile(np.random.default_rng(9), 4), load_pool("asteroid-a")
     with pytest.raises(UserError, match="ecofl, hpp, pipeedge, even, dp"):

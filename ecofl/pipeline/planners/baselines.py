@@ -57,7 +57,7 @@ def plan_even(
             tables = stage_tables(profile, beta)
             if chain_fits(tables, pool, devices, cuts, strict):
                 return chain_plan("even", tables, pool, devices, cuts, batch_size)
-    raise_infeasible(profile, pool, "even", every_device=True)
+    raise_infeasible(profile, pool, "even", every_device=True, micro_batch=min(sizes))
     raise AssertionError("unreachable")
 
 
@@ -66,9 +66,8 @@ def plan_dp(profile: ModelProfile, pool: HomePool, batch_size: int, micro_batch:
     tables = stage_tables(profile, 1)
     static, stash = tables.static[-1], tables.stash[-1]
     budgets = np.array([d.memory_bytes for d in pool.devices], dtype=float)
-    short = static + stash - budgets
     if (static > budgets).any():
-        worst = int(np.argmax(short))
+        worst = int(np.argmax(static - budgets))
         spec = pool.devices[worst]
         raise UserError(
             f"planner 'dp' puts all of model {profile.model!r} on every device: device {worst} ({spec.name}) "
@@ -82,9 +81,11 @@ def plan_dp(profile: ModelProfile, pool: HomePool, batch_size: int, micro_batch:
             stage = StagePlan(layers=(0, profile.num_layers - 1), devices=tuple(range(len(pool))),
                               shares=tuple(int(y) for y in shares), in_flight=1)
             return Plan(planner="dp", stages=(stage,), micro_batch=beta, num_micro_batches=batch_size // beta)
+    smallest = micro_batch or 1
+    short = static + proportional(speeds, np.array([smallest]))[0] * stash - budgets
     worst = int(np.argmax(short))
     spec = pool.devices[worst]
     raise UserError(
         f"planner 'dp': model {profile.model!r} does not fit device {worst} ({spec.name}, {spec.memory_bytes} "
-        f"bytes) even with one sample: {int(np.ceil(short[worst]))} bytes short"
+        f"bytes) with micro-batches of {smallest}: {int(np.ceil(short[worst]))} bytes short"
     )

@@ -163,5 +163,5 @@ def plan_ecofl(
     if found:
         tables, devices, cuts = found
         return chain_plan("ecofl", tables, pool, devices, cuts, batch_size)
-    raise_infeasible(profile, pool, "ecofl", every_device=True)
+    raise_infeasible(profile, pool, "ecofl", every_device=True, micro_batch=min(sizes))
     raise AssertionError("unreachable")

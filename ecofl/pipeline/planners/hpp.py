@@ -275,7 +275,7 @@ def plan_hpp(
             break
     value, model, stages = best
     if model is None:
-        raise_infeasible(profile, pool, "hpp")
+        raise_infeasible(profile, pool, "hpp", micro_batch=min(candidates))
         raise AssertionError("unreachable")
     plans = tuple(model.stage_plan(st, len(stages) - 1 - s, len(stages)) for s, st in enumerate(stages))
     return Plan(planner="hpp", stages=plans, micro_batch=model.micro_batch, num_micro_batches=model.num_micro_batches)

@@ -75,15 +75,18 @@ def micro_batch_candidates(batch_size: int, num_devices: int) -> list[int]:
     return filling or sizes
 
 
-def raise_infeasible(profile: ModelProfile, pool: HomePool, planner: str, every_device: bool = False) -> None:
+def raise_infeasible(
+    profile: ModelProfile, pool: HomePool, planner: str, every_device: bool = False, micro_batch: int = 1
+) -> None:
     """Raise the UserError for a model ``planner`` cannot fit (see the module docstring).
 
     With ``every_device`` each device must take at least one layer (planners
-    that pipeline over the whole pool).
+    that pipeline over the whole pool). ``micro_batch`` is the smallest
+    micro-batch the planner was allowed (1 unless the user fixed it).
     """
     order = sorted(range(len(pool)), key=lambda d: -pool.devices[d].memory_bytes)
-    tables = stage_tables(profile, 1)
-    need = span(tables.static) + span(tables.stash)  # [i, j]: layers i..j-1, one task of one sample
+    tables = stage_tables(profile, micro_batch)
+    need = span(tables.static) + micro_batch * span(tables.stash)  # [i, j]: layers i..j-1, one task
     n = profile.num_layers + 1
     empty = ~tables.valid()
     best = np.full(n, np.inf)
@@ -115,7 +118,7 @@ def raise_infeasible(profile: ModelProfile, pool: HomePool, planner: str, every_
     spec = pool.devices[device]
     raise UserError(
         f"model {profile.model!r} fits pool {pool.name!r} in no way ({planner}): even with micro-batches "
-        "of one sample, "
+        f"of {micro_batch} sample{'s' if micro_batch > 1 else ''}, "
         f"the closest fit leaves device {device} ({spec.name}, {spec.memory_bytes} bytes) "
         f"{int(np.ceil(missing))} bytes short (needs {int(needed)})"
     )

@@ -103,5 +103,5 @@ def plan_pipeedge(
     if found:
         tables, devices, cuts = found
         return chain_plan("pipeedge", tables, pool, devices, cuts, batch_size)
-    raise_infeasible(profile, pool, "pipeedge")
+    raise_infeasible(profile, pool, "pipeedge", micro_batch=min(sizes))
     raise AssertionError("unreachable")
