@@ -118,6 +118,8 @@ def test_hybrid_plan_with_replicated_stage_equals_gradient_accumulation():
     with HomePipeline(WITHOUT_BATCH_NORM, pool(3), plan, emulate=False, timeout_s=60) as home:
         pids = list(home.worker_pids.values())
         start = home.weights
+        with pytest.raises(ValueError, match="expected 6 weight arrays, got 1"):
+            home.train([np.zeros(3)], x, y, 1, lr=0.05)  # refused before any worker is touched
         result = home.train(None, x, y, 4, lr=0.05, momentum=0.5)
     assert_gone(pids)
     assert_same(single_process(WITHOUT_BATCH_NORM, start, x, y, plan, 4, lr=0.05, momentum=0.5), result.weights)
