@@ -55,7 +55,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ecofl.cli.plan import model_profile
+from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.devices import HomePool, make_pool
 from ecofl.pipeline.cost import simulate, stage_compute_s
 from ecofl.pipeline.plan import Plan, StagePlan
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         pipelining_worker(int(args.pipelining_worker[0]), args.pipelining_worker[1])
         return 0
     torch.set_num_threads(1)
-    profile = model_profile(MODEL, SHAPE, CLASSES, GRANULARITY, args.cache_dir)
+    profile = profile_zoo_model(MODEL, SHAPE, CLASSES, GRANULARITY, args.cache_dir)
     fastest = max(d.speed for presets in ENVIRONMENTS.values()
                   for d in slowed_pool("check", presets, args.mbps, args.slowdown).devices)
     if fastest > 0.2:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ecofl.cli.plan import model_profile
+from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.devices import load_pool
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import simulate
@@ -91,9 +91,9 @@ def refine(profile: ModelProfile, target: int) -> ModelProfile:
 
 
 def planning_times(cache_dir: str | None) -> list[dict]:
-    fine = model_profile("efficientnet_b1", SHAPE, CLASSES, "fine", cache_dir)
+    fine = profile_zoo_model("efficientnet_b1", SHAPE, CLASSES, "fine", cache_dir)
     profiles = {
-        "block": model_profile("efficientnet_b1", SHAPE, CLASSES, "block", cache_dir),
+        "block": profile_zoo_model("efficientnet_b1", SHAPE, CLASSES, "block", cache_dir),
         "fine": fine,
         "213 (refined fine)": refine(fine, 213),
     }
@@ -118,7 +118,7 @@ def planning_times(cache_dir: str | None) -> list[dict]:
 def throughputs(cache_dir: str | None, granularity: str) -> list[dict]:
     rows = []
     for model, batch in THROUGHPUT_MODELS.items():
-        profile = model_profile(model, SHAPE, CLASSES, granularity, cache_dir)
+        profile = profile_zoo_model(model, SHAPE, CLASSES, granularity, cache_dir)
         for pool_name, mbps in THROUGHPUT_ENVS:
             pool = load_pool(pool_name, mbps)
             row = {"model": model, "layers": profile.num_layers, "pool": pool_name, "mbps": mbps, "batch": batch}

@@ -17,7 +17,8 @@ import json
 import statistics
 import sys
 
-from ecofl.cli.plan import model_profile, parse_pool
+from ecofl.cli.plan import parse_pool
+from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.data import DATASETS, load_dataset
 from ecofl.errors import UserError
 from ecofl.models import GRANULARITIES
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     pool = parse_pool(args.pool, args.bandwidth)
     data = load_dataset(args.dataset)
     shape = tuple(int(d) for d in data.input_shape)
-    profile = model_profile(args.model, shape, data.num_classes, args.granularity, args.cache_dir)
+    profile = profile_zoo_model(args.model, shape, data.num_classes, args.granularity, args.cache_dir)
     options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
     plan = make_plan(args.planner, profile, pool, args.batch, **options)
     if args.schedule is not None:

@@ -15,11 +15,11 @@ import time
 
 from ecofl.devices import POOLS, PRESETS, HomePool, load_pool, make_pool
 from ecofl.errors import UserError
-from ecofl.models import GRANULARITIES, build_model, layer_sequence, named_layer_sequence
+from ecofl.models import GRANULARITIES
 from ecofl.pipeline.cost import SyncRoundCost, simulate, stage_compute_s
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import PLANNERS, make_plan
-from ecofl.pipeline.profile import ModelProfile, profile_model
+from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -67,21 +67,6 @@ def parse_pool(text: str, bandwidth_mbps: float | None) -> HomePool:
             f"presets: {', '.join(PRESETS)}"
         )
     return make_pool(text, names, bandwidth_mbps)
-
-
-def model_profile(
-    model: str, input_shape: tuple[int, int, int], classes: int, granularity: str, cache_dir: str | None = None
-) -> ModelProfile:
-    """The host profile of a zoo model's layer sequence (cached on disk)."""
-    if granularity not in GRANULARITIES:
-        raise UserError(f"unknown granularity {granularity!r}; valid: {', '.join(GRANULARITIES)}")
-    network = build_model(model, input_shape, classes)
-    named = named_layer_sequence(network, granularity)
-    shape = "x".join(map(str, input_shape))
-    return profile_model(
-        layer_sequence(network, granularity), input_shape, name=f"{model}-{granularity}-{shape}-{classes}",
-        cache_dir=cache_dir, layer_names=[name for name, _ in named],
-    )
 
 
 def describe(plan: Plan, profile: ModelProfile, pool: HomePool, cost: SyncRoundCost, planning_s: float) -> dict:
@@ -148,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UserError(f"--batch must be positive, got {args.batch}")
     pool = parse_pool(args.pool, args.bandwidth)
-    profile = model_profile(args.model, parse_shape(args.input_shape), args.classes, args.granularity, args.cache_dir)
+    profile = profile_zoo_model(args.model, parse_shape(args.input_shape), args.classes, args.granularity, args.cache_dir)
     options: dict[str, object] = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
     if args.micro_batch_rule is not None:
         options["micro_batch_rule"] = args.micro_batch_rule

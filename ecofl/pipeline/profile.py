@@ -39,6 +39,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ecofl.devices import DeviceSpec
+from ecofl.errors import UserError
+from ecofl.models import GRANULARITIES, build_model, layer_sequence, named_layer_sequence
 
 
 @dataclass(frozen=True)
@@ -339,3 +341,18 @@ def _cache_key(name: str, layers: Sequence[nn.Module], input_shape: tuple[int, .
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def profile_zoo_model(
+    model: str, input_shape: tuple[int, int, int], classes: int, granularity: str, cache_dir: str | None = None
+) -> ModelProfile:
+    """The host profile of a zoo model's layer sequence (cached on disk)."""
+    if granularity not in GRANULARITIES:
+        raise UserError(f"unknown granularity {granularity!r}; valid: {', '.join(GRANULARITIES)}")
+    network = build_model(model, input_shape, classes)
+    named = named_layer_sequence(network, granularity)
+    shape = "x".join(map(str, input_shape))
+    return profile_model(
+        layer_sequence(network, granularity), input_shape, name=f"{model}-{granularity}-{shape}-{classes}",
+        cache_dir=cache_dir, layer_names=[name for name, _ in named],
+    )
