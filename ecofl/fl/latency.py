@@ -196,7 +196,9 @@ def make_latency_model(config: Mapping, sync_round_s: Callable[[str], float] | N
     * ``pipeline``: num_homes, pools (pool names; home h gets one drawn
       uniformly with ``seed``), local_steps, model_bytes, uplink_mbps,
       variants ({pool: [pool, ...]}, {}), load_scales ([1.0]), seed (0),
-      change_prob (0), period_s (60). Needs the ``sync_round_s`` callable.
+      change_prob (0), period_s (60), and round_s ({pool: sync-round
+      seconds}, as :func:`ecofl.fl.pipeline_rounds.pipeline_round_times`
+      computes them) unless a ``sync_round_s`` callable is given.
     * ``fixed``: latencies (seconds per home).
     """
     kind = config.get("kind", "paper")
@@ -212,8 +214,12 @@ def make_latency_model(config: Mapping, sync_round_s: Callable[[str], float] | N
                 period_s=config.get("period_s"),
             )
         if kind == "pipeline":
+            if sync_round_s is None and "round_s" in config:
+                sync_round_s = _lookup(dict(config["round_s"]))
             if sync_round_s is None:
-                raise UserError("the pipeline latency model needs a sync_round_s(pool_name) callable")
+                raise UserError(
+                    "the pipeline latency model needs round_s ({pool: seconds}) or a sync_round_s callable"
+                )
             names = list(config["pools"])
             seed = int(config.get("seed", 0))
             drawn = np.random.default_rng([seed, 1]).integers(len(names), size=int(config["num_homes"]))
@@ -234,3 +240,14 @@ def make_latency_model(config: Mapping, sync_round_s: Callable[[str], float] | N
     except KeyError as missing:
         raise UserError(f"latency model {kind!r}: missing key {missing}") from None
     raise UserError(f"unknown latency model {kind!r}; valid: {', '.join(LATENCY_KINDS)}")
+
+
+def _lookup(round_s: dict[str, float]) -> Callable[[str], float]:
+    """``sync_round_s`` from a table; a pool missing from it is a UserError naming the known ones."""
+
+    def sync_round_s(pool: str) -> float:
+        if pool not in round_s:
+            raise UserError(f"latency config round_s has no pool {pool!r}; it has {', '.join(round_s)}")
+        return float(round_s[pool])
+
+    return sync_round_s
