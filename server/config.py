@@ -27,7 +27,7 @@ LOOP_KEYS = (
 )
 STRATEGY_KEYS = ("name", "alpha", "staleness", "staleness_a", "staleness_b")
 GROUPING_KEYS = ("num_groups", "lambda", "rt")
-SERVER_KEYS = ("eval_samples", "connect_timeout_s", "reply_timeout_s")
+SERVER_KEYS = ("eval_samples", "connect_timeout_s", "query_timeout_s", "reply_timeout_s")
 SIMULATION_KEYS = ("actors", "cpus_per_actor")
 
 
@@ -37,6 +37,7 @@ class ServerSettings:
 
     eval_samples: int | None = None  # test samples for the global accuracy (None: the whole test split)
     connect_timeout_s: float = 300.0  # wait this long for all homes to connect and answer the profiling query
+    query_timeout_s: float = 60.0  # a latency query's replies; silent homes are left out
     reply_timeout_s: float = 600.0  # a train round's replies; later ones are stragglers
 
 

@@ -68,7 +68,10 @@ def run_server(grid: Grid, exp: Experiment, out_dir: Path, progress: bool = True
     """Connect to the homes and run (or resume) the event loop; returns its per-update metrics."""
     out_dir.mkdir(parents=True, exist_ok=True)
     evaluator = GlobalEvaluator(exp)
-    transport = GridTransport(grid, exp.setup.to_json(), exp.setup.num_homes, reply_timeout_s=exp.server.reply_timeout_s)
+    transport = GridTransport(
+        grid, exp.setup.to_json(), exp.setup.num_homes,
+        query_timeout_s=exp.server.query_timeout_s, reply_timeout_s=exp.server.reply_timeout_s,
+    )
     transport.connect(exp.server.connect_timeout_s)
     if exp.resume:
         loop = EventLoop.resume(exp.resume, transport, evaluator, out_dir=out_dir, progress=progress)

@@ -1,0 +1,131 @@
+"""GridTransport over an in-memory Grid that serves the real ClientApp (no simulation engine)."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+from flwr.app import Context, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from client.client_app import app as client_app
+from client.home import HomeSetup
+from ecofl.fl.transport import TrainTask
+from ecofl.models import build_model
+from ecofl.weights import get_weights
+from server.grid_transport import GridTransport
+
+HOMES = 8
+SETUP = HomeSetup(num_homes=HOMES, dataset={"name": "digits"},
+                  latency={"kind": "paper", "num_homes": HOMES, "seed": 0}).to_json()
+
+
+class FakeGrid(Grid):
+    """Nodes with random ids, each running the ClientApp as partition ``partition_of[node]``.
+
+    ``silent`` nodes never answer; replies come back in reverse order of pushing.
+    """
+
+    def __init__(self, partition_of: dict[int, int], silent: set[int] = frozenset()) -> None:
+        self.partition_of = partition_of
+        self.silent = set(silent)
+        self.replies: dict[str, Message] = {}
+
+    def set_run(self, run) -> None:
+        raise NotImplementedError
+
+    @property
+    def run(self):
+        raise NotImplementedError
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        raise NotImplementedError
+
+    def get_node_ids(self):
+        return list(self.partition_of)
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+            node = message.metadata.dst_node_id
+            ids.append(message.metadata.message_id)
+            if node in self.silent:
+                continue
+            context = Context(run_id=1, node_id=node, state=RecordDict(), run_config={},
+                              node_config={"partition-id": self.partition_of[node], "num-partitions": HOMES})
+            self.replies[message.metadata.message_id] = client_app(message, context)
+        return ids
+
+    def pull_messages(self, message_ids):
+        found = [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+        return found[::-1]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        raise NotImplementedError
+
+
+@pytest.fixture(autouse=True)
+def server_identity(monkeypatch):
+    """What a running ServerApp has set: messages take their run and source from it."""
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+@pytest.fixture()
+def weights() -> list[np.ndarray]:
+    return get_weights(build_model("cnn", (1, 8, 8), 10))
+
+
+def nodes(count: int = HOMES) -> dict[int, int]:
+    rng = np.random.default_rng(1)
+    return {int(node): home for home, node in enumerate(rng.choice(10**9, size=count, replace=False))}
+
+
+def test_connect_maps_partition_ids_to_node_ids():
+    partition_of = nodes()
+    transport = GridTransport(FakeGrid(partition_of), SETUP, HOMES)
+    reports = transport.connect(timeout_s=5)
+    assert sorted(r.home for r in reports) == list(range(HOMES))
+    assert transport.node_of == {home: node for node, home in partition_of.items()}
+
+
+def test_connect_times_out_when_homes_are_missing():
+    transport = GridTransport(FakeGrid(nodes(HOMES - 1)), SETUP, HOMES)
+    with pytest.raises(TimeoutError, match=f"only {HOMES - 1} of {HOMES} homes"):
+        transport.connect(timeout_s=0.1)
+
+
+def test_two_nodes_claiming_one_home_is_an_error():
+    partition_of = nodes()
+    first, second = list(partition_of)[:2]
+    partition_of[second] = partition_of[first]
+    with pytest.raises(RuntimeError, match="both are home"):
+        GridTransport(FakeGrid(partition_of), SETUP, HOMES).connect(timeout_s=5)
+
+
+def test_silent_home_is_a_straggler_and_errors_come_back_as_errors(weights):
+    partition_of = nodes()
+    grid = FakeGrid(partition_of)
+    transport = GridTransport(grid, SETUP, HOMES, query_timeout_s=0.2, poll_interval_s=0.001)
+    transport.connect(timeout_s=5)
+    grid.silent = {transport.node_of[2]}
+    tasks = [TrainTask(h, weights, {"epochs": 1, "lr": 0.05, "virtual_time": 0.0}) for h in (1, 2, 3)]
+    tasks.append(TrainTask(4, weights, {"epochs": "one"}))
+    replies = {r.home: r for r in transport.train(tasks, timeout_s=0.2)}
+    assert set(replies) == {1, 3, 4}
+    assert replies[1].error is None and replies[1].num_samples > 0
+    assert "epochs must be an integer" in replies[4].error
+    reports = transport.query([1, 2, 3], {"virtual_time": 30.0})
+    assert sorted(r.home for r in reports) == [1, 3]
+
+
+def test_query_at_virtual_time_zero_reuses_the_connect_reports():
+    grid = FakeGrid(nodes())
+    transport = GridTransport(grid, SETUP, HOMES, query_timeout_s=0.05, poll_interval_s=0.001)
+    reports = transport.connect(timeout_s=5)
+    grid.silent = set(grid.partition_of)  # nobody answers any more
+    assert transport.query(range(HOMES), {"virtual_time": 0.0}) == sorted(reports, key=lambda r: r.home)
+    assert transport.query(range(HOMES), {"virtual_time": 1.0}) == []

@@ -1,0 +1,109 @@
+"""Hydra configs, the flwr run config and the plots, without running a simulation."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from ecofl.errors import UserError
+from ecofl.fl.latency import PAPER_DEGREES
+from server.config import experiment, experiment_from_run_config
+from simulations.plot import plot_run, plot_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+
+def composed(*overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return OmegaConf.to_container(compose(config_name="config", overrides=list(overrides)), resolve=True)
+
+
+def flat(settings: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def test_defaults_follow_the_paper():
+    exp = experiment(composed())
+    assert exp.setup.num_homes == 300 and exp.setup.dataset["name"] == "fashion_mnist"
+    assert exp.setup.partition == {"scheme": "shards", "classes_per_client": 2}
+    assert exp.loop.max_concurrent == 20 and exp.loop.num_groups == 5 and exp.loop.strategy == "ecofl"
+    assert exp.loop.train == {"epochs": 3, "batch_size": 10, "lr": 0.05, "momentum": 0.0, "mu": 0.05}
+    assert exp.setup.latency["num_homes"] == 300 and exp.setup.latency["kind"] == "paper"
+
+
+def test_pyproject_run_config_equals_the_hydra_defaults():
+    """flwr run and simulations.run start from the same settings ("" is null; lists keep library defaults)."""
+    hydra_defaults = {k: ("" if v is None else v) for k, v in flat(composed()).items()
+                      if k != "plot" and not isinstance(v, list)}
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    run_config = flat(pyproject["tool"]["flwr"]["app"]["config"])
+    assert run_config.pop("out_dir")
+    assert run_config == hydra_defaults
+    settings = composed()
+    assert tuple(settings["latency"].pop("degrees")) == PAPER_DEGREES  # what flwr run gets by default
+    assert experiment_from_run_config(run_config) == experiment({**settings, "out_dir": None})
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+def test_every_experiment_composes_into_valid_settings(name):
+    settings = composed(f"+experiment={name}")
+    exp = experiment(settings)
+    assert exp.setup.num_homes >= 50
+    sweep = settings["hydra"]["sweeper"]["params"] if "hydra" in settings else {}
+    for strategy in str(sweep.get("strategy", exp.loop.strategy)).split(","):
+        experiment(composed(f"+experiment={name}", f"strategy={strategy}"))
+
+
+@pytest.mark.parametrize("strategy", sorted(p.stem for p in (CONF / "strategy").glob("*.yaml")))
+def test_every_strategy_config_is_a_valid_loop_config(strategy):
+    assert experiment(composed(f"strategy={strategy}")).loop.strategy == strategy
+
+
+def test_unknown_or_invalid_settings_are_user_errors():
+    with pytest.raises(UserError, match="unknown loop setting"):
+        experiment({"loop": {"max_update": 5}})
+    with pytest.raises(UserError, match="alpha must lie"):
+        experiment({"strategy": {"name": "ecofl", "alpha": 2.0}})
+    with pytest.raises(UserError, match="unknown strategy"):
+        experiment({"strategy": {"name": "fedsgd"}})
+
+
+def test_simulation_backend_runs_the_configured_actors():
+    config = experiment({"simulation": {"actors": 3, "cpus_per_actor": 0.5}}).simulation.backend_config()
+    assert config["client_resources"]["num_cpus"] == 0.5
+    assert config["init_args"]["num_cpus"] == 2  # 3 actors of half a CPU fit in 1.5 -> 2 CPUs
+
+
+def fake_run(directory: Path, lam: float, accuracies: list[float], js: float, latency: float) -> None:
+    directory.mkdir(parents=True)
+    rows = [{"update": i + 1, "virtual_time": 10.0 * (i + 1), "accuracy": a, "mean_group_js": js,
+             "mean_group_latency": latency} for i, a in enumerate(accuracies)]
+    (directory / "metrics.json").write_text(json.dumps(rows))
+    (directory / "summary.json").write_text(json.dumps({"final_accuracy": accuracies[-1], "target_accuracy": 0.5}))
+    (directory / ".hydra").mkdir()
+    (directory / ".hydra" / "config.yaml").write_text(
+        f"strategy:\n  name: ecofl\ngrouping:\n  lambda: {lam}\n")
+
+
+def test_sweep_plots_overlay_runs_and_draw_the_lambda_figure(tmp_path):
+    for number, lam in enumerate((0.0, 1.0, 4.0)):
+        fake_run(tmp_path / f"{number}_grouping.lambda={lam}", lam, [0.2, 0.4 + lam / 20], 0.5 / (1 + lam), 3 + lam)
+    written = {p.name for p in plot_sweep(tmp_path)}
+    assert written == {"sweep.csv", "sweep_accuracy.png", "sweep_lambda.png"}
+    table = (tmp_path / "sweep.csv").read_text().splitlines()
+    assert table[0].startswith("run,lambda,mean_group_js,mean_group_latency")
+    assert table[1].startswith("grouping.lambda=0.0,0.0,0.5,3.0")
+    assert plot_run(tmp_path / "0_grouping.lambda=0.0").stat().st_size > 0
