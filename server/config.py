@@ -11,14 +11,18 @@ string stands for it); an unknown key is an error naming the valid ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flwr.common.config import unflatten_dict
 
 from client.home import HomeSetup
+from ecofl.data import load_dataset
 from ecofl.errors import UserError
 from ecofl.fl.loop import LoopConfig
+from ecofl.fl.pipeline_rounds import pipeline_round_times
+from ecofl.models import build_model
 
 #: Keys of the ``loop`` section: LoopConfig fields not set by another section.
 LOOP_KEYS = (
@@ -116,3 +120,31 @@ def _section(cfg: Mapping, name: str, keys: tuple[str, ...]) -> dict:
         raise UserError(f"unknown {name} setting(s) {', '.join(unknown)}; valid: {', '.join(keys)}")
     return {k: v for k, v in section.items() if v is not None}
 
+
+
+def with_pipeline_rounds(exp: Experiment) -> Experiment:
+    """Fill in the pipeline latency model's data, computed once by the server for every home.
+
+    For ``latency.kind = pipeline`` without ``round_s``: each pool's sync-round
+    seconds from the pipeline planner and cost model
+    (:func:`ecofl.fl.pipeline_rounds.pipeline_round_times`, ``planner`` and
+    ``granularity`` from the latency config), ``local_steps`` = epochs x
+    mini-batches of a home with the mean partition size, and ``model_bytes``
+    of the model's float32 state. Other experiments come back unchanged.
+    """
+    latency = dict(exp.setup.latency)
+    if latency.get("kind") != "pipeline" or "round_s" in latency:
+        return exp
+    dataset = load_dataset(**exp.setup.dataset)
+    model = exp.setup.model
+    train = exp.loop.train
+    batch_size = int(train.get("batch_size", 10))
+    network = build_model(model["name"], dataset.input_shape, dataset.num_classes, **model.get("options", {}))
+    latency["round_s"] = pipeline_round_times(
+        latency["pools"], model["name"], dataset.input_shape, dataset.num_classes, batch_size,
+        planner=latency.get("planner", "ecofl"), granularity=latency.get("granularity", "block"),
+    )
+    samples = len(dataset.train) / exp.setup.num_homes
+    latency.setdefault("local_steps", int(train.get("epochs", 1)) * math.ceil(samples / batch_size))
+    latency.setdefault("model_bytes", sum(t.numel() * 4 for t in network.state_dict().values()))
+    return replace(exp, setup=replace(exp.setup, latency=latency))

@@ -31,7 +31,7 @@ from ecofl.fl.loop import EventLoop
 from ecofl.models import build_model
 from ecofl.train import evaluate
 from ecofl.weights import Weights, get_weights, set_weights
-from server.config import Experiment, experiment_from_run_config
+from server.config import Experiment, experiment_from_run_config, with_pipeline_rounds
 from server.grid_transport import GridTransport
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class GlobalEvaluator:
 def run_server(grid: Grid, exp: Experiment, out_dir: Path, progress: bool = True) -> list[dict]:
     """Connect to the homes and run (or resume) the event loop; returns its per-update metrics."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    exp = with_pipeline_rounds(exp)
     evaluator = GlobalEvaluator(exp)
     transport = GridTransport(
         grid, exp.setup.to_json(), exp.setup.num_homes,

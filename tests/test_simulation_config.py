@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from ecofl.errors import UserError
 from ecofl.fl.latency import PAPER_DEGREES
-from server.config import experiment, experiment_from_run_config
+from server.config import experiment, experiment_from_run_config, with_pipeline_rounds
 from simulations.plot import plot_run, plot_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,3 +107,13 @@ def test_sweep_plots_overlay_runs_and_draw_the_lambda_figure(tmp_path):
     assert table[0].startswith("run,lambda,mean_group_js,mean_group_latency")
     assert table[1].startswith("grouping.lambda=0.0,0.0,0.5,3.0")
     assert plot_run(tmp_path / "0_grouping.lambda=0.0").stat().st_size > 0
+
+
+def test_pipeline_latency_gets_each_pools_sync_round_from_the_planner():
+    exp = experiment(composed("latency=pipeline", "homes=60", "dataset=digits"))
+    assert "round_s" not in exp.setup.latency
+    latency = with_pipeline_rounds(exp).setup.latency
+    assert set(latency["round_s"]) == set(latency["pools"])
+    assert all(seconds > 0 for seconds in latency["round_s"].values())
+    assert latency["local_steps"] == 3 * 3  # 3 epochs of ceil(1437 / 60 / 10) mini-batches
+    assert with_pipeline_rounds(experiment(composed())) == experiment(composed())  # paper latency: unchanged
