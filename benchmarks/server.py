@@ -22,7 +22,8 @@ client updates (trainings) per wall second.
 peak total PSS (shared pages split between the processes that map them, so
 the sum is real memory) and peak RSS.
 
-Writes a JSON file (``--json``) and prints a Markdown table (docs/server.md).
+Writes ``benchmarks/results/server.json`` (``--json``) and prints the Markdown
+tables of ``docs/server.md``.
 """
 
 from __future__ import annotations
@@ -122,13 +123,17 @@ def measure_throughput(args: argparse.Namespace) -> dict:
     run_simulation(server_app=throughput_app(exp, args.rounds, args.per_round, args.repeats, results),
                    client_app=client_app, num_supernodes=args.homes,
                    backend_config=exp.simulation.backend_config())
+    for r in results:
+        r["updates_per_s"] = r["updates"] / r["seconds"]
+    flower = {r["repeat"]: r["updates_per_s"] for r in results if r["side"] == "flower FedAvg"}
     sides = {}
     for side in dict.fromkeys(r["side"] for r in results):
-        rates = [r["updates"] / r["seconds"] for r in results if r["side"] == side]
-        sides[side] = {"updates_per_s": statistics.median(rates), "runs": rates}
-    flower = sides["flower FedAvg"]["updates_per_s"]
-    for side in sides.values():
-        side["vs_flower"] = side["updates_per_s"] / flower
+        runs = [r for r in results if r["side"] == side]
+        sides[side] = {
+            "updates_per_s": statistics.median(r["updates_per_s"] for r in runs),
+            # each repeat against the FedAvg run just before it: the machine's load drifts between repeats
+            "vs_flower": statistics.median(r["updates_per_s"] / flower[r["repeat"]] for r in runs),
+        }
     return {"homes": args.homes, "dataset": args.dataset, "epochs": args.epochs, "rounds": args.rounds,
             "per_round": args.per_round, "repeats": args.repeats, "actors": args.actors, "sides": sides,
             "raw": results}
@@ -232,7 +237,8 @@ def markdown(result: dict) -> str:
         t = result["throughput"]
         lines += [
             f"Client updates per second, {t['homes']} homes on {t['dataset']}, {t['per_round']} homes per round, "
-            f"{t['epochs']} local epoch(s), {t['actors']} Ray actors, median of {t['repeats']} alternated runs:",
+            f"{t['epochs']} local epoch(s), {t['actors']} Ray actors; medians over {t['repeats']} repeats, "
+            "each ratio against the FedAvg run of its own repeat:",
             "",
             "| server | client updates / s | vs Flower FedAvg |",
             "|---|---:|---:|",
@@ -263,14 +269,14 @@ def main() -> None:
     parser.add_argument("--homes", type=int, default=300)
     parser.add_argument("--per-round", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--memory-homes", type=int, default=1000)
     parser.add_argument("--memory-updates", type=int, default=10)
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/server.json"))
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/server.json"))
     args = parser.parse_args()
     result: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}
     if not args.skip_throughput:
