@@ -14,7 +14,9 @@ alternation: Flower's own ``flwr.serverapp.strategy.FedAvg.start`` for
 with the ``fedavg`` policy (the same rounds of the same size), then with the
 ``ecofl`` policy. Both sides skip evaluation; the clock starts after a query
 round that has loaded the data into every actor. The figure is completed
-client updates (trainings) per wall second.
+client updates (trainings) per wall second, and those of them that were
+applied to the global model per wall second (the event loop also trains the
+rounds still in flight when it stops, whose updates are never applied).
 
 **Memory.** A separate simulation of ``--memory-homes`` homes runs
 ``--memory-updates`` Eco-FL updates while a thread samples the process tree
@@ -98,7 +100,7 @@ def throughput_app(exp: Experiment, rounds: int, per_round: int, repeats: int, r
             started = time.perf_counter()
             strategy.start(grid, ArrayRecord(initial), num_rounds=rounds, train_config=train_config)
             results.append({"side": "flower FedAvg", "repeat": repeat, "updates": rounds * per_round,
-                            "seconds": time.perf_counter() - started})
+                            "applied": rounds * per_round, "seconds": time.perf_counter() - started})
             for policy in ("fedavg", "ecofl"):
                 config = replace(exp.loop, strategy=policy, max_concurrent=per_round,
                                  max_updates=rounds * (1 if policy == "fedavg" else per_round // exp.loop.homes_per_round),
@@ -108,6 +110,7 @@ def throughput_app(exp: Experiment, rounds: int, per_round: int, repeats: int, r
                 started = time.perf_counter()
                 loop.run()
                 results.append({"side": f"event loop ({policy})", "repeat": repeat, "updates": transport.trained,
+                                "applied": sum(row["homes"] for row in loop.rows),
                                 "seconds": time.perf_counter() - started, "waiting_for_homes_s": transport.waiting_s})
 
     return app
@@ -125,6 +128,7 @@ def measure_throughput(args: argparse.Namespace) -> dict:
                    backend_config=exp.simulation.backend_config())
     for r in results:
         r["updates_per_s"] = r["updates"] / r["seconds"]
+        r["applied_per_s"] = r["applied"] / r["seconds"]
     flower = {r["repeat"]: r["updates_per_s"] for r in results if r["side"] == "flower FedAvg"}
     sides = {}
     for side in dict.fromkeys(r["side"] for r in results):
@@ -133,6 +137,8 @@ def measure_throughput(args: argparse.Namespace) -> dict:
             "updates_per_s": statistics.median(r["updates_per_s"] for r in runs),
             # each repeat against the FedAvg run just before it: the machine's load drifts between repeats
             "vs_flower": statistics.median(r["updates_per_s"] / flower[r["repeat"]] for r in runs),
+            "applied_per_s": statistics.median(r["applied_per_s"] for r in runs),
+            "applied_vs_flower": statistics.median(r["applied_per_s"] / flower[r["repeat"]] for r in runs),
         }
     return {"homes": args.homes, "dataset": args.dataset, "epochs": args.epochs, "rounds": args.rounds,
             "per_round": args.per_round, "repeats": args.repeats, "actors": args.actors, "sides": sides,
@@ -240,9 +246,10 @@ def markdown(result: dict) -> str:
             f"{t['epochs']} local epoch(s), {t['actors']} Ray actors; medians over {t['repeats']} repeats, "
             "each ratio against the FedAvg run of its own repeat:",
             "",
-            "| server | client updates / s | vs Flower FedAvg |",
-            "|---|---:|---:|",
-            *(f"| {side} | {v['updates_per_s']:.2f} | {v['vs_flower']:.2f}x |" for side, v in t["sides"].items()),
+            "| server | client updates / s | vs Flower FedAvg | applied to the model / s | vs Flower FedAvg |",
+            "|---|---:|---:|---:|---:|",
+            *(f"| {side} | {v['updates_per_s']:.2f} | {v['vs_flower']:.2f}x | {v['applied_per_s']:.2f} "
+              f"| {v['applied_vs_flower']:.2f}x |" for side, v in t["sides"].items()),
             "",
         ]
     if "memory" in result:

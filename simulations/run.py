@@ -54,6 +54,7 @@ def simulate(exp: Experiment, out_dir: Path, progress: bool = True) -> dict:
 def main(cfg: DictConfig) -> float:
     """Run the configured simulation; returns the best accuracy (for Hydra sweepers)."""
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    logging.getLogger("flwr").setLevel(logging.INFO)  # Flower logs at DEBUG into Hydra's handlers otherwise
     settings = OmegaConf.to_container(cfg, resolve=True)
     try:
         exp = experiment(settings)
