@@ -86,6 +86,10 @@ def plot_run(run_dir: Path) -> Path:
     _accuracy_axes(axes, run.summary.get("target_accuracy"))
     if strategy:
         axes.legend()
+    if run.config:
+        dataset = (run.config.get("dataset") or {}).get("name", "")
+        scheme = (run.config.get("partition") or {}).get("scheme", "")
+        axes.set_title(f"{dataset}, {run.config.get('homes')} homes, {scheme}", fontsize="medium")
     return _save(figure, run_dir / "accuracy.png")
 
 
