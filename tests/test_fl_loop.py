@@ -217,3 +217,12 @@ def test_the_wall_clock_orders_rounds_by_the_latencies_homes_measured():
     rows = loop.run()
     assert len(rows) == 6 and rows[-1]["wall_time"] > 0
     assert rows[0]["group"] == 0  # sent together, the faster group's round is applied first
+
+
+def test_no_round_is_dispatched_after_the_last_update():
+    """FedAvg: one group, one round per update; stopping dispatches nothing that is never applied."""
+    config = LoopConfig(strategy="fedavg", max_concurrent=6, max_updates=3, train=TRAIN)
+    loop, transport = make_loop(config)
+    assert len(loop.run()) == 3
+    assert loop.stop_reason == "max_updates"
+    assert transport.tasks_run == 3 * 6

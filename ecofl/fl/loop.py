@@ -245,6 +245,8 @@ class EventLoop:
         self.grouping = self.policy.regroup(self.grouping, self.latencies, self.hists, self.config, self.rt)
         if self.target_reached is not None and self.stop_reason is None:
             self.stop_reason = "target_accuracy"
+        if self.version >= self.config.max_updates and self.stop_reason is None:
+            self.stop_reason = "max_updates"  # no round is dispatched that would never be applied
         if self.empty_rounds >= MAX_EMPTY_ROUNDS:
             self.stop_reason = f"{MAX_EMPTY_ROUNDS} group rounds in a row without a valid update"
         if self.stop_reason is None:
