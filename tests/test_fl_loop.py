@@ -226,3 +226,12 @@ def test_no_round_is_dispatched_after_the_last_update():
     assert len(loop.run()) == 3
     assert loop.stop_reason == "max_updates"
     assert transport.tasks_run == 3 * 6
+
+
+def test_time_to_target_is_recorded_without_stopping_when_asked():
+    config = LoopConfig(num_groups=2, homes_per_round=3, max_updates=12, train=TRAIN, target_accuracy=0.2,
+                        stop_at_target=False)
+    loop, _ = make_loop(config)
+    rows = loop.run()
+    assert len(rows) == 12 and loop.stop_reason == "max_updates"
+    assert loop.summary()["updates_to_target"] is not None and loop.summary()["updates_to_target"] < 12

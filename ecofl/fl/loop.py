@@ -88,6 +88,7 @@ class LoopConfig:
     max_updates: int = 100
     max_virtual_time_s: float | None = None
     target_accuracy: float | None = None
+    stop_at_target: bool = True  # False: record the time to target and run on to the other limits
     eval_every: int = 1
     requery_every: int = 10
     checkpoint_every: int = 0
@@ -194,7 +195,8 @@ class EventLoop:
     # ------------------------------------------------------------------ running
 
     def run(self) -> list[dict]:
-        """Run until ``max_updates``, the virtual time limit, the target accuracy, or no home can train."""
+        """Run until ``max_updates``, the virtual time limit, the target accuracy (if ``stop_at_target``),
+        or no home can train."""
         self._wall_origin = time.monotonic() - self.wall_offset
         if self.grouping is None:
             self._profile()
@@ -243,7 +245,7 @@ class EventLoop:
             if self.config.requery_every and self.policy.regroups and self.version % self.config.requery_every == 0:
                 self._query(self.homes)
         self.grouping = self.policy.regroup(self.grouping, self.latencies, self.hists, self.config, self.rt)
-        if self.target_reached is not None and self.stop_reason is None:
+        if self.config.stop_at_target and self.target_reached is not None and self.stop_reason is None:
             self.stop_reason = "target_accuracy"
         if self.version >= self.config.max_updates and self.stop_reason is None:
             self.stop_reason = "max_updates"  # no round is dispatched that would never be applied
