@@ -454,7 +454,9 @@ class EventLoop:
             from tqdm import tqdm
         except ImportError:
             return None
-        return tqdm(total=self.config.max_updates, initial=self.version, desc=self.config.strategy, unit="update")
+        # a time-limited run shows a count (its length is not known in updates)
+        total = self.config.max_updates if self.config.max_virtual_time_s is None else None
+        return tqdm(total=total, initial=self.version, desc=self.config.strategy, unit="update")
 
     # ------------------------------------------------------------------ checkpoints
 
