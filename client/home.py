@@ -43,7 +43,9 @@ class HomeSetup:
     ``partition`` :func:`ecofl.data.partition.partition`'s (``scheme`` and its
     options, as in ``conf/partition``), ``model`` a model ``name`` and its
     ``options`` (``conf/model``), ``latency`` the latency model's config
-    (``conf/latency``; empty: measured wall-clock time).
+    (``conf/latency``; empty: measured wall-clock time), ``pipeline_home``
+    which homes train through the real pipeline runtime instead of in one
+    process (:class:`client.pipeline_home.PipelineHomeSettings`; empty: none).
     """
 
     num_homes: int = 300
@@ -52,6 +54,7 @@ class HomeSetup:
     model: dict = field(default_factory=lambda: {"name": "cnn", "options": {}})
     latency: dict = field(default_factory=dict)
     seed: int = 0
+    pipeline_home: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

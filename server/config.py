@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from flwr.common.config import unflatten_dict
 
 from client.home import HomeSetup
+from client.pipeline_home import settings_dict
 from ecofl.data import load_dataset
 from ecofl.errors import UserError
 from ecofl.fl.loop import LoopConfig
@@ -91,6 +92,7 @@ def experiment(cfg: Mapping) -> Experiment:
         model={"name": model["name"], "options": dict(model.get("options") or {})},
         latency=latency,
         seed=seed,
+        pipeline_home=settings_dict(cfg.get("pipeline_home")),
     )
     renamed = {"name": "strategy", "lambda": "lam"}
     loop_values = {

@@ -1,0 +1,242 @@
+"""A home that trains through the real pipeline runtime instead of in one process.
+
+Selected homes of a simulation (or every home of a deployment) run the
+round's training as the design's "Run" step does: one worker process per
+device of the home's pool, activations and gradients over torch.distributed
+(:class:`ecofl.pipeline.runtime.HomePipeline`), on emulated devices by
+default. The update is the one :func:`ecofl.train.train_local` computes for
+the same message (a synchronous pipeline's sync-round is one local step;
+DESIGN.md, "The idea that keeps it simple"), so a federation may mix both
+kinds of homes.
+
+How the samples are fed, so that the result equals ``train_local``'s:
+
+* epoch e uses ``torch.randperm(n)`` of a generator seeded with the train
+  config's ``seed`` (the e-th draw), cut into mini-batches of ``batch_size``;
+* the plan is made for ``batch_size`` (one sync-round = one local step; its
+  micro-batches are the planner's choice);
+* a last partial mini-batch of ``r = n mod batch_size`` samples runs on a
+  second pipeline planned for ``r`` (a pipeline's mini-batch size is fixed).
+  Each pipeline's ``train`` call starts a fresh SGD optimizer, so switching
+  pipelines between steps is exact without momentum and is refused with
+  momentum (an error reply), rather than silently differing. Without a
+  partial batch (or with ``n < batch_size``) every epoch runs in one call and
+  momentum is kept.
+
+With batch-norm models the statistics are per micro-batch of the plan (as in
+any pipeline), so they equal ``train_local``'s only with the same
+micro-batches; the FedAvg CNN has none.
+
+Workers are started and stopped for each round, inside the handler (a
+context manager: also on failure). The plan (profile, pool, planner) is made
+once per process and cached.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+import torch
+
+from ecofl.devices import POOLS, HomePool, load_pool
+from ecofl.errors import UserError
+from ecofl.fl.latency import PipelineLatency
+from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.planners import PLANNERS, make_plan
+from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
+from ecofl.pipeline.runtime import HomePipeline, ZooModel
+from ecofl.train import TrainConfig
+from ecofl.weights import Weights
+
+#: Keys of the ``pipeline_home`` config section.
+KEYS = ("homes", "pool", "planner", "granularity", "emulate", "timeout_s")
+#: A home's pool when neither the section nor a pipeline latency model names one.
+DEFAULT_POOL = "ecofl-3stage"
+
+
+@dataclass(frozen=True)
+class PipelineHomeSettings:
+    """Which homes train through the runtime, and how (the ``pipeline_home`` section).
+
+    ``homes``: partition ids, or ``"all"``; empty: no home (the default).
+    ``pool``: a pool name of :data:`ecofl.devices.POOLS` for every selected
+    home, or a list (home h takes entry h mod its length); None: the home's
+    pool in the pipeline latency model at the round's virtual time, else
+    :data:`DEFAULT_POOL`. ``planner`` and ``granularity``: None takes the
+    pipeline latency model's (else ``ecofl`` and ``block``). ``emulate``:
+    dilate time, pace links and check memory per device (False: run at host
+    speed). ``timeout_s``: the runtime's bound on any step.
+    """
+
+    homes: tuple[int, ...] | str = ()
+    pool: str | tuple[str, ...] | None = None
+    planner: str | None = None
+    granularity: str | None = None
+    emulate: bool = True
+    timeout_s: float = 120.0
+
+    @classmethod
+    def from_dict(cls, values: Mapping) -> PipelineHomeSettings:
+        """Parse the section (Hydra, the run config or the setup's JSON); a bad value is a UserError."""
+        unknown = sorted(set(values) - set(KEYS))
+        if unknown:
+            raise UserError(f"unknown pipeline_home setting(s) {', '.join(unknown)}; valid: {', '.join(KEYS)}")
+        values = {k: v for k, v in values.items() if v is not None and v != ""}
+        homes = values.get("homes", ())
+        if isinstance(homes, str) and homes != "all":  # the run config (TOML) may say "0,1"
+            homes = [h for h in homes.replace(" ", "").split(",") if h]
+        if homes != "all":
+            try:
+                homes = tuple(sorted({int(h) for h in homes}))
+            except (TypeError, ValueError):
+                raise UserError(f"pipeline_home.homes must be partition ids or 'all', got {homes!r}") from None
+        pool = values.get("pool")
+        if pool is not None:
+            names = [pool] if isinstance(pool, str) else list(pool)
+            bad = [p for p in names if p not in POOLS]
+            if bad or not names:
+                raise UserError(f"unknown home pool(s) {bad or names}; valid pools: {', '.join(sorted(POOLS))}")
+            pool = names[0] if isinstance(pool, str) else tuple(names)
+        planner = values.get("planner")
+        if planner is not None and planner not in PLANNERS:
+            raise UserError(f"unknown planner {planner!r}; valid planners: {', '.join(PLANNERS)}")
+        emulate = values.get("emulate", True)
+        timeout_s = values.get("timeout_s", 120.0)
+        if not isinstance(emulate, bool) or isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not timeout_s > 0:
+            raise UserError(f"pipeline_home.emulate must be a boolean and timeout_s positive: {dict(values)}")
+        return cls(homes, pool, planner, values.get("granularity"), emulate, float(timeout_s))
+
+    def to_dict(self) -> dict:
+        """The setup's JSON form: empty when no home is selected (nothing changes for other runs)."""
+        if not self.homes:
+            return {}
+        data = asdict(self)
+        data["homes"] = self.homes if self.homes == "all" else list(self.homes)
+        data["pool"] = list(self.pool) if isinstance(self.pool, tuple) else self.pool
+        return data
+
+    def selects(self, home: int) -> bool:
+        return self.homes == "all" or home in self.homes
+
+    def planning(self, latency: Mapping) -> tuple[str, str]:
+        """(planner, granularity): this section's, else the pipeline latency model's, else ecofl and block."""
+        pipeline = latency if latency.get("kind") == "pipeline" else {}
+        return (self.planner or pipeline.get("planner") or "ecofl",
+                self.granularity or pipeline.get("granularity") or "block")
+
+    def pool_name(self, home: int, latency_model: object, virtual_time: float) -> str:
+        """Home ``home``'s pool at ``virtual_time`` (see the class docstring)."""
+        if isinstance(self.pool, str):
+            return self.pool
+        if self.pool:
+            return self.pool[home % len(self.pool)]
+        if isinstance(latency_model, PipelineLatency):
+            return latency_model.state(home, virtual_time)[0]
+        return DEFAULT_POOL
+
+
+def settings_dict(section: Mapping | None) -> dict:
+    """The ``pipeline_home`` config section as the setup carries it ({} when off)."""
+    return PipelineHomeSettings.from_dict(dict(section or {})).to_dict()
+
+
+@dataclass(frozen=True)
+class PipelineTraining:
+    """One round of a home's training through the runtime, and what it measured."""
+
+    weights: Weights
+    loss: float
+    num_samples: int
+    steps: int
+    pool: str
+    start_s: float  # starting and joining the workers
+    train_s: float  # from the first weights sent to the last weights collected
+    sync_round_s: list[float] = field(default_factory=list)
+    micro_batches: int = 1  # of the main plan
+
+    def metrics(self) -> dict[str, float | int]:
+        rounds = self.sync_round_s
+        return {
+            "pipeline_train_s": self.train_s,
+            "pipeline_start_s": self.start_s,
+            "pipeline_sync_rounds": len(rounds),
+            "pipeline_sync_round_mean_s": sum(rounds) / len(rounds) if rounds else 0.0,
+            "pipeline_micro_batches": self.micro_batches,
+        }
+
+
+@lru_cache(maxsize=32)
+def home_plan(
+    model: str, input_shape: tuple[int, ...], num_classes: int, granularity: str, pool_name: str, planner: str,
+    batch_size: int,
+) -> tuple[HomePool, ModelProfile, Plan]:
+    """The pool, the host profile and the plan for one mini-batch size (once per process)."""
+    profile = profile_zoo_model(model, tuple(input_shape), num_classes, granularity)
+    pool = load_pool(pool_name)
+    return pool, profile, make_plan(planner, profile, pool, batch_size)
+
+
+def train_through_pipeline(
+    settings: PipelineHomeSettings,
+    pool_name: str,
+    model: ZooModel,
+    weights: Weights,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: TrainConfig,
+    planner: str,
+) -> PipelineTraining:
+    """``train_local(model, x, y, config)`` from ``weights``, computed by the home's pipeline."""
+    n, batch = len(x), config.batch_size
+    full, rest = divmod(n, batch)
+    if config.epochs == 0 or n == 0:
+        return PipelineTraining(list(weights), 0.0, n, 0, pool_name, 0.0, 0.0)
+    if full and rest and config.momentum > 0:
+        raise UserError(
+            f"pipeline mode keeps train_local's update only without momentum when the {n} samples are not a "
+            f"multiple of batch_size {batch} (the partial batch runs on its own pipeline, with a fresh optimizer)"
+        )
+    generator = torch.Generator().manual_seed(config.seed)
+    orders = [torch.randperm(n, generator=generator) for _ in range(config.epochs)]
+    if rest == 0 or full == 0:  # every mini-batch has the same size: one call for all epochs
+        size, rounds = (batch, config.epochs * full) if rest == 0 else (n, config.epochs)
+        segments = [(size, torch.cat(orders), rounds)]
+    else:
+        segments = [seg for order in orders for seg in ((batch, order[: full * batch], full), (rest, order[full * batch:], 1))]
+
+    plans = {}
+    for size, _, _ in segments:
+        if size not in plans:
+            plans[size] = home_plan(model.name, tuple(model.input_shape), model.num_classes, model.granularity,
+                                    pool_name, planner, size)
+    loss_sum, seen, round_s = 0.0, 0, []
+    current = list(weights)
+    with ExitStack() as stack:
+        started = time.perf_counter()
+        pipes = {
+            size: stack.enter_context(HomePipeline(
+                model, pool, plan, profile=profile, emulate=settings.emulate, timeout_s=settings.timeout_s))
+            for size, (pool, profile, plan) in plans.items()
+        }
+        trained = time.perf_counter()
+        for size, order, rounds in segments:
+            result = pipes[size].train(
+                current, x[order], y[order], rounds, lr=config.lr, momentum=config.momentum,
+                weight_decay=config.weight_decay, mu=config.mu, reference=list(weights),
+            )
+            current = list(result.weights)
+            loss_sum += result.loss * size * rounds
+            seen += size * rounds
+            round_s.extend(result.sync_round_s)
+        finished = time.perf_counter()
+    main_plan = plans[segments[0][0]][2]
+    return PipelineTraining(
+        weights=current, loss=loss_sum / seen, num_samples=n, steps=len(round_s), pool=pool_name,
+        start_s=trained - started, train_s=finished - trained, sync_round_s=round_s,
+        micro_batches=main_plan.num_micro_batches,
+    )
