@@ -6,15 +6,22 @@ received global model with FedProx's proximal term (§5.1) and returns the
 weights, sample count, loss and the home's latency; ``evaluate`` scores the
 received model on the home's data.
 
-The home trains its model in this one process: a synchronous pipeline
-computes the same update (DESIGN.md), and in simulation the time the home's
-device pool would need comes from its latency model at the virtual time the
-server sends. Which home this node is comes from ``node_config["partition-id"]``
-(set by the simulation engine, or by ``flower-supernode --node-config``).
+By default the home trains its model in this one process: a synchronous
+pipeline computes the same update (DESIGN.md), and in simulation the time the
+home's device pool would need comes from its latency model at the virtual time
+the server sends. Homes selected by the setup's ``pipeline_home`` section
+train through the real pipeline runtime instead (:mod:`client.pipeline_home`:
+one worker process per device, emulated by default), with the same update;
+their reply carries the measured pipeline times (``pipeline_train_s``, ...)
+and, when the loop runs on the wall clock (no latency model), the measured
+training time as ``latency_s``. Which home this node is comes from
+``node_config["partition-id"]`` (set by the simulation engine, or by
+``flower-supernode --node-config``).
 
 A request this home cannot serve (a malformed setup or training config,
 weights of the wrong shape, an unknown home) gets an error reply naming the
-problem; the node keeps serving.
+problem, and so does a pipeline that fails (a plan that does not fit, a
+worker that dies; its workers are stopped first); the node keeps serving.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from flwr.clientapp import ClientApp
 
 from client import protocol
 from client.home import Federation, federation
+from client.pipeline_home import PipelineHomeSettings, train_through_pipeline
 from ecofl.errors import UserError
 from ecofl.fl.transport import HomeReport, TrainReply
+from ecofl.pipeline.runtime import ZooModel
 from ecofl.train import TrainConfig, evaluate, train_local
 from ecofl.weights import get_weights, set_weights
 
@@ -69,9 +78,12 @@ def train(message: Message, context: Context) -> Message:
         virtual_time = _number(config_record, "virtual_time", 0.0)
         model = fed.new_model()
         set_weights(model, message.content[protocol.ARRAYS].to_numpy_ndarrays())
+        pipeline = PipelineHomeSettings.from_dict(fed.setup.pipeline_home)
     except (MalformedRequest, UserError, ValueError, KeyError, TypeError) as err:
         return _error(message, err)
     data = fed.home(home)
+    if pipeline.selects(home):
+        return _train_through_pipeline(message, fed, home, pipeline, get_weights(model), config, virtual_time)
     started = time.perf_counter()
     result = train_local(model, data.x, data.y, config)
     measured = time.perf_counter() - started
@@ -84,6 +96,33 @@ def train(message: Message, context: Context) -> Message:
         latency_s=measured if latency is None else latency,
     )
     return Message(protocol.reply_content(reply), reply_to=message)
+
+
+def _train_through_pipeline(
+    message: Message, fed: Federation, home: int, settings: PipelineHomeSettings, weights: list,
+    config: TrainConfig, virtual_time: float,
+) -> Message:
+    """The train handler of a home in pipeline mode; any failure is an error reply."""
+    data = fed.home(home)
+    setup = fed.setup
+    planner, granularity = settings.planning(setup.latency)
+    model = ZooModel(setup.model["name"], tuple(fed.dataset.input_shape), fed.dataset.num_classes, granularity,
+                     dict(setup.model.get("options") or {}))
+    try:
+        pool = settings.pool_name(home, fed.latency_model, virtual_time)
+        trained = train_through_pipeline(settings, pool, model, weights, data.x, data.y, config, planner)
+    except Exception as err:  # noqa: BLE001 - a pipeline failure is this round's answer, not the node's end
+        reason = f"pipeline home {home}: {type(err).__name__}: {err}"
+        return Message(Error(code=protocol.PIPELINE_FAILED, reason=reason), reply_to=message)
+    latency = fed.latency(home, virtual_time)
+    reply = TrainReply(
+        home=home,
+        weights=trained.weights,
+        num_samples=trained.num_samples,
+        loss=trained.loss,
+        latency_s=trained.train_s if latency is None else latency,
+    )
+    return Message(protocol.reply_content(reply, trained.metrics()), reply_to=message)
 
 
 @app.evaluate()

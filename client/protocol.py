@@ -11,13 +11,14 @@ query      ``config``: setup, virtual_time             ``metrics``: partition-id
                                                        num-examples, label-histogram
 train      ``arrays``: global model; ``config``:       ``arrays``: trained model; ``metrics``:
            setup, epochs, batch_size, lr, mu, seed,    partition-id, num-examples, loss, latency_s
-           virtual_time, round, group, ...
+           virtual_time, round, group, ...             (pipeline homes: pipeline_train_s, ...)
 evaluate   ``arrays``; ``config``: setup               ``metrics``: num-examples, loss, accuracy
 =========  ==========================================  =============================================
 
 ``setup`` is the JSON of :class:`client.home.HomeSetup`. A home that cannot
 serve a request answers with a Flower ``Error`` (code
-:data:`MALFORMED_REQUEST`) whose reason says why, instead of crashing.
+:data:`MALFORMED_REQUEST`, or :data:`PIPELINE_FAILED` when its pipeline
+runtime failed) whose reason says why, instead of crashing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ SETUP = "setup"
 PARTITION_ID = "partition-id"
 NUM_EXAMPLES = "num-examples"  # the key Flower's strategies weight by
 MALFORMED_REQUEST = 400  # Flower's own error codes (flwr.common.constant.ErrorCode) stop at 8
+PIPELINE_FAILED = 500  # the home's pipeline runtime could not train (client.pipeline_home)
 
 
 def config_record(values: Mapping[str, object]) -> ConfigRecord:
@@ -73,10 +75,11 @@ def report_content(report: HomeReport) -> RecordDict:
     )
 
 
-def reply_content(reply: TrainReply) -> RecordDict:
-    """A home's trained weights and what it measured."""
+def reply_content(reply: TrainReply, extra_metrics: Mapping[str, int | float] | None = None) -> RecordDict:
+    """A home's trained weights and what it measured (``extra_metrics``: e.g. the pipeline's times)."""
     metrics = MetricRecord(
         {
+            **dict(extra_metrics or {}),
             PARTITION_ID: int(reply.home),
             NUM_EXAMPLES: int(reply.num_samples),
             "loss": float(reply.loss),
