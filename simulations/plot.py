@@ -82,7 +82,7 @@ def plot_run(run_dir: Path) -> Path:
     figure, axes = plt.subplots(figsize=(6, 4))
     times, accuracies = run.curve()
     strategy = (run.config.get("strategy") or {}).get("name", "")
-    axes.plot(times, accuracies, label=strategy or None)
+    axes.plot(times, accuracies, marker=".", label=strategy or None)
     _accuracy_axes(axes, run.summary.get("target_accuracy"))
     if strategy:
         axes.legend()
@@ -101,7 +101,7 @@ def plot_sweep(sweep_dir: Path) -> list[Path]:
     written = [_write_table(runs, sweep_dir / "sweep.csv")]
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for run in runs:
-        axes.plot(*run.curve(), label=run.label)
+        axes.plot(*run.curve(), marker=".", label=run.label)  # a marker: a run evaluated once is still seen
     _accuracy_axes(axes, runs[0].summary.get("target_accuracy"))
     axes.legend(fontsize="small")
     written.append(_save(figure, sweep_dir / "sweep_accuracy.png"))
