@@ -32,7 +32,7 @@ LOOP_KEYS = (
     "eval_every", "requery_every", "checkpoint_every", "round_deadline_factor",
 )
 STRATEGY_KEYS = ("name", "alpha", "staleness", "staleness_a", "staleness_b")
-GROUPING_KEYS = ("num_groups", "lambda", "rt")
+GROUPING_KEYS = ("num_groups", "lambda", "rt", "rt_scale")
 SERVER_KEYS = ("eval_samples", "connect_timeout_s", "query_timeout_s", "reply_timeout_s")
 SIMULATION_KEYS = ("actors", "cpus_per_actor")
 

@@ -117,7 +117,7 @@ def plot_lambda(runs: list[Run], path: Path) -> Path:
     lambdas = [run.grouping_lambda() for run in order]
     panels = [
         ("mean group JS divergence", [run.mean_of("mean_group_js") for run in order]),
-        ("mean group latency (s)", [run.mean_of("mean_group_latency") for run in order]),
+        ("mean group round latency (s)", [run.mean_of("mean_group_latency") for run in order]),
         ("final test accuracy", [run.summary.get("final_accuracy") or float("nan") for run in order]),
     ]
     figure, axes = plt.subplots(1, 3, figsize=(12, 3.6))

@@ -3,7 +3,7 @@
     python -m simulations.run strategy=ecofl dataset=fashion_mnist homes=300
     python -m simulations.run +experiment=smoke
     python -m simulations.run -m strategy=ecofl,fedat,astraea
-    python -m simulations.run -m +experiment=fig9 grouping.lambda=0,0.5,1,2,4
+    python -m simulations.run -m +experiment=fig9 grouping.lambda=0,10,100
 
 Each run writes ``metrics.csv``, ``metrics.json``, ``summary.json`` (final
 and best accuracy, virtual time to the target accuracy, updates applied,

@@ -235,3 +235,12 @@ def test_time_to_target_is_recorded_without_stopping_when_asked():
     rows = loop.run()
     assert len(rows) == 12 and loop.stop_reason == "max_updates"
     assert loop.summary()["updates_to_target"] is not None and loop.summary()["updates_to_target"] < 12
+
+
+def test_rt_scale_multiplies_the_derived_threshold():
+    loops = [make_loop(LoopConfig(max_updates=1, rt_scale=scale, train=TRAIN))[0] for scale in (1.0, 2.5)]
+    for loop in loops:
+        loop._profile()
+    assert loops[1].rt == pytest.approx(2.5 * loops[0].rt)
+    with pytest.raises(UserError, match="rt_scale"):
+        LoopConfig(rt_scale=0.0)

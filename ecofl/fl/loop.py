@@ -65,7 +65,9 @@ class LoopConfig:
     ``rt`` (seconds): Eco-FL's latency threshold; None derives it from the
     queried latencies (:func:`ecofl.fl.grouping.derive_rt`: the larger of the
     mean gap between adjacent K-means centres and the largest home-to-centre
-    distance). ``round_deadline_factor``: a group round waits at most
+    distance) times ``rt_scale``, which widens (> 1) or narrows the range a
+    group may reach into its neighbours for label balance.
+    ``round_deadline_factor``: a group round waits at most
     ``factor * centre`` seconds; None gives Eco-FL's groups the deadline
     ``centre + RT`` and the baselines none (they wait for every home).
     ``requery_every``: updates between latency queries of all homes for
@@ -80,6 +82,7 @@ class LoopConfig:
     homes_per_round: int = 4  # k per group round
     max_concurrent: int = 20
     rt: float | None = None
+    rt_scale: float = 1.0
     lam: float = 1.0
     alpha: float = 0.6
     staleness: str = "polynomial"
@@ -108,6 +111,8 @@ class LoopConfig:
         ]
         if self.rt is not None and not self.rt > 0:
             problems.append("rt must be positive")
+        if not self.rt_scale > 0:
+            problems.append("rt_scale must be positive")
         if self.lam < 0:
             problems.append("lam must be non-negative")
         if not 0 < self.alpha <= 1:
@@ -267,7 +272,8 @@ class EventLoop:
         if missing:
             log.warning("%d homes did not answer the query and are left out: %s", len(missing), missing[:20])
         if self.rt is None:
-            self.rt = derive_rt([self.latencies[h] for h in answered], self.config.num_groups, self.config.seed)
+            derived = derive_rt([self.latencies[h] for h in answered], self.config.num_groups, self.config.seed)
+            self.rt = self.config.rt_scale * derived
         self.grouping = self.policy.group(answered, self.latencies, self.hists, self.config, self.rt)
         self.group_rounds = [0] * len(self.grouping.groups)
         self.updates_per_group = [0] * len(self.grouping.groups)
@@ -405,7 +411,7 @@ class EventLoop:
             "staleness": staleness,
             "alpha": alpha_t,
             "train_loss": float(np.average([x.loss for x in valid], weights=[x.num_samples for x in valid])),
-            **group_stats(self.grouping, self.hists, self.latencies),
+            **group_stats(self.grouping, self.hists, self.latencies, self.policy.round_size(self.config)),
         }
 
     def _evaluate(self, at: float) -> None:
