@@ -74,9 +74,9 @@ class CountingTransport:
         self.waiting_s += time.perf_counter() - started
         return reports
 
-    def train(self, tasks: Sequence[TrainTask], timeout_s: float | None = None) -> list[TrainReply]:
+    def train(self, tasks: Sequence[TrainTask]) -> list[TrainReply]:
         started = time.perf_counter()
-        replies = self.inner.train(tasks, timeout_s)
+        replies = self.inner.train(tasks)
         self.waiting_s += time.perf_counter() - started
         self.trained += sum(reply.error is None for reply in replies)
         return replies

@@ -1,7 +1,8 @@
 """Flower ClientApp: a home's portal node (Eco-FL §5).
 
 ``query`` reports the home's response latency and label histogram (the
-profiling step of §5.2); ``train`` trains the home's partition from the
+profiling step of §5.2): its latency model's, or without one (the wall
+clock) an estimate timed on the home's data (:func:`probe_round_s`); ``train`` trains the home's partition from the
 received global model with FedProx's proximal term (§5.1) and returns the
 weights, sample count, loss and the home's latency; ``evaluate`` scores the
 received model on the home's data.
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -55,13 +56,14 @@ def query(message: Message, context: Context) -> Message:
     try:
         fed, home = _home(message, context)
         virtual_time = _number(message.content[protocol.CONFIG], "virtual_time", 0.0)
+        config = train_config(message.content[protocol.CONFIG])
     except MalformedRequest as err:
         return _error(message, err)
     data = fed.home(home)
     latency = fed.latency(home, virtual_time)
     report = HomeReport(
         home=home,
-        latency_s=0.0 if latency is None else latency,
+        latency_s=probe_round_s(fed, home, config) if latency is None else latency,
         label_histogram=data.label_histogram,
         num_samples=len(data.y),
     )
@@ -123,6 +125,25 @@ def _train_through_pipeline(
         latency_s=trained.train_s if latency is None else latency,
     )
     return Message(protocol.reply_content(reply, trained.metrics()), reply_to=message)
+
+
+def probe_round_s(fed: Federation, home: int, config: TrainConfig, probe_batches: int = 2) -> float:
+    """Estimated seconds of one local training round (``config.epochs`` over the home's data).
+
+    Times ``probe_batches`` training steps after one untimed warm-up step and
+    scales to the round's steps. The server groups homes by it until their
+    first replies bring the response times it measured itself.
+    """
+    data = fed.home(home)
+    batch = config.batch_size
+    probe = replace(config, epochs=1)
+    model = fed.new_model()
+    train_local(model, data.x[:batch], data.y[:batch], probe)  # warm-up
+    samples = min(len(data.y), probe_batches * batch)
+    started = time.perf_counter()
+    train_local(model, data.x[:samples], data.y[:samples], probe)
+    per_step = (time.perf_counter() - started) / max(1, math.ceil(samples / batch))
+    return per_step * config.epochs * math.ceil(len(data.y) / batch)
 
 
 @app.evaluate()

@@ -45,8 +45,11 @@ def config_record(values: Mapping[str, object]) -> ConfigRecord:
     return ConfigRecord({key: value for key, value in values.items() if value is not None})
 
 
-def query_content(setup_json: str, virtual_time: float) -> RecordDict:
-    return RecordDict({CONFIG: config_record({SETUP: setup_json, "virtual_time": float(virtual_time)})})
+def query_content(setup_json: str, virtual_time: float, train: Mapping[str, object] | None = None) -> RecordDict:
+    """The profiling query; ``train`` (the local training settings) lets a home without a latency model
+    estimate its round time."""
+    values = {**(train or {}), SETUP: setup_json, "virtual_time": float(virtual_time)}
+    return RecordDict({CONFIG: config_record(values)})
 
 
 def train_content(weights: Weights, config: Mapping[str, object], setup_json: str) -> RecordDict:

@@ -7,12 +7,15 @@ map from the replies. After that ``query`` and ``train`` push one message
 per home, poll ``pull_messages`` until every reply is in or the deadline
 passes, and return the replies in whatever order they came; a home that did
 not answer in time is simply missing (a straggler), and a home that answered
-with an error comes back as ``TrainReply.error``.
+with an error comes back as ``TrainReply.error``. ``submit`` pushes and
+returns; ``collect`` polls for whatever has arrived since (the wall clock's
+arrival order).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 
@@ -28,8 +31,8 @@ log = logging.getLogger(__name__)
 class GridTransport:
     """Reach homes through ``grid``; ``setup_json`` (a :class:`client.home.HomeSetup`) goes with every message.
 
-    A query waits at most ``query_timeout_s`` for its replies, a train call
-    ``reply_timeout_s`` unless the loop passes its own round deadline.
+    A query waits at most ``query_timeout_s`` for its replies, a training
+    task ``reply_timeout_s``.
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class GridTransport:
         query_timeout_s: float = 60.0,
         reply_timeout_s: float = 600.0,
         poll_interval_s: float = 0.02,
+        train_config: dict | None = None,
     ) -> None:
         self.grid = grid
         self.setup_json = setup_json
@@ -48,8 +52,10 @@ class GridTransport:
         self.query_timeout_s = query_timeout_s
         self.reply_timeout_s = reply_timeout_s
         self.poll_interval_s = poll_interval_s
+        self.train_config = dict(train_config or {})  # sent with queries: homes without a latency model probe
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self._profiled: dict[int, HomeReport] = {}  # what connect learned at virtual time 0
+        self._submitted: dict[str, tuple[TrainTask, float]] = {}  # message id -> (task, monotonic push time)
 
     def connect(self, timeout_s: float = 300.0) -> list[HomeReport]:
         """Wait for ``num_homes`` nodes, query them all and map partition ids to node ids.
@@ -66,7 +72,7 @@ class GridTransport:
             time.sleep(0.5)
             node_ids = sorted(self.grid.get_node_ids())
         messages = {
-            node: Message(protocol.query_content(self.setup_json, 0.0), node, MessageType.QUERY)
+            node: Message(protocol.query_content(self.setup_json, 0.0, self.train_config), node, MessageType.QUERY)
             for node in node_ids
         }
         replies = self._exchange(messages, max(deadline - time.monotonic(), 1.0))
@@ -98,7 +104,7 @@ class GridTransport:
         if virtual_time == 0.0 and all(home in self._profiled for home in homes):
             return [self._profiled[home] for home in homes]
         messages = {
-            home: Message(protocol.query_content(self.setup_json, virtual_time), self.node_of[home], MessageType.QUERY)
+            home: Message(protocol.query_content(self.setup_json, virtual_time, self.train_config), self.node_of[home], MessageType.QUERY)
             for home in homes
             if home in self.node_of
         }
@@ -110,19 +116,57 @@ class GridTransport:
             reports.append(protocol.read_report(reply))
         return reports
 
-    def train(self, tasks: Sequence[TrainTask], timeout_s: float | None = None) -> list[TrainReply]:
-        """Send every task at once; replies in arrival order, homes silent past the timeout left out."""
-        messages = {}
+    def train(self, tasks: Sequence[TrainTask]) -> list[TrainReply]:
+        """Send every task at once; replies in arrival order, homes silent past the reply timeout left out."""
+        messages = self._train_messages(tasks)
+        replies = self._exchange({task.home: m for task, m in messages}, self.reply_timeout_s)
+        return [protocol.read_reply(reply, home) for home, reply in replies.items()]
+
+    def submit(self, tasks: Sequence[TrainTask]) -> None:
+        """Push every task and return; :meth:`collect` brings the replies."""
+        messages = self._train_messages(tasks)
+        pushed = set(self.grid.push_messages([m for _, m in messages]))
+        now = time.monotonic()
+        for task, message in messages:
+            if message.metadata.message_id in pushed:
+                self._submitted[message.metadata.message_id] = (task, now)
+
+    def collect(self, wait_s: float | None) -> list[tuple[TrainTask, TrainReply]]:
+        """Replies of submitted tasks that arrived, waiting up to ``wait_s`` (None: ``reply_timeout_s``) for one.
+
+        A task unanswered ``reply_timeout_s`` after it was pushed comes back
+        once as an error reply, so a caller waiting on it never waits forever.
+        """
+        deadline = time.monotonic() + (self.reply_timeout_s if wait_s is None else wait_s)
+        while self._submitted:
+            out = []
+            for reply in self.grid.pull_messages(list(self._submitted)):
+                entry = self._submitted.pop(reply.metadata.reply_to_message_id, None)
+                if entry is not None:
+                    out.append((entry[0], protocol.read_reply(reply, entry[0].home)))
+            now = time.monotonic()
+            for message_id, (task, pushed_at) in list(self._submitted.items()):
+                if now - pushed_at > self.reply_timeout_s:
+                    del self._submitted[message_id]
+                    out.append((task, TrainReply(task.home, None, 0, math.nan, math.nan,
+                                                 error=f"no reply within {self.reply_timeout_s:g} s")))
+            if out or now >= deadline:
+                return out
+            time.sleep(self.poll_interval_s)
+        return []
+
+    def _train_messages(self, tasks: Sequence[TrainTask]) -> list[tuple[TrainTask, Message]]:
+        messages = []
         for task in tasks:
             if task.home not in self.node_of:
                 log.warning("home %d is not connected; its task is dropped", task.home)
                 continue
             content = protocol.train_content(task.weights, task.config, self.setup_json)
-            messages[task.home] = Message(
+            message = Message(
                 content, self.node_of[task.home], MessageType.TRAIN, group_id=str(task.config.get("round", ""))
             )
-        replies = self._exchange(messages, self.reply_timeout_s if timeout_s is None else timeout_s)
-        return [protocol.read_reply(reply, home) for home, reply in replies.items()]
+            messages.append((task, message))
+        return messages
 
     def _exchange(self, messages: dict[int, Message], timeout_s: float) -> dict[int, Message]:
         """Push ``messages`` (keyed by home or node) and pull replies until all are in or ``timeout_s``."""

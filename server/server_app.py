@@ -72,6 +72,7 @@ def run_server(grid: Grid, exp: Experiment, out_dir: Path, progress: bool = True
     transport = GridTransport(
         grid, exp.setup.to_json(), exp.setup.num_homes,
         query_timeout_s=exp.server.query_timeout_s, reply_timeout_s=exp.server.reply_timeout_s,
+        train_config=exp.loop.train,
     )
     transport.connect(exp.server.connect_timeout_s)
     if exp.resume:

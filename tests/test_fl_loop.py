@@ -13,6 +13,7 @@ from ecofl.fl.inprocess import InProcessTransport
 from ecofl.fl.clock import WallClock
 from ecofl.fl.latency import FixedLatency, PaperLatency
 from ecofl.fl.loop import EventLoop, GroupRound, LoopConfig
+from ecofl.fl.transport import TrainTask
 from ecofl.train import evaluate as evaluate_model
 from ecofl.weights import get_weights, set_weights
 
@@ -209,14 +210,41 @@ def test_virtual_time_limit_and_target_accuracy_stop_the_run(tmp_path):
     assert target.summary()["time_to_target_s"] == rows[-1]["virtual_time"]
 
 
-def test_the_wall_clock_orders_rounds_by_the_latencies_homes_measured():
-    latencies = [0.01 if h < HOMES // 2 else 0.02 for h in range(HOMES)]
-    transport = InProcessTransport(make_model, X, Y, two_class_parts(), FixedLatency(latencies))
-    config = LoopConfig(num_groups=2, lam=0.0, rt=0.001, homes_per_round=2, max_updates=6, train=TRAIN)
+def wall_loop(config, latencies, **transport_kwargs):
+    """A wall-clock loop whose homes answer ``latencies`` seconds after a round is sent (plus training)."""
+    transport = InProcessTransport(make_model, X, Y, two_class_parts(), FixedLatency(latencies), **transport_kwargs)
+    transport.train([TrainTask(0, initial_weights(), TRAIN)])  # torch's first training is slow: not in the timings
     loop = EventLoop(config, transport, range(HOMES), initial_weights(), evaluate, clock=WallClock(), progress=False)
+    return loop, transport
+
+
+def test_the_wall_clock_applies_each_round_when_its_last_reply_arrives():
+    """A group 6x faster applies its rounds while the slow group's first round is still out."""
+    latencies = [0.2 if h < HOMES // 2 else 1.2 for h in range(HOMES)]
+    config = LoopConfig(num_groups=2, lam=0.0, homes_per_round=2, max_updates=10, round_deadline_factor=20.0, requery_every=0,
+                        train=TRAIN)
+    loop, _ = wall_loop(config, latencies)
     rows = loop.run()
-    assert len(rows) == 6 and rows[-1]["wall_time"] > 0
-    assert rows[0]["group"] == 0  # sent together, the faster group's round is applied first
+    groups = [r["group"] for r in rows]
+    assert groups[:2] == [0, 0] and 1 in groups and groups.count(0) > groups.count(1)
+    first_slow = rows[groups.index(1)]
+    assert first_slow["virtual_time"] >= 1.2  # sent at the start, answered after its 1.2 s latency
+    assert [r["virtual_time"] for r in rows] == sorted(r["virtual_time"] for r in rows)
+    slow = [loop.latencies[h] for h in range(HOMES // 2, HOMES)]
+    assert min(slow) >= 1.2 and max(slow) > 1.2  # regrouping sees the response times measured, not the model's
+
+
+def test_the_wall_clock_closes_a_round_at_its_deadline_without_a_silent_home():
+    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=2, round_deadline_factor=25.0,
+                        train=TRAIN)
+    loop, _ = wall_loop(config, [0.02] * HOMES, reply_timeout_s=5.0)
+    loop._profile()  # home 5 answers the query, then falls silent
+    loop.transport.silent_homes = {5}
+    loop._dispatch()
+    rows = loop.run()
+    assert [r["stragglers"] for r in rows] == [1, 1] and [r["homes"] for r in rows] == [HOMES - 1] * 2
+    deadline = 25.0 * loop.grouping.centres[0]
+    assert deadline <= rows[0]["virtual_time"] < deadline + 1.0  # not the silent home's 5 s timeout
 
 
 def test_no_round_is_dispatched_after_the_last_update():

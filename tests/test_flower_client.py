@@ -50,6 +50,16 @@ def test_query_reports_latency_and_label_histogram():
     assert (report.label_histogram > 0).sum() == 2  # shards: two classes per home
 
 
+def test_without_a_latency_model_query_reports_a_probed_round_time():
+    measured = HomeSetup(num_homes=HOMES, dataset={"name": "digits"}).to_json()
+    train = {"epochs": 3, "batch_size": 10, "lr": 0.05}
+    report = protocol.read_report(app(request(protocol.query_content(measured, 0.0, train), MessageType.QUERY),
+                                      context(3)))
+    assert 0 < report.latency_s < 60 and report.home == 3
+    bad = app(request(protocol.query_content(measured, 0.0, {"epochs": "three"}), MessageType.QUERY), context(3))
+    assert bad.has_error() and "epochs must be an integer" in bad.error.reason
+
+
 def test_train_returns_new_weights_samples_loss_and_latency_at_virtual_time():
     weights = initial_weights()
     config = {"epochs": 1, "batch_size": 10, "lr": 0.05, "mu": 0.05, "seed": 1, "virtual_time": 5.0, "round": 2}

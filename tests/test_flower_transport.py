@@ -109,12 +109,12 @@ def test_two_nodes_claiming_one_home_is_an_error():
 def test_silent_home_is_a_straggler_and_errors_come_back_as_errors(weights):
     partition_of = nodes()
     grid = FakeGrid(partition_of)
-    transport = GridTransport(grid, SETUP, HOMES, query_timeout_s=0.2, poll_interval_s=0.001)
+    transport = GridTransport(grid, SETUP, HOMES, query_timeout_s=0.2, reply_timeout_s=0.2, poll_interval_s=0.001)
     transport.connect(timeout_s=5)
     grid.silent = {transport.node_of[2]}
     tasks = [TrainTask(h, weights, {"epochs": 1, "lr": 0.05, "virtual_time": 0.0}) for h in (1, 2, 3)]
     tasks.append(TrainTask(4, weights, {"epochs": "one"}))
-    replies = {r.home: r for r in transport.train(tasks, timeout_s=0.2)}
+    replies = {r.home: r for r in transport.train(tasks)}
     assert set(replies) == {1, 3, 4}
     assert replies[1].error is None and replies[1].num_samples > 0
     assert "epochs must be an integer" in replies[4].error
@@ -129,3 +129,20 @@ def test_query_at_virtual_time_zero_reuses_the_connect_reports():
     grid.silent = set(grid.partition_of)  # nobody answers any more
     assert transport.query(range(HOMES), {"virtual_time": 0.0}) == sorted(reports, key=lambda r: r.home)
     assert transport.query(range(HOMES), {"virtual_time": 1.0}) == []
+
+
+def test_collect_brings_replies_with_their_tasks_and_a_silent_home_once_as_an_error(weights):
+    grid = FakeGrid(nodes())
+    transport = GridTransport(grid, SETUP, HOMES, reply_timeout_s=0.3, poll_interval_s=0.001)
+    transport.connect(timeout_s=5)
+    grid.silent = {transport.node_of[2]}
+    tasks = [TrainTask(h, weights, {"epochs": 1, "lr": 0.05, "virtual_time": 0.0, "dispatch": 7}) for h in (1, 2, 3)]
+    transport.submit(tasks)
+    arrived = transport.collect(wait_s=0.05)
+    assert sorted(task.home for task, _ in arrived) == [1, 3]
+    assert all(reply.home == task.home and reply.error is None for task, reply in arrived)
+    assert arrived[0][0].config["dispatch"] == 7
+    assert transport.collect(wait_s=0.01) == []  # the silent home's timeout has not passed yet
+    late = transport.collect(wait_s=None)
+    assert [(task.home, reply.error) for task, reply in late] == [(2, "no reply within 0.3 s")]
+    assert transport.collect(wait_s=0.01) == []  # reported once

@@ -86,6 +86,20 @@ def test_flower_simulation_of_50_homes_equals_the_loop_without_flower(tmp_path):
 
 
 @pytest.mark.slow
+def test_flower_simulation_on_the_wall_clock_applies_rounds_as_their_replies_arrive(tmp_path):
+    """No latency model: homes probe their round time, the loop applies Flower replies as they arrive."""
+    settings = {**SMALL, "homes": 12, "latency": {}, "grouping": {"num_groups": 2},
+                "loop": {"max_updates": 4, "requery_every": 0}}
+    summary = simulate(experiment(settings), tmp_path, progress=False)
+    assert_ray_gone(os.getpid())
+    assert summary["updates"] == 4 and summary["failed_total"] == 0 and summary["rt_s"] > 0
+    rows = json.loads((tmp_path / "metrics.json").read_text())
+    times = [row["virtual_time"] for row in rows]  # wall seconds on this clock
+    assert times == sorted(times) and 0 < times[-1] <= summary["wall_time_s"]
+    assert all(row["homes"] >= 1 for row in rows)
+
+
+@pytest.mark.slow
 def test_hydra_smoke_experiment_writes_metrics_summary_and_plot(tmp_path):
     started = time.monotonic()
     process = subprocess.Popen(

@@ -4,7 +4,9 @@ Each home is a partition of one dataset; ``train`` builds the model, loads
 the task's weights, runs :func:`ecofl.train.train_local` with the task's
 settings (FedProx ``mu`` included) and reports the latency the home's latency
 model gives at the task's ``virtual_time``, exactly what a simulated Flower
-ClientApp does, minus Flower.
+ClientApp does, minus Flower. For the wall clock, ``submit`` and ``collect``
+emulate that latency in real time: a task's reply is due its latency after it
+was submitted, and ``collect`` trains and returns the tasks that are due.
 
 For tests: ``shuffle_replies_seed`` returns replies in a random order (the
 loop must not care), ``nan_homes`` answer with NaN weights, ``failing_homes``
@@ -14,6 +16,7 @@ calls).
 
 from __future__ import annotations
 
+import time
 from dataclasses import fields
 from typing import Callable, Collection, Sequence
 
@@ -41,6 +44,7 @@ class InProcessTransport:
         nan_homes: Collection[int] = (),
         failing_homes: Collection[int] = (),
         silent_homes: Collection[int] = (),
+        reply_timeout_s: float = 60.0,
     ):
         self.model_fn = model_fn
         self.x = dataset_x
@@ -52,7 +56,10 @@ class InProcessTransport:
         self.nan_homes = set(nan_homes)
         self.failing_homes = set(failing_homes)
         self.silent_homes = set(silent_homes)
+        self.reply_timeout_s = reply_timeout_s
         self.tasks_run = 0
+        self._due: list[tuple[float, int, TrainTask]] = []  # (monotonic due time, submit order, task)
+        self._submitted = 0
 
     def query(self, homes: Sequence[int], config: dict) -> list[HomeReport]:
         t = float(config.get("virtual_time", 0.0))
@@ -68,9 +75,34 @@ class InProcessTransport:
         ]
         return self._ordered(reports)
 
-    def train(self, tasks: Sequence[TrainTask], timeout_s: float | None = None) -> list[TrainReply]:
+    def train(self, tasks: Sequence[TrainTask]) -> list[TrainReply]:
         replies = [self._train_one(task) for task in tasks if task.home not in self.silent_homes]
         return self._ordered(replies)
+
+    def submit(self, tasks: Sequence[TrainTask]) -> None:
+        now = time.monotonic()
+        for task in tasks:
+            silent = task.home in self.silent_homes
+            delay = self.reply_timeout_s if silent else self.latency_model.latency(
+                task.home, float(task.config.get("virtual_time", 0.0)))
+            self._due.append((now + delay, self._submitted, task))
+            self._submitted += 1
+        self._due.sort(key=lambda item: item[:2])
+
+    def collect(self, wait_s: float | None) -> list[tuple[TrainTask, TrainReply]]:
+        if not self._due:
+            return []
+        first_due = self._due[0][0]
+        limit = self.reply_timeout_s if wait_s is None else wait_s
+        time.sleep(max(0.0, min(first_due - time.monotonic(), limit)))
+        now = time.monotonic()
+        due = [task for at, _, task in self._due if at <= now]
+        self._due = [item for item in self._due if item[0] > now]
+        return [(task, self._late(task) if task.home in self.silent_homes else self._train_one(task)) for task in due]
+
+    def _late(self, task: TrainTask) -> TrainReply:
+        return TrainReply(task.home, None, 0, float("nan"), float("nan"),
+                          error=f"no reply within {self.reply_timeout_s:g} s")
 
     def _train_one(self, task: TrainTask) -> TrainReply:
         latency = self.latency_model.latency(task.home, float(task.config.get("virtual_time", 0.0)))

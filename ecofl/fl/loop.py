@@ -6,7 +6,8 @@
    them the current global model. All the first rounds go out in one
    ``Transport.train`` call, so the transport trains them concurrently.
 4. A group round completes at ``start + max latency`` of the replies that came
-   within the deadline (later ones are stragglers, left out). The loop
+   within the deadline (later ones are stragglers, left out), or at the
+   deadline when a home is missing. The loop
    repeatedly takes the in-flight round with the earliest completion (ties:
    lower group id), averages its valid replies weighted by samples (the
    group model, §5.1), and mixes it into the global model with
@@ -19,11 +20,13 @@
 
 **Clocks.** With the virtual clock a home's latency is computed by the home
 from the task's ``virtual_time``, so completion times are known when the
-replies return and updates are applied in exact virtual-time order, however
-the transport schedules the real training. With the wall clock the same
-ordering uses the latencies the homes measured, from the wall time the round
-was sent; the transport's ``train`` call blocks, so rounds sent together are
-applied in the order they finished, not the moment each finished.
+replies of ``Transport.train`` return and updates are applied in exact
+virtual-time order, however the transport schedules the real training. With
+the wall clock rounds are ``Transport.submit``-ted and the loop
+``collect``-s replies as they arrive: a round completes the moment its last
+home answers (or its deadline passes) and is applied then, while the other
+groups keep training; a home's latency is what the server saw, from sending
+the round to receiving the reply, training and transfer included (§5.2).
 
 **Determinism.** Replies are sorted by home id, sampling uses one seeded
 generator, each task carries its own seed, and ties break by group id: the
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -138,7 +141,7 @@ class GroupRound:
     deadline: float | None  # seconds after start; later replies are stragglers
     weights: Weights  # the global model it was sent
     replies: list[TrainReply] = field(default_factory=list)
-    completion: float = 0.0
+    completion: float | None = None  # clock time it completed; None while a wall-clock round waits
 
     def info(self) -> dict:
         return {k: getattr(self, k) for k in ("group", "round", "dispatch", "start", "version", "homes", "deadline")}
@@ -233,7 +236,8 @@ class EventLoop:
         if not self.in_flight:
             self.stop_reason = "no home can train (all waiting)"
             return
-        current = min(self.in_flight.values(), key=lambda r: (r.completion, r.group))
+        current = self._next_completed() if not self.clock.virtual else min(
+            self.in_flight.values(), key=lambda r: (r.completion, r.group))
         limit = self.config.max_virtual_time_s
         if limit is not None and current.completion > limit:
             self.stop_reason = "max_virtual_time_s"
@@ -332,18 +336,26 @@ class EventLoop:
             "round": round_.round,
             "group": round_.group,
             "version": round_.version,
+            "dispatch": round_.dispatch,
             "seed": seed,
         }
         return TrainTask(home=home, weights=round_.weights, config=config)
 
     def _send(self, rounds: Sequence[GroupRound]) -> None:
-        """Train every round's homes in one transport call and work out when each round completes."""
+        """Send every round's homes their tasks.
+
+        Virtual clock: train them in one blocking transport call and work out
+        when each round completes. Wall clock: submit them; the rounds
+        complete as :meth:`_next_completed` collects their replies.
+        """
         if not rounds:
             return
         tasks = [self._task(r, h) for r in rounds for h in r.homes]
-        deadlines = [r.deadline for r in rounds]
-        timeout = None if self.clock.virtual or None in deadlines else max(deadlines)
-        replies = sorted(self.transport.train(tasks, timeout_s=timeout), key=lambda r: r.home)
+        if not self.clock.virtual:
+            self.in_flight.update({r.group: r for r in rounds})
+            self.transport.submit(tasks)
+            return
+        replies = sorted(self.transport.train(tasks), key=lambda r: r.home)
         by_home = {h: r for r in rounds for h in r.homes}
         for reply in replies:
             if reply.home in by_home:
@@ -355,6 +367,40 @@ class EventLoop:
             else:
                 r.completion = r.start + (r.deadline if r.deadline is not None else self.grouping.centres[r.group])
             self.in_flight[r.group] = r
+
+    def _next_completed(self) -> GroupRound:
+        """Wall clock: collect replies until an in-flight round is complete; the earliest one completed."""
+        while True:
+            now = self.clock.now()
+            for r in self.in_flight.values():
+                if r.completion is None:
+                    self._close_if_complete(r, now)
+            completed = [r for r in self.in_flight.values() if r.completion is not None]
+            if completed:
+                return min(completed, key=lambda r: (r.completion, r.group))
+            deadlines = [r.start + r.deadline for r in self.in_flight.values() if r.deadline is not None]
+            wait = max(0.0, min(deadlines) - now) if deadlines else None
+            for task, reply in self.transport.collect(wait):
+                self._receive(task, reply, self.clock.now())
+
+    def _receive(self, task: TrainTask, reply: TrainReply, arrival: float) -> None:
+        """File a wall-clock reply with its round; its latency is the time since the round was sent."""
+        r = self.in_flight.get(task.config["group"])
+        if r is None or r.dispatch != task.config["dispatch"] or r.completion is not None:
+            log.info("home %d answered after its round (dispatch %d) was closed", task.home, task.config["dispatch"])
+            return
+        r.replies.append(replace(reply, latency_s=arrival - r.start))
+
+    @staticmethod
+    def _close_if_complete(r: GroupRound, now: float) -> None:
+        """A wall-clock round completes when every home answered, or at its deadline."""
+        if {x.home for x in r.replies} >= set(r.homes):
+            r.completion = r.start + max(x.latency_s for x in r.replies)
+        elif r.deadline is not None and now >= r.start + r.deadline:
+            r.completion = r.start + r.deadline
+        else:
+            return
+        r.replies.sort(key=lambda x: x.home)
 
     # ------------------------------------------------------------------ applying
 
@@ -540,6 +586,9 @@ class EventLoop:
             GroupRound(**{**info, "homes": tuple(info["homes"])}, weights=weights[f"round{info['group']}"])
             for info in state["in_flight"]
         ]
+        if not loop.clock.virtual:  # sent again now, a wall-clock round starts now
+            for r in rounds:
+                r.start = loop.clock.now()
         loop._send(rounds)
         return loop
 

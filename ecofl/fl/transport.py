@@ -3,9 +3,14 @@
 The event loop (``ecofl.fl.loop``) talks to homes only through a
 :class:`Transport`: the Flower ServerApp implements it over ``Grid``
 push/pull messages, tests implement it in-process. Replies may come back in
-any order and may be missing (a straggler or a dead home); the loop orders
-what it applies by virtual completion time, so results do not depend on the
-order a transport returns them in.
+any order and may be missing (a straggler or a dead home).
+
+Two ways to train: on the virtual clock the loop calls :meth:`Transport.train`
+and orders what it applies by the virtual completion times the replies
+report, so results do not depend on the order a transport returns them in;
+on the wall clock it calls :meth:`Transport.submit` and then
+:meth:`Transport.collect` replies as they arrive, applying each group round
+the moment its last home answers.
 """
 
 from __future__ import annotations
@@ -56,6 +61,19 @@ class Transport(Protocol):
         """Profile ``homes``; homes that do not answer are left out of the result."""
         ...
 
-    def train(self, tasks: Sequence[TrainTask], timeout_s: float | None = None) -> list[TrainReply]:
-        """Run ``tasks`` concurrently; replies in any order, missing ones timed out."""
+    def train(self, tasks: Sequence[TrainTask]) -> list[TrainReply]:
+        """Run ``tasks`` concurrently and wait for them; replies in any order, missing ones timed out."""
+        ...
+
+    def submit(self, tasks: Sequence[TrainTask]) -> None:
+        """Send ``tasks`` and return at once; their replies come from :meth:`collect`."""
+        ...
+
+    def collect(self, wait_s: float | None) -> list[tuple[TrainTask, TrainReply]]:
+        """Replies that arrived for submitted tasks, each with its task.
+
+        Waits at most ``wait_s`` seconds (None: the transport's own reply
+        timeout) for the first one. A task left unanswered past the reply
+        timeout comes back once, as a reply with an error.
+        """
         ...
