@@ -221,7 +221,7 @@ def wall_loop(config, latencies, **transport_kwargs):
 def test_the_wall_clock_applies_each_round_when_its_last_reply_arrives():
     """A group 6x faster applies its rounds while the slow group's first round is still out."""
     latencies = [0.2 if h < HOMES // 2 else 1.2 for h in range(HOMES)]
-    config = LoopConfig(num_groups=2, lam=0.0, homes_per_round=2, max_updates=10, round_deadline_factor=20.0, requery_every=0,
+    config = LoopConfig(num_groups=2, lam=0.0, homes_per_round=2, max_updates=10,
                         train=TRAIN)
     loop, _ = wall_loop(config, latencies)
     rows = loop.run()
@@ -230,8 +230,6 @@ def test_the_wall_clock_applies_each_round_when_its_last_reply_arrives():
     first_slow = rows[groups.index(1)]
     assert first_slow["virtual_time"] >= 1.2  # sent at the start, answered after its 1.2 s latency
     assert [r["virtual_time"] for r in rows] == sorted(r["virtual_time"] for r in rows)
-    slow = [loop.latencies[h] for h in range(HOMES // 2, HOMES)]
-    assert min(slow) >= 1.2 and max(slow) > 1.2  # regrouping sees the response times measured, not the model's
 
 
 def test_the_wall_clock_closes_a_round_at_its_deadline_without_a_silent_home():

@@ -25,8 +25,11 @@ virtual-time order, however the transport schedules the real training. With
 the wall clock rounds are ``Transport.submit``-ted and the loop
 ``collect``-s replies as they arrive: a round completes the moment its last
 home answers (or its deadline passes) and is applied then, while the other
-groups keep training; a home's latency is what the server saw, from sending
-the round to receiving the reply, training and transfer included (§5.2).
+groups keep training. Grouping then uses the training times the homes
+measured (a probe before their first round), late replies included; they
+leave out communication, so on the wall clock RT only bounds the groups and
+a round waits for all its homes unless ``round_deadline_factor`` is set (or
+the transport's reply timeout passes).
 
 **Determinism.** Replies are sorted by home id, sampling uses one seeded
 generator, each task carries its own seed, and ties break by group id: the
@@ -72,7 +75,8 @@ class LoopConfig:
     group may reach into its neighbours for label balance.
     ``round_deadline_factor``: a group round waits at most
     ``factor * centre`` seconds; None gives Eco-FL's groups the deadline
-    ``centre + RT`` and the baselines none (they wait for every home).
+    ``centre + RT`` on the virtual clock and the baselines (and every group on
+the wall clock) none: they wait for every home.
     ``requery_every``: updates between latency queries of all homes for
     re-grouping (0: only the latencies replies report; policies that do not
     re-group never re-query). ``train``: local training settings passed to
@@ -245,7 +249,8 @@ class EventLoop:
         self.clock.advance_to(current.completion)
         del self.in_flight[current.group]
         row = self._apply(current)
-        self._observe(current)
+        if self.clock.virtual:
+            self._observe(current)
         if row is not None:
             self.rows.append(row)
             if bar is not None:
@@ -300,7 +305,7 @@ class EventLoop:
         centre = self.grouping.centres[group]
         if self.config.round_deadline_factor is not None:
             return self.config.round_deadline_factor * centre
-        return centre + self.rt if self.policy.uses_rt else None
+        return centre + self.rt if self.policy.uses_rt and self.clock.virtual else None
 
     def _dispatch(self) -> None:
         """Start a round in every idle group while at most ``max_concurrent`` homes train."""
@@ -384,7 +389,13 @@ class EventLoop:
                 self._receive(task, reply, self.clock.now())
 
     def _receive(self, task: TrainTask, reply: TrainReply, arrival: float) -> None:
-        """File a wall-clock reply with its round; its latency is the time since the round was sent."""
+        """File a wall-clock reply with its round, as arriving ``arrival - start`` after it was sent.
+
+        The training time the home measured is remembered for re-grouping,
+        also when the reply comes too late for its round.
+        """
+        if np.isfinite(reply.latency_s):
+            self.latencies[reply.home] = float(reply.latency_s)
         r = self.in_flight.get(task.config["group"])
         if r is None or r.dispatch != task.config["dispatch"] or r.completion is not None:
             log.info("home %d answered after its round (dispatch %d) was closed", task.home, task.config["dispatch"])
