@@ -56,6 +56,7 @@ class GridTransport:
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self._profiled: dict[int, HomeReport] = {}  # what connect learned at virtual time 0
         self._submitted: dict[str, tuple[TrainTask, float]] = {}  # message id -> (task, monotonic push time)
+        self._undelivered: list[tuple[TrainTask, TrainReply]] = []  # submitted but not pushed: errors to collect
 
     def connect(self, timeout_s: float = 300.0) -> list[HomeReport]:
         """Wait for ``num_homes`` nodes, query them all and map partition ids to node ids.
@@ -123,13 +124,19 @@ class GridTransport:
         return [protocol.read_reply(reply, home) for home, reply in replies.items()]
 
     def submit(self, tasks: Sequence[TrainTask]) -> None:
-        """Push every task and return; :meth:`collect` brings the replies."""
+        """Push every task and return; :meth:`collect` brings the replies (an error for a task not delivered)."""
         messages = self._train_messages(tasks)
         pushed = set(self.grid.push_messages([m for _, m in messages]))
         now = time.monotonic()
+        delivered = set()
         for task, message in messages:
             if message.metadata.message_id in pushed:
                 self._submitted[message.metadata.message_id] = (task, now)
+                delivered.add(id(task))
+        self._undelivered += [
+            (task, TrainReply(task.home, None, 0, math.nan, math.nan, error="not delivered: home not connected"))
+            for task in tasks if id(task) not in delivered
+        ]
 
     def collect(self, wait_s: float | None) -> list[tuple[TrainTask, TrainReply]]:
         """Replies of submitted tasks that arrived, waiting up to ``wait_s`` (None: ``reply_timeout_s``) for one.
@@ -138,6 +145,9 @@ class GridTransport:
         once as an error reply, so a caller waiting on it never waits forever.
         """
         deadline = time.monotonic() + (self.reply_timeout_s if wait_s is None else wait_s)
+        if self._undelivered:
+            out, self._undelivered = self._undelivered, []
+            return out
         while self._submitted:
             out = []
             for reply in self.grid.pull_messages(list(self._submitted)):

@@ -146,3 +146,6 @@ def test_collect_brings_replies_with_their_tasks_and_a_silent_home_once_as_an_er
     late = transport.collect(wait_s=None)
     assert [(task.home, reply.error) for task, reply in late] == [(2, "no reply within 0.3 s")]
     assert transport.collect(wait_s=0.01) == []  # reported once
+    transport.submit([TrainTask(HOMES + 5, weights, {"dispatch": 8})])  # no such node: an error, at once
+    assert [(task.home, reply.error) for task, reply in transport.collect(wait_s=0.01)] == [
+        (HOMES + 5, "not delivered: home not connected")]

@@ -75,8 +75,8 @@ class LoopConfig:
     group may reach into its neighbours for label balance.
     ``round_deadline_factor``: a group round waits at most
     ``factor * centre`` seconds; None gives Eco-FL's groups the deadline
-    ``centre + RT`` on the virtual clock and the baselines (and every group on
-the wall clock) none: they wait for every home.
+    ``centre + RT`` on the virtual clock, and the baselines (and every group
+    on the wall clock) none: they wait for every home.
     ``requery_every``: updates between latency queries of all homes for
     re-grouping (0: only the latencies replies report; policies that do not
     re-group never re-query). ``train``: local training settings passed to
