@@ -75,12 +75,13 @@ def test_worker_killed_mid_round_is_reported_and_everything_stops():
 
 
 def test_device_that_never_joins_is_unreachable():
-    home = HomePipeline(MLP, pool(), PLAN, timeout_s=8, local_devices=[0, 1])
+    # 20 s: on a loaded machine the two workers that do start need several seconds to import torch
+    home = HomePipeline(MLP, pool(), PLAN, timeout_s=20, local_devices=[0, 1])
     started = time.time()
-    with pytest.raises(DeviceUnreachable, match=r"device\(s\) 2 \(dev2\) did not join the home within 8 s"):
+    with pytest.raises(DeviceUnreachable, match=r"device\(s\) 2 \(dev2\) did not join the home within 20 s"):
         with home:
             pass
-    assert time.time() - started < 20
+    assert time.time() - started < 40
     assert_gone(home.worker_pids.values())
 
 
