@@ -55,6 +55,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
+
+from benchmarks.markdown_section import replace_section  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.devices import HomePool, make_pool
 from ecofl.pipeline.cost import simulate, stage_compute_s
@@ -64,14 +68,12 @@ from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime import HomePipeline, ZooModel
 from ecofl.pipeline.runtime.netns import HomeNetwork, unavailable_reason
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL, SHAPE, CLASSES, GRANULARITY = "mobilenet_v2", (3, 32, 32), 10, "block"
 ENVIRONMENTS = {
     "hetero-3": ["nano-10w", "tx2-maxn", "nx"],
     "nano+tx2": ["nano-10w", "tx2-maxn"],
 }
 SINGLE_MICRO_BATCHES = (4, 8, 16, 32)
-MARK_START, MARK_END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
 
 
 def slowed_pool(name: str, presets: list[str], mbps: float, slowdown: float) -> HomePool:
@@ -403,12 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
     table = markdown(results)
-    doc = Path(args.doc)
-    if doc.exists() and MARK_START in doc.read_text():
-        text = doc.read_text()
-        head, rest = text.split(MARK_START, 1)
-        tail = rest.split(MARK_END, 1)[1]
-        doc.write_text(f"{head}{MARK_START}\n{table}\n{MARK_END}{tail}")
+    replace_section(Path(args.doc), table)
     print(table)
     return 0
 

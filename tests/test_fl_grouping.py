@@ -70,22 +70,37 @@ def test_grouped_homes_lie_within_rt_and_waiting_homes_fit_no_group():
     assert set(grouping.waiting) == expected_waiting
 
 
-def test_lambda_zero_is_nearest_centre_assignment_within_rt():
-    homes, latencies, hists = rlg_niid(seed=2, sizes=(5, 30, 10, 25, 15))  # unequal: turns alone would mix
-    rt = 9.0  # wider than half the gap: many homes fit two groups
-    grouping = initial_grouping(homes, latencies, hists, num_groups=5, rt=rt, lam=0.0, seed=0)
-    centres = np.array(grouping.centres)
-    two_fit = 0
-    for h in homes:
-        distance = np.abs(centres - latencies[h])
-        two_fit += (distance <= rt).sum() > 1
-        if distance.min() > rt:
-            assert h in grouping.waiting
-        else:
-            assert grouping.group_of(h) == int(np.argmin(distance))
-    assert two_fit > 10
-    tiers = latency_tiers(homes, latencies, num_tiers=5, seed=0)
-    assert grouping.groups == tiers.groups
+def test_lambda_zero_groups_by_latency_alone():
+    homes, latencies, hists = rlg_niid(seed=2, sizes=(5, 30, 10, 25, 15))
+    rng = np.random.default_rng(0)
+    shuffled = dict(zip(homes, rng.permutation([hists[h] for h in homes])))
+    for rt in (4.0, 9.0):  # below and above half the gap between centres
+        grouping = initial_grouping(homes, latencies, hists, num_groups=5, rt=rt, lam=0.0, seed=0)
+        assert grouping == initial_grouping(homes, latencies, shuffled, num_groups=5, rt=rt, lam=0.0, seed=0)
+    assert grouping != initial_grouping(homes, latencies, hists, num_groups=5, rt=9.0, lam=5.0, seed=0)  # labels count
+
+
+def test_lambda_zero_with_rt_below_half_the_gap_is_fedats_latency_tiers():
+    """No home fits two groups: taking turns by latency alone is nearest-centre assignment (FedAT)."""
+    homes, latencies, hists = rlg_niid(seed=2, sizes=(5, 30, 10, 25, 15))
+    grouping = initial_grouping(homes, latencies, hists, num_groups=5, rt=4.5, lam=0.0, seed=0)
+    assert grouping.waiting == ()
+    assert grouping.groups == latency_tiers(homes, latencies, num_tiers=5, seed=0).groups
+
+
+def test_groups_take_turns_so_a_crowded_latency_cluster_spreads_into_its_neighbours():
+    """Eco-FL §5.2: each group in turn takes its cheapest feasible home, so the groups fill evenly."""
+    homes, latencies, hists = rlg_niid(seed=2, sizes=(5, 30, 10, 25, 15))
+    grouping = initial_grouping(homes, latencies, hists, num_groups=5, rt=12.5, lam=0.0, seed=0)
+    assert [len(g) for g in grouping.groups] == [17] * 5 and grouping.waiting == ()  # clusters of 5..30 homes
+    for members, centre in zip(grouping.groups, grouping.centres):
+        assert all(abs(latencies[h] - centre) <= 12.5 for h in members)
+
+
+def test_infinite_lambda_and_rt_give_astraeas_data_balanced_groups():
+    homes, latencies, hists = rlg_niid(seed=6)
+    grouping = initial_grouping(homes, latencies, hists, num_groups=5, rt=1e9, lam=1e9, seed=0)
+    assert grouping.groups == data_balanced_groups(homes, latencies, hists, num_groups=5).groups
 
 
 def test_larger_lambda_gives_lower_group_divergence_on_rlg_niid():
