@@ -24,8 +24,8 @@ rounds still in flight when it stops, whose updates are never applied).
 peak total PSS (shared pages split between the processes that map them, so
 the sum is real memory) and peak RSS.
 
-Writes ``benchmarks/results/server.json`` (``--json``) and prints the Markdown
-tables of ``docs/server.md``.
+Writes ``benchmarks/results/server.json`` (``--json``), prints the Markdown
+tables and puts them into the measured section of ``docs/server.md`` (``--doc``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.simulation import run_simulation
 
+from benchmarks.markdown_section import replace_section
 from client import protocol
 from client.client_app import app as client_app
 from ecofl.fl.loop import EventLoop
@@ -284,6 +285,7 @@ def main() -> None:
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/server.json"))
+    parser.add_argument("--doc", type=Path, default=Path("docs/server.md"))
     args = parser.parse_args()
     result: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}
     if not args.skip_throughput:
@@ -293,7 +295,10 @@ def main() -> None:
             result["memory"] = measure_memory(args, Path(out_dir))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
-    print(markdown(result))
+    table = markdown(result)
+    if not (args.skip_memory or args.skip_throughput):  # a partial run leaves the page's figures alone
+        replace_section(args.doc, table)
+    print(table)
 
 
 if __name__ == "__main__":
