@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from ecofl.errors import UserError
 from ecofl.fl.latency import PAPER_DEGREES
 from server.config import experiment, experiment_from_run_config, with_pipeline_rounds
-from simulations.plot import plot_run, plot_sweep
+from simulations.plot import Run, accuracy_panels, plot_run, plot_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -100,12 +100,14 @@ def fake_run(directory: Path, lam: float, accuracies: list[float], js: float, la
 
 def test_sweep_plots_overlay_runs_and_draw_the_lambda_figure(tmp_path):
     for number, lam in enumerate((0.0, 1.0, 4.0)):
-        fake_run(tmp_path / f"{number}_grouping.lambda={lam}", lam, [0.2, 0.4 + lam / 20], 0.5 / (1 + lam), 3 + lam)
+        fake_run(tmp_path / f"{number}_grouping.lambda={lam}", lam, [0.2, 0.3, 0.4 + lam / 20, 0.6], 0.5 / (1 + lam), 3 + lam)
     written = {p.name for p in plot_sweep(tmp_path)}
     assert written == {"sweep.csv", "sweep_accuracy.png", "sweep_lambda.png"}
     table = (tmp_path / "sweep.csv").read_text().splitlines()
-    assert table[0].startswith("run,lambda,mean_group_js,mean_group_latency")
-    assert table[1].startswith("grouping.lambda=0.0,0.0,0.5,3.0")
+    assert table[0].startswith("run,lambda,mean_group_js,mean_group_latency,late_accuracy")
+    # late accuracy: the evaluations at virtual time >= 20 s of a run that ends at 40 s
+    assert table[1].startswith("grouping.lambda=0.0,0.0,0.5,3.0,0.4333")
+    assert table[3].startswith("grouping.lambda=4.0,4.0,0.1,7.0,0.5")
     assert plot_run(tmp_path / "0_grouping.lambda=0.0").stat().st_size > 0
 
 
@@ -117,3 +119,18 @@ def test_pipeline_latency_gets_each_pools_sync_round_from_the_planner():
     assert all(seconds > 0 for seconds in latency["round_s"].values())
     assert latency["local_steps"] == 3 * 3  # 3 epochs of ceil(1437 / 60 / 10) mini-batches
     assert with_pipeline_rounds(experiment(composed())) == experiment(composed())  # paper latency: unchanged
+
+
+def test_a_sweep_of_strategies_by_partition_gets_a_panel_per_partition(tmp_path):
+    """Fig. 8: one accuracy panel per partition, the strategies in each panel's legend."""
+    runs = []
+    for number, (partition, strategy) in enumerate(
+            [(p, s) for p in ("rlg_iid", "rlg_niid") for s in ("ecofl", "fedat", "astraea")]):
+        directory = tmp_path / f"{number}_partition={partition},strategy={strategy}"
+        fake_run(directory, 1.0, [0.2, 0.5], 0.1, 3.0)
+        runs.append(Run.load(directory))
+    panels = accuracy_panels(runs)
+    assert list(panels) == ["partition=rlg_iid", "partition=rlg_niid"]
+    assert [label for label, _ in panels["partition=rlg_niid"]] == ["ecofl", "fedat", "astraea"]
+    assert list(accuracy_panels(runs[:3])) == [""]  # strategies alone: one panel
+    assert plot_sweep(tmp_path)
