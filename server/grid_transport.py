@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Sequence
 
@@ -23,7 +24,7 @@ from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 
 from client import protocol
-from ecofl.fl.transport import HomeReport, TrainReply, TrainTask
+from ecofl.fl.transport import HomeReport, RunStopped, TrainReply, TrainTask
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ class GridTransport:
     """Reach homes through ``grid``; ``setup_json`` (a :class:`client.home.HomeSetup`) goes with every message.
 
     A query waits at most ``query_timeout_s`` for its replies, a training
-    task ``reply_timeout_s``.
+    task ``reply_timeout_s``. Setting ``stop`` (Ctrl-C) ends any wait with
+    :class:`~ecofl.fl.transport.RunStopped` within ``poll_interval_s``.
     """
 
     def __init__(
@@ -45,6 +47,7 @@ class GridTransport:
         reply_timeout_s: float = 600.0,
         poll_interval_s: float = 0.02,
         train_config: dict | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.grid = grid
         self.setup_json = setup_json
@@ -52,6 +55,7 @@ class GridTransport:
         self.query_timeout_s = query_timeout_s
         self.reply_timeout_s = reply_timeout_s
         self.poll_interval_s = poll_interval_s
+        self.stop = stop or threading.Event()
         self.train_config = dict(train_config or {})  # sent with queries: homes without a latency model probe
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self._profiled: dict[int, HomeReport] = {}  # what connect learned at virtual time 0
@@ -70,7 +74,7 @@ class GridTransport:
         while len(node_ids) < self.num_homes:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(node_ids)} of {self.num_homes} homes connected in {timeout_s:.0f} s")
-            time.sleep(0.5)
+            self._sleep(0.5)
             node_ids = sorted(self.grid.get_node_ids())
         messages = {
             node: Message(protocol.query_content(self.setup_json, 0.0, self.train_config), node, MessageType.QUERY)
@@ -162,7 +166,7 @@ class GridTransport:
                                                  error=f"no reply within {self.reply_timeout_s:g} s")))
             if out or now >= deadline:
                 return out
-            time.sleep(self.poll_interval_s)
+            self._sleep(self.poll_interval_s)
         return []
 
     def _train_messages(self, tasks: Sequence[TrainTask]) -> list[tuple[TrainTask, Message]]:
@@ -197,7 +201,12 @@ class GridTransport:
                     replies[key] = reply
             if not pending or time.monotonic() > deadline:
                 break
-            time.sleep(self.poll_interval_s)
+            self._sleep(self.poll_interval_s)
         if pending:
             log.info("%d of %d homes did not answer within %.1f s", len(pending), len(messages), timeout_s)
         return replies
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or raise :class:`RunStopped` as soon as ``stop`` is set."""
+        if self.stop.wait(seconds):
+            raise RunStopped("stopped while waiting for homes")

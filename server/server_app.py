@@ -19,6 +19,7 @@ Two ways in:
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import torch
@@ -64,15 +65,21 @@ class GlobalEvaluator:
         return result.loss, result.accuracy
 
 
-def run_server(grid: Grid, exp: Experiment, out_dir: Path, progress: bool = True) -> list[dict]:
-    """Connect to the homes and run (or resume) the event loop; returns its per-update metrics."""
+def run_server(
+    grid: Grid, exp: Experiment, out_dir: Path, progress: bool = True, stop: threading.Event | None = None
+) -> list[dict]:
+    """Connect to the homes and run (or resume) the event loop; returns its per-update metrics.
+
+    Setting ``stop`` ends the run at the next wait for homes, with what was
+    applied so far written out.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     exp = with_pipeline_rounds(exp)
     evaluator = GlobalEvaluator(exp)
     transport = GridTransport(
         grid, exp.setup.to_json(), exp.setup.num_homes,
         query_timeout_s=exp.server.query_timeout_s, reply_timeout_s=exp.server.reply_timeout_s,
-        train_config=exp.loop.train,
+        train_config=exp.loop.train, stop=stop,
     )
     transport.connect(exp.server.connect_timeout_s)
     if exp.resume:
@@ -88,13 +95,15 @@ def run_server(grid: Grid, exp: Experiment, out_dir: Path, progress: bool = True
     return records
 
 
-def make_server_app(exp: Experiment, out_dir: Path, progress: bool = True) -> ServerApp:
-    """A ServerApp that runs ``exp`` and writes to ``out_dir`` (for ``run_simulation``)."""
+def make_server_app(
+    exp: Experiment, out_dir: Path, progress: bool = True, stop: threading.Event | None = None
+) -> ServerApp:
+    """A ServerApp that runs ``exp`` and writes to ``out_dir`` (for ``run_simulation``); ``stop`` ends it early."""
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_server(grid, exp, out_dir, progress)
+        run_server(grid, exp, out_dir, progress, stop)
 
     return server_app
 

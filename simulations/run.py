@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -26,6 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 from client.client_app import app as client_app
 from ecofl.data import load_dataset
 from ecofl.errors import UserError
+from ecofl.fl.loop import STOPPED
+from ecofl.fl.transport import RunStopped
 from server.config import Experiment, experiment
 from server.server_app import make_server_app
 from simulations.plot import plot_run
@@ -33,20 +39,52 @@ from simulations.plot import plot_run
 log = logging.getLogger(__name__)
 
 
+#: Exit status of a run stopped with Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED_EXIT = 130
+
+
+@contextmanager
+def stop_on_interrupt(stop: threading.Event) -> Iterator[None]:
+    """The first Ctrl-C sets ``stop`` (the run ends at its next wait for homes, outputs written); a second aborts.
+
+    Without it, Ctrl-C kills the simulated homes (Ray's workers share the
+    terminal's process group) while the ServerApp thread waits for their
+    replies until ``server.reply_timeout_s``, and Flower waits for that thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        log.warning("stopping: writing the updates applied so far (Ctrl-C again to abort)")
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def simulate(exp: Experiment, out_dir: Path, progress: bool = True) -> dict:
     """Run ``exp`` with Flower's simulation engine; returns ``summary.json``.
 
     The dataset is loaded here first, so a missing dataset is a clear error
     before Ray starts. Ray is shut down by Flower when the run ends, also
-    when the ServerApp fails (whose exception ``run_simulation`` re-raises).
+    when the ServerApp fails (whose exception ``run_simulation`` re-raises)
+    or is stopped by Ctrl-C (:func:`stop_on_interrupt`).
     """
     load_dataset(**exp.setup.dataset)
-    run_simulation(
-        server_app=make_server_app(exp, out_dir, progress),
-        client_app=client_app,
-        num_supernodes=exp.setup.num_homes,
-        backend_config=exp.simulation.backend_config(),
-    )
+    stop = threading.Event()
+    with stop_on_interrupt(stop):
+        run_simulation(
+            server_app=make_server_app(exp, out_dir, progress, stop),
+            client_app=client_app,
+            num_supernodes=exp.setup.num_homes,
+            backend_config=exp.simulation.backend_config(),
+        )
     return json.loads((out_dir / "summary.json").read_text())
 
 
@@ -62,10 +100,15 @@ def main(cfg: DictConfig) -> float:
     except UserError as err:
         log.error("%s", err)
         sys.exit(2)
+    except RunStopped:
+        log.error("stopped while connecting to the homes: nothing was trained")
+        sys.exit(INTERRUPTED_EXIT)
     if cfg.plot:
         plot_run(out_dir)
     log.info("summary: %s", json.dumps(summary))
     log.info("outputs in %s", out_dir)
+    if summary["stop_reason"] == STOPPED:
+        sys.exit(INTERRUPTED_EXIT)
     return float(summary.get("best_accuracy") or 0.0)
 
 

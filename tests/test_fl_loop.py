@@ -12,8 +12,8 @@ from ecofl.fl.aggregation import weighted_mean
 from ecofl.fl.inprocess import InProcessTransport
 from ecofl.fl.clock import WallClock
 from ecofl.fl.latency import FixedLatency, PaperLatency
-from ecofl.fl.loop import EventLoop, GroupRound, LoopConfig
-from ecofl.fl.transport import TrainTask
+from ecofl.fl.loop import STOPPED, EventLoop, GroupRound, LoopConfig
+from ecofl.fl.transport import RunStopped, TrainTask
 from ecofl.train import evaluate as evaluate_model
 from ecofl.weights import get_weights, set_weights
 
@@ -270,3 +270,42 @@ def test_rt_scale_multiplies_the_derived_threshold():
     assert loops[1].rt == pytest.approx(2.5 * loops[0].rt)
     with pytest.raises(UserError, match="rt_scale"):
         LoopConfig(rt_scale=0.0)
+
+
+@pytest.mark.parametrize("limit", ["updates", "virtual_time"])
+def test_the_progress_bar_shows_updates_and_virtual_time(capsys, limit):
+    """A time-limited run counts virtual seconds (and shows updates), an update-limited one the reverse."""
+    if limit == "updates":
+        config = LoopConfig(num_groups=2, homes_per_round=2, max_updates=4, train=TRAIN)
+    else:
+        config = LoopConfig(num_groups=2, homes_per_round=2, max_updates=1000, max_virtual_time_s=15.0, train=TRAIN)
+    loop, _ = make_loop(config)
+    loop.progress = True
+    rows = loop.run()
+    shown = capsys.readouterr().err.splitlines()[-1].split("\r")[-1]
+    assert shown.startswith("ecofl")
+    if limit == "updates":
+        assert "4/4" in shown and f"t={loop.clock.now():.0f}s" in shown
+    else:
+        assert "15/15 virtual s" in shown and f"updates={len(rows)}" in shown
+
+
+def test_a_stopped_transport_ends_the_run_with_what_was_applied_written(tmp_path):
+    """Ctrl-C while waiting for homes: the updates so far are evaluated and written, the reason says so."""
+    config = LoopConfig(num_groups=2, homes_per_round=2, max_updates=50, eval_every=100, train=TRAIN)
+    loop, transport = make_loop(config, out_dir=tmp_path)
+    train, calls = transport.train, []
+
+    def stopping_train(tasks):
+        calls.append(len(tasks))
+        if len(calls) == 5:
+            raise RunStopped("Ctrl-C")
+        return train(tasks)
+
+    transport.train = stopping_train
+    rows = loop.run()
+    assert loop.stop_reason == STOPPED and 0 < len(rows) < 50
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stop_reason"] == STOPPED and summary["updates"] == len(rows)
+    assert summary["final_accuracy"] == rows[-1]["accuracy"] is not None
+    assert len(json.loads((tmp_path / "metrics.json").read_text())) == len(rows)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import numpy as np
@@ -12,7 +14,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from client.client_app import app as client_app
 from client.home import HomeSetup
-from ecofl.fl.transport import TrainTask
+from ecofl.fl.transport import RunStopped, TrainTask
 from ecofl.models import build_model
 from ecofl.weights import get_weights
 from server.grid_transport import GridTransport
@@ -149,3 +151,28 @@ def test_collect_brings_replies_with_their_tasks_and_a_silent_home_once_as_an_er
     transport.submit([TrainTask(HOMES + 5, weights, {"dispatch": 8})])  # no such node: an error, at once
     assert [(task.home, reply.error) for task, reply in transport.collect(wait_s=0.01)] == [
         (HOMES + 5, "not delivered: home not connected")]
+
+
+@pytest.mark.parametrize("wait", ["train", "collect", "connect"])
+def test_setting_stop_ends_any_wait_for_homes_at_once(weights, wait):
+    """Ctrl-C: a silent home would hold the wait for the whole 600 s reply timeout."""
+    partition_of = nodes()
+    grid = FakeGrid(partition_of)
+    stop = threading.Event()
+    transport = GridTransport(grid, SETUP, HOMES, reply_timeout_s=600.0, poll_interval_s=0.01, stop=stop)
+    if wait == "connect":
+        grid.partition_of = dict(list(partition_of.items())[:-1])  # a home never connects
+    else:
+        transport.connect(timeout_s=5)
+        grid.silent = {transport.node_of[2]}
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(RunStopped):
+        if wait == "train":
+            transport.train([TrainTask(2, weights, {"epochs": 1, "virtual_time": 0.0})])
+        elif wait == "collect":
+            transport.submit([TrainTask(2, weights, {"epochs": 1, "virtual_time": 0.0})])
+            transport.collect(wait_s=None)
+        else:
+            transport.connect(timeout_s=600)
+    assert time.monotonic() - started < 1.5

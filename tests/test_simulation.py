@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -117,6 +118,34 @@ def test_hydra_smoke_experiment_writes_metrics_summary_and_plot(tmp_path):
     assert (tmp_path / "metrics.csv").read_text().count("\n") == 7  # header + 6 updates
     assert (tmp_path / "accuracy.png").stat().st_size > 0
     assert elapsed < 120, f"the smoke experiment took {elapsed:.0f} s"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_simulation_at_once_and_keeps_what_it_applied(tmp_path):
+    """SIGINT to the process group, as a terminal's Ctrl-C: Ray's workers die with it, the run must not hang."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "simulations.run", "+experiment=smoke", "loop.max_updates=100000",
+         "loop.target_accuracy=null", "loop.checkpoint_every=1", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not any((tmp_path / "checkpoints").glob("*.json")):  # an update has been applied
+            assert process.poll() is None and time.monotonic() < deadline, "the run never applied an update"
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        stopped_at = time.monotonic()
+        output, _ = process.communicate(timeout=60)
+        took = time.monotonic() - stopped_at
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, output[-3000:]
+    assert took < 30, f"Ctrl-C took {took:.0f} s to stop the run"
+    assert_ray_gone(process.pid)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stop_reason"] == "stopped" and summary["updates"] >= 1
+    assert len(json.loads((tmp_path / "metrics.json").read_text())) == summary["updates"]
 
 
 def flwr_run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:

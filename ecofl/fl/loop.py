@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from ecofl.errors import UserError
 from ecofl.fl.aggregation import STALENESS_FUNCTIONS, fedasync_mix, is_finite_and_shaped, weighted_mean
@@ -56,12 +57,14 @@ from ecofl.fl.clock import Clock, VirtualClock, clock_from_state
 from ecofl.fl.grouping import Grouping, derive_rt
 from ecofl.fl.metrics import group_stats, write_metrics
 from ecofl.fl.strategies import get_policy
-from ecofl.fl.transport import TrainReply, TrainTask, Transport, Weights
+from ecofl.fl.transport import RunStopped, TrainReply, TrainTask, Transport, Weights
 
 log = logging.getLogger(__name__)
 
 #: Stop when this many group rounds in a row produced no valid update (every home failing).
 MAX_EMPTY_ROUNDS = 50
+#: ``stop_reason`` of a run whose transport was stopped (Ctrl-C).
+STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -208,17 +211,25 @@ class EventLoop:
 
     def run(self) -> list[dict]:
         """Run until ``max_updates``, the virtual time limit, the target accuracy (if ``stop_at_target``),
-        or no home can train."""
-        self._wall_origin = time.monotonic() - self.wall_offset
-        if self.grouping is None:
-            self._profile()
-            self._dispatch()
+        no home can train, or the transport is stopped (:class:`~ecofl.fl.transport.RunStopped`: the
+        updates applied so far are evaluated and written, and ``stop_reason`` says so)."""
+        # on a wall clock the run's wall time is the clock's time (which may have started earlier)
+        spent = self.wall_offset if self.clock.virtual else self.clock.now()
+        self._wall_origin = time.monotonic() - spent
         bar = self._progress_bar()
         try:
+            if self.grouping is None:
+                self._profile()
+                self._dispatch()
             while self.stop_reason is None:
                 self._step(bar)
+        except RunStopped:
+            self.stop_reason = STOPPED
+            log.warning("stopped while waiting for homes; writing the %d updates applied so far", self.version)
         finally:
             if bar is not None:
+                if self.stop_reason == "max_virtual_time_s":
+                    bar.update(bar.total - bar.n)  # the next round would complete past the limit
                 bar.close()
         if self.rows and self.rows[-1]["accuracy"] is None:  # stopped between evaluations
             self._evaluate(self.rows[-1]["virtual_time"])
@@ -254,8 +265,7 @@ class EventLoop:
         if row is not None:
             self.rows.append(row)
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(t=f"{current.completion:.0f}s", acc=_fmt(self.last_eval[1]))
+                self._show_progress(bar)
             if self.config.requery_every and self.policy.regroups and self.version % self.config.requery_every == 0:
                 self._query(self.homes)
         self.grouping = self.policy.regroup(self.grouping, self.latencies, self.hists, self.config, self.rt)
@@ -510,16 +520,25 @@ class EventLoop:
             "config": asdict(self.config),
         }
 
-    def _progress_bar(self):
+    def _progress_bar(self) -> tqdm | None:
+        """A bar over virtual seconds when the run is time-limited, else over updates; both show the other."""
         if not self.progress:
             return None
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            return None
-        # a time-limited run shows a count (its length is not known in updates)
-        total = self.config.max_updates if self.config.max_virtual_time_s is None else None
-        return tqdm(total=total, initial=self.version, desc=self.config.strategy, unit="update")
+        limit = self.config.max_virtual_time_s
+        if limit is None:
+            return tqdm(total=self.config.max_updates, initial=self.version, desc=self.config.strategy, unit="update")
+        return tqdm(
+            total=limit, initial=min(self.clock.now(), limit), desc=self.config.strategy, unit="virtual s",
+            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} virtual s [{elapsed}<{remaining}{postfix}]",
+        )
+
+    def _show_progress(self, bar: tqdm) -> None:
+        if self.config.max_virtual_time_s is None:
+            bar.set_postfix(t=f"{self.clock.now():.0f}s", acc=_fmt(self.last_eval[1]), refresh=False)
+            bar.update(self.version - bar.n)
+        else:
+            bar.set_postfix(updates=self.version, acc=_fmt(self.last_eval[1]), refresh=False)
+            bar.update(min(self.clock.now(), bar.total) - bar.n)
 
     # ------------------------------------------------------------------ checkpoints
 

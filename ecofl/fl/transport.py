@@ -3,7 +3,9 @@
 The event loop (``ecofl.fl.loop``) talks to homes only through a
 :class:`Transport`: the Flower ServerApp implements it over ``Grid``
 push/pull messages, tests implement it in-process. Replies may come back in
-any order and may be missing (a straggler or a dead home).
+any order and may be missing (a straggler or a dead home). A transport that
+can be stopped while it waits raises :class:`RunStopped`; the loop then
+writes what it has and ends.
 
 Two ways to train: on the virtual clock the loop calls :meth:`Transport.train`
 and orders what it applies by the virtual completion times the replies
@@ -52,6 +54,10 @@ class TrainReply:
     loss: float
     latency_s: float
     error: str | None = None
+
+
+class RunStopped(Exception):
+    """The run was asked to stop (Ctrl-C) while the transport waited for homes."""
 
 
 class Transport(Protocol):
