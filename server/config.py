@@ -29,7 +29,7 @@ from ecofl.models import build_model
 LOOP_KEYS = (
     "homes_per_round", "max_concurrent", "max_updates", "max_virtual_time_s", "target_accuracy",
     "stop_at_target",
-    "eval_every", "requery_every", "checkpoint_every", "round_deadline_factor",
+    "eval_every", "eval_every_s", "requery_every", "checkpoint_every", "round_deadline_factor",
 )
 STRATEGY_KEYS = ("name", "alpha", "staleness", "staleness_a", "staleness_b")
 GROUPING_KEYS = ("num_groups", "lambda", "rt", "rt_scale")

@@ -137,17 +137,25 @@ def accuracy_panels(runs: list[Run]) -> dict[str, list[tuple[str, Run]]]:
 
     A sweep over strategies and something else (Fig. 8: strategy x partition)
     gets one panel per value of the something else, strategies in the legend;
-    any other sweep one panel, labelled by the runs' overrides.
+    any other sweep one panel, each run labelled by the overrides that vary
+    (an override every run shares, such as a time limit, is left out).
     """
     varying = sorted({key for run in runs for key, value in run.overrides.items()
                       if any(other.overrides.get(key) != value for other in runs)})
     if "strategy" not in varying or len(varying) < 2:
-        return {"": [(run.label, run) for run in runs]}
+        return {"": [(_describe(run, varying), run) for run in runs]}
     panels: dict[str, list[tuple[str, Run]]] = {}
     for run in runs:
         title = ",".join(f"{key}={run.overrides.get(key)}" for key in varying if key != "strategy")
         panels.setdefault(title, []).append((run.overrides["strategy"], run))
     return panels
+
+
+def _describe(run: Run, keys: list[str]) -> str:
+    """A legend label: the run's values of the overrides that differ across the sweep (its label if none)."""
+    if keys == ["strategy"]:
+        return run.overrides["strategy"]
+    return ",".join(f"{key}={run.overrides[key]}" for key in keys if key in run.overrides) or run.label
 
 
 def plot_lambda(runs: list[Run], path: Path) -> Path:

@@ -210,6 +210,20 @@ def test_virtual_time_limit_and_target_accuracy_stop_the_run(tmp_path):
     assert target.summary()["time_to_target_s"] == rows[-1]["virtual_time"]
 
 
+def test_eval_every_s_evaluates_the_first_update_past_each_period():
+    """Evaluation by virtual time: one point per 10 s window an update lands in, whatever the update rate."""
+    config = LoopConfig(num_groups=3, homes_per_round=3, max_updates=40, eval_every_s=10.0, train=TRAIN)
+    loop, _ = make_loop(config)
+    rows = loop.run()
+    evaluated = [r["virtual_time"] for r in rows if r["accuracy"] is not None]
+    windows = sorted({int(r["virtual_time"] // 10) for r in rows if r["virtual_time"] >= 10})
+    first_of_each = [min(r["virtual_time"] for r in rows if r["virtual_time"] // 10 == w) for w in windows]
+    assert evaluated[:-1] == first_of_each[: len(evaluated) - 1] and evaluated[-1] == rows[-1]["virtual_time"]
+    assert len(rows) > 2 * len(evaluated)  # several updates per window: most are not evaluated
+    with pytest.raises(UserError, match="eval_every_s"):
+        LoopConfig(eval_every_s=0.0)
+
+
 def wall_loop(config, latencies, **transport_kwargs):
     """A wall-clock loop whose homes answer ``latencies`` seconds after a round is sent (plus training)."""
     transport = InProcessTransport(make_model, X, Y, two_class_parts(), FixedLatency(latencies), **transport_kwargs)

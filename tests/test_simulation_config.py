@@ -133,4 +133,17 @@ def test_a_sweep_of_strategies_by_partition_gets_a_panel_per_partition(tmp_path)
     assert list(panels) == ["partition=rlg_iid", "partition=rlg_niid"]
     assert [label for label, _ in panels["partition=rlg_niid"]] == ["ecofl", "fedat", "astraea"]
     assert list(accuracy_panels(runs[:3])) == [""]  # strategies alone: one panel
+    assert [label for label, _ in accuracy_panels(runs[:3])[""]] == ["ecofl", "fedat", "astraea"]
     assert plot_sweep(tmp_path)
+
+
+def test_legend_labels_name_only_the_overrides_that_vary(tmp_path):
+    """Fig. 7 is run with a shared time limit: the legend says the strategy, not the limit."""
+    for number, strategy in enumerate(("ecofl", "fedavg")):
+        fake_run(tmp_path / f"{number}_loop.max_virtual_time_s=80,strategy={strategy}", 1.0, [0.2, 0.5], 0.1, 3.0)
+    for number, lam in enumerate((0.0, 3.0)):
+        fake_run(tmp_path / "lambda" / f"{number}_grouping.lambda={lam},seed=1", lam, [0.2, 0.5], 0.1, 3.0)
+    strategies = [Run.load(path) for path in sorted(tmp_path.glob("*_loop*"))]
+    lambdas = [Run.load(path) for path in sorted((tmp_path / "lambda").iterdir())]
+    assert [label for label, _ in accuracy_panels(strategies)[""]] == ["ecofl", "fedavg"]
+    assert [label for label, _ in accuracy_panels(lambdas)[""]] == ["grouping.lambda=0.0", "grouping.lambda=3.0"]

@@ -84,7 +84,11 @@ class LoopConfig:
     re-grouping (0: only the latencies replies report; policies that do not
     re-group never re-query). ``train``: local training settings passed to
     every home in ``TrainTask.config`` (epochs, batch_size, lr, mu, ...).
-    ``evaluate`` runs every ``eval_every`` updates and on the last one, whatever stopped the run.
+    ``evaluate`` runs every ``eval_every`` updates, or, with ``eval_every_s``
+    set, on the first update at or past each multiple of ``eval_every_s``
+    seconds of (virtual) time, so runs whose update rates differ a hundredfold
+    (FedAvg, FedAsync) get curves of the same density; and on the last update,
+    whatever stopped the run.
     """
 
     strategy: str = "ecofl"
@@ -103,6 +107,7 @@ class LoopConfig:
     target_accuracy: float | None = None
     stop_at_target: bool = True  # False: record the time to target and run on to the other limits
     eval_every: int = 1
+    eval_every_s: float | None = None
     requery_every: int = 10
     checkpoint_every: int = 0
     seed: int = 0
@@ -123,6 +128,8 @@ class LoopConfig:
             problems.append("rt must be positive")
         if not self.rt_scale > 0:
             problems.append("rt_scale must be positive")
+        if self.eval_every_s is not None and not self.eval_every_s > 0:
+            problems.append("eval_every_s must be positive")
         if self.lam < 0:
             problems.append("lam must be non-negative")
         if not 0 < self.alpha <= 1:
@@ -457,7 +464,7 @@ class EventLoop:
         alpha_t = float(np.clip(self.policy.mixing_weight(self.config, staleness, r.group, self.updates_per_group), 0, 1))
         self.global_weights = fedasync_mix(self.global_weights, group_model, alpha_t)
         self.version += 1
-        if self.version % self.config.eval_every == 0 or self.version >= self.config.max_updates:
+        if self._evaluation_due(r.completion) or self.version >= self.config.max_updates:
             self._evaluate(r.completion)
             loss, accuracy = self.last_eval
         else:
@@ -480,6 +487,14 @@ class EventLoop:
             "train_loss": float(np.average([x.loss for x in valid], weights=[x.num_samples for x in valid])),
             **group_stats(self.grouping, self.hists, self.latencies, self.policy.round_size(self.config)),
         }
+
+    def _evaluation_due(self, at: float) -> bool:
+        """Whether the update applied at time ``at`` is evaluated (``eval_every`` / ``eval_every_s``)."""
+        period = self.config.eval_every_s
+        if period is None:
+            return self.version % self.config.eval_every == 0
+        last = next((row["virtual_time"] for row in reversed(self.rows) if row["accuracy"] is not None), 0.0)
+        return at // period > last // period
 
     def _evaluate(self, at: float) -> None:
         loss, accuracy = self.evaluate(self.global_weights)
