@@ -2,13 +2,15 @@
 
     python -m simulations.plot outputs/2026-01-01/12-00-00_ecofl      # one run -> accuracy.png
     python -m simulations.plot multirun/2026-01-01/12-00-00           # a sweep -> sweep_accuracy.png,
-                                                                      #   sweep.csv (+ sweep_lambda.png)
+                                                                      #   sweep.csv (+ sweep_lambda.png, sweep_seeds.csv)
 
 A run directory holds the event loop's ``metrics.json`` and ``summary.json``
 and Hydra's ``.hydra/config.yaml``. A sweep's runs are overlaid as accuracy
 vs virtual time (Eco-FL Figs. 7 and 8); when the runs differ in
 ``grouping.lambda`` a second figure shows, against lambda, the mean group JS
-divergence, the mean group latency and the accuracy (Fig. 9). Multiruns call
+divergence, the mean group latency and the accuracy (Fig. 9); when they
+differ in ``seed``, ``sweep_seeds.csv`` holds each setting's mean and
+standard deviation over the seeds. Multiruns call
 :class:`SweepPlot` at their end (``hydra.callbacks`` in ``conf/config.yaml``).
 """
 
@@ -116,6 +118,8 @@ def plot_sweep(sweep_dir: Path) -> list[Path]:
     if not runs:
         raise FileNotFoundError(f"no runs (*/metrics.json) under {sweep_dir}")
     written = [_write_table(runs, sweep_dir / "sweep.csv")]
+    if len({run.overrides.get("seed") for run in runs}) > 1:
+        written.append(_write_seed_table(runs, sweep_dir / "sweep_seeds.csv"))
     panels = accuracy_panels(runs)
     figure, axes = plt.subplots(1, len(panels), figsize=(1 + 6 * len(panels), 4.5), squeeze=False, sharey=True)
     for ax, (title, members) in zip(axes[0], panels.items()):
@@ -186,6 +190,50 @@ def _write_table(runs: list[Run], path: Path) -> Path:
             writer.writerow([run.label, run.grouping_lambda(), run.mean_of("mean_group_js"),
                              run.mean_of("mean_group_latency"), run.late_accuracy(),
                              *(run.summary.get(k) for k in keys)])
+    return path
+
+
+#: Per-run figures that :func:`seed_summary` averages over seeds.
+SEED_FIGURES = ("late_accuracy", "final_accuracy", "best_accuracy", "mean_group_js", "mean_group_latency", "updates")
+
+
+def seed_summary(runs: list[Run]) -> list[dict]:
+    """Mean and sample standard deviation over seeds of each setting of a ``seed=...`` sweep.
+
+    A setting is a run's overrides without ``seed``; ``SEED_FIGURES`` are
+    averaged. One asynchronous run's accuracy swings by several points, so
+    comparisons of strategies are made on these means.
+    """
+    settings: dict[str, list[Run]] = {}
+    for run in runs:
+        key = ",".join(f"{k}={v}" for k, v in run.overrides.items() if k != "seed")
+        settings.setdefault(key, []).append(run)
+    table = []
+    for key, members in settings.items():
+        row: dict = {"setting": key, "seeds": len(members)}
+        for name in SEED_FIGURES:
+            values = np.array([_figure(run, name) for run in members], dtype=float)
+            row[f"{name}_mean"] = float(values.mean())
+            row[f"{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else float("nan")
+        table.append(row)
+    return table
+
+
+def _figure(run: Run, name: str) -> float:
+    if name == "late_accuracy":
+        return run.late_accuracy()
+    if name.startswith("mean_group_"):
+        return run.mean_of(name)
+    value = run.summary.get(name)
+    return float("nan") if value is None else float(value)
+
+
+def _write_seed_table(runs: list[Run], path: Path) -> Path:
+    table = seed_summary(runs)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
     return path
 
 

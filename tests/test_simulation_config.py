@@ -6,6 +6,7 @@ import json
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -13,7 +14,7 @@ from omegaconf import OmegaConf
 from ecofl.errors import UserError
 from ecofl.fl.latency import PAPER_DEGREES
 from server.config import experiment, experiment_from_run_config, with_pipeline_rounds
-from simulations.plot import Run, accuracy_panels, plot_run, plot_sweep
+from simulations.plot import Run, accuracy_panels, plot_run, plot_sweep, seed_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -147,3 +148,16 @@ def test_legend_labels_name_only_the_overrides_that_vary(tmp_path):
     lambdas = [Run.load(path) for path in sorted((tmp_path / "lambda").iterdir())]
     assert [label for label, _ in accuracy_panels(strategies)[""]] == ["ecofl", "fedavg"]
     assert [label for label, _ in accuracy_panels(lambdas)[""]] == ["grouping.lambda=0.0", "grouping.lambda=3.0"]
+
+
+def test_a_sweep_over_seeds_gets_each_settings_mean_and_spread(tmp_path):
+    accuracies = {("ecofl", 0): 0.6, ("ecofl", 1): 0.8, ("fedat", 0): 0.3, ("fedat", 1): 0.5}
+    for number, ((strategy, seed), late) in enumerate(accuracies.items()):
+        fake_run(tmp_path / f"{number}_seed={seed},strategy={strategy}", 1.0, [0.1, late, late], 0.1, 3.0)
+    assert "sweep_seeds.csv" in {path.name for path in plot_sweep(tmp_path)}
+    runs = [Run.load(path.parent) for path in sorted(tmp_path.glob("*/metrics.json"))]
+    table = {row["setting"]: row for row in seed_summary(runs)}
+    assert list(table) == ["strategy=ecofl", "strategy=fedat"]
+    assert table["strategy=ecofl"]["seeds"] == 2
+    assert table["strategy=ecofl"]["late_accuracy_mean"] == pytest.approx(0.7)
+    assert table["strategy=fedat"]["final_accuracy_std"] == pytest.approx(np.std([0.3, 0.5], ddof=1))
