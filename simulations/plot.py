@@ -66,6 +66,21 @@ class Run:
         """The sweep's overrides of this run, from its label (``partition=rlg_iid,strategy=ecofl``)."""
         return dict(part.split("=", 1) for part in self.label.split(",") if "=" in part)
 
+    def setting(self, key: str) -> str | None:
+        """This run's value of ``key`` (dotted): its override, else its Hydra config's value.
+
+        Runs of two sweeps written into one directory (``seed=1,2`` added to
+        a sweep that ran the default seed) are then compared on equal terms.
+        """
+        if key in self.overrides:
+            return self.overrides[key]
+        node: object = self.config
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return None if isinstance(node, (dict, list)) else str(node)
+
     def curve(self) -> tuple[np.ndarray, np.ndarray]:
         """(virtual time, accuracy) of the evaluated updates."""
         points = [(r[TIME], r[ACCURACY]) for r in self.rows if r.get(ACCURACY) is not None]
@@ -118,7 +133,7 @@ def plot_sweep(sweep_dir: Path) -> list[Path]:
     if not runs:
         raise FileNotFoundError(f"no runs (*/metrics.json) under {sweep_dir}")
     written = [_write_table(runs, sweep_dir / "sweep.csv")]
-    if len({run.overrides.get("seed") for run in runs}) > 1:
+    if len({run.setting("seed") for run in runs}) > 1:
         written.append(_write_seed_table(runs, sweep_dir / "sweep_seeds.csv"))
     panels = accuracy_panels(runs)
     figure, axes = plt.subplots(1, len(panels), figsize=(1 + 6 * len(panels), 4.5), squeeze=False, sharey=True)
@@ -144,22 +159,26 @@ def accuracy_panels(runs: list[Run]) -> dict[str, list[tuple[str, Run]]]:
     any other sweep one panel, each run labelled by the overrides that vary
     (an override every run shares, such as a time limit, is left out).
     """
-    varying = sorted({key for run in runs for key, value in run.overrides.items()
-                      if any(other.overrides.get(key) != value for other in runs)})
+    varying = [key for key in _override_keys(runs) if len({run.setting(key) for run in runs}) > 1]
     if "strategy" not in varying or len(varying) < 2:
         return {"": [(_describe(run, varying), run) for run in runs]}
     panels: dict[str, list[tuple[str, Run]]] = {}
     for run in runs:
-        title = ",".join(f"{key}={run.overrides.get(key)}" for key in varying if key != "strategy")
-        panels.setdefault(title, []).append((run.overrides["strategy"], run))
-    return panels
+        title = ",".join(f"{key}={run.setting(key)}" for key in varying if key != "strategy")
+        panels.setdefault(title, []).append((run.setting("strategy"), run))
+    return dict(sorted(panels.items()))
 
 
 def _describe(run: Run, keys: list[str]) -> str:
     """A legend label: the run's values of the overrides that differ across the sweep (its label if none)."""
     if keys == ["strategy"]:
-        return run.overrides["strategy"]
-    return ",".join(f"{key}={run.overrides[key]}" for key in keys if key in run.overrides) or run.label
+        return run.setting("strategy")
+    return ",".join(f"{key}={run.setting(key)}" for key in keys) or run.label
+
+
+def _override_keys(runs: list[Run]) -> list[str]:
+    """Every key some run of the sweep overrides, sorted."""
+    return sorted({key for run in runs for key in run.overrides})
 
 
 def plot_lambda(runs: list[Run], path: Path) -> Path:
@@ -204,9 +223,10 @@ def seed_summary(runs: list[Run]) -> list[dict]:
     averaged. One asynchronous run's accuracy swings by several points, so
     comparisons of strategies are made on these means.
     """
+    keys = [key for key in _override_keys(runs) if key != "seed"]
     settings: dict[str, list[Run]] = {}
     for run in runs:
-        key = ",".join(f"{k}={v}" for k, v in run.overrides.items() if k != "seed")
+        key = ",".join(f"{k}={run.setting(k)}" for k in keys)
         settings.setdefault(key, []).append(run)
     table = []
     for key, members in settings.items():

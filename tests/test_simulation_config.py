@@ -161,3 +161,17 @@ def test_a_sweep_over_seeds_gets_each_settings_mean_and_spread(tmp_path):
     assert table["strategy=ecofl"]["seeds"] == 2
     assert table["strategy=ecofl"]["late_accuracy_mean"] == pytest.approx(0.7)
     assert table["strategy=fedat"]["final_accuracy_std"] == pytest.approx(np.std([0.3, 0.5], ddof=1))
+
+
+def test_runs_of_the_default_seed_join_a_later_seed_sweep_in_the_same_directory(tmp_path):
+    """``-m strategy=...`` first, ``-m strategy=... seed=1`` into the same directory later: seed 0 comes from the config."""
+    for number, strategy in enumerate(("ecofl", "fedat")):
+        fake_run(tmp_path / f"{number}_strategy={strategy}", 1.0, [0.1, 0.5, 0.5], 0.1, 3.0)
+        with open(tmp_path / f"{number}_strategy={strategy}" / ".hydra" / "config.yaml", "a") as config:
+            config.write("seed: 0\n")
+        fake_run(tmp_path / f"{number}_seed=1,strategy={strategy}", 1.0, [0.1, 0.7, 0.7], 0.1, 3.0)
+    runs = [Run.load(path.parent) for path in sorted(tmp_path.glob("*/metrics.json"))]
+    assert list(accuracy_panels(runs)) == ["seed=0", "seed=1"]
+    table = {row["setting"]: row for row in seed_summary(runs)}
+    assert table["strategy=ecofl"]["seeds"] == 2
+    assert table["strategy=ecofl"]["late_accuracy_mean"] == pytest.approx(0.6)
