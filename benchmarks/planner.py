@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ecofl.pipeline.profile import profile_zoo_model
-from ecofl.devices import load_pool
+from ecofl.pools import load_pool
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.planners import PLANNERS, make_plan

@@ -24,7 +24,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ecofl.devices import HomePool, load_pool
+from ecofl.devices import HomePool
+from ecofl.pools import load_pool
 from ecofl.errors import UserError
 
 _STATE = re.compile(r"^(?P<pool>[^~]+)(~leave(?P<leave>\d+)|~load(?P<load>\d+)x(?P<factor>[0-9.]+))?$")
@@ -40,7 +41,7 @@ def device_states(pool_name: str, load_factor: float = 4.0) -> list[str]:
 
 
 def resolve_pool(state: str, bandwidth_mbps: float | None = None) -> HomePool:
-    """The :class:`HomePool` a pool state names (a plain pool name gives :func:`ecofl.devices.load_pool`'s)."""
+    """The :class:`HomePool` a pool state names (a plain pool name gives :func:`ecofl.pools.load_pool`'s)."""
     match = _STATE.match(state)
     if match is None:
         raise UserError(f"bad pool state {state!r}: expected POOL, POOL~leave<d> or POOL~load<d>x<F>")

@@ -140,30 +140,3 @@ def make_pool(name: str, device_presets: list[str], bandwidth_mbps: float | None
     """A pool of preset devices, optionally with every link at ``bandwidth_mbps``."""
     pool = HomePool(name=name, devices=tuple(preset(p) for p in device_presets))
     return pool if bandwidth_mbps is None else pool.with_bandwidth(bandwidth_mbps)
-
-
-#: Named home pools (conf/home/<name>.yaml mirrors each). Asteroid Table 6's
-#: environments A-D use Jetson Nano, TX2 and NX without naming power modes; we
-#: take each board at its maximum-performance mode (Nano 10 W = MAXN, TX2
-#: Max-N), as a throughput study would. The ecofl-* pools are Eco-FL §6.1's
-#: testbeds (Nano-L = 5 W, Nano-H = 10 W, TX2-Q = Max-Q, TX2-N = Max-N).
-POOLS: dict[str, list[str]] = {
-    "asteroid-a": ["nano-10w"] * 5,
-    "asteroid-b": ["nx"] * 3 + ["tx2-maxn"] * 2,
-    "asteroid-c": ["nx"] + ["tx2-maxn"] * 2 + ["nano-10w"] * 3,
-    "asteroid-d": ["tx2-maxn"] + ["nano-10w"] * 3,
-    "ecofl-2stage": ["nano-5w", "nano-10w"],
-    "ecofl-3stage": ["nano-10w", "nano-10w", "tx2-maxq"],
-    "ecofl-hetero": ["nano-10w", "tx2-maxn"],
-}
-
-#: Link bandwidth of the named pools unless asked otherwise (Eco-FL §6.1, Asteroid §5.1).
-DEFAULT_BANDWIDTH_MBPS = 100.0
-
-
-def load_pool(name: str, bandwidth_mbps: float | None = None) -> HomePool:
-    """The named pool of :data:`POOLS`, every link at ``bandwidth_mbps`` (default 100 Mbps)."""
-    if name not in POOLS:
-        raise UserError(f"unknown home pool {name!r}; valid pools: {', '.join(sorted(POOLS))}")
-    mbps = DEFAULT_BANDWIDTH_MBPS if bandwidth_mbps is None else bandwidth_mbps
-    return make_pool(name, POOLS[name], mbps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ecofl.device_dynamics import device_states, resolve_pool
-from ecofl.devices import load_pool
+from ecofl.pools import load_pool
 from ecofl.errors import UserError
 from ecofl.fl.latency import make_latency_model, pipeline_pool_states
 

@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from ecofl.devices import DeviceSpec, HomePool, load_pool
+from ecofl.devices import DeviceSpec, HomePool
+from ecofl.pools import load_pool
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import memory_per_stage, resident_forwards, stage_memory_bytes
 from ecofl.pipeline.planners import PLANNERS, make_plan

@@ -17,7 +17,7 @@ import json
 import statistics
 import sys
 
-from ecofl.cli.plan import parse_pool
+from ecofl.pools import load_pool
 from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.data import DATASETS, load_dataset
 from ecofl.errors import UserError
@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = home.add_subparsers(dest="home_command", required=True)
     parser = commands.add_parser("train", help="train through the home pipeline and measure it")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--pool", required=True, help="a named pool or presets a,b,c")
+    parser.add_argument("--pool", required=True, help="a named pool (conf/home), a pool file (YAML) or presets a,b,c")
     parser.add_argument("--dataset", required=True, help=f"one of {', '.join(DATASETS)}")
     parser.add_argument("--planner", default="ecofl", help=f"one of {', '.join(PLANNERS)}")
     parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default=None, help="override the plan's schedule")
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.batch < 1:
         raise UserError(f"--rounds and --batch must be positive, got {args.rounds} and {args.batch}")
     check_planner(args.planner)
-    pool = parse_pool(args.pool, args.bandwidth)
+    pool = load_pool(args.pool, args.bandwidth)
     data = load_dataset(args.dataset)
     shape = tuple(int(d) for d in data.input_shape)
     profile = profile_zoo_model(args.model, shape, data.num_classes, args.granularity, args.cache_dir)

@@ -4,7 +4,7 @@ Profiles the model's layers on this host (cached on disk, see
 :func:`ecofl.pipeline.profile.profile_model`), runs a planner
 (:mod:`ecofl.pipeline.planners`), and simulates one sync-round of the plan
 (:func:`ecofl.pipeline.cost.simulate`). ``--pool`` is a named pool
-(``ecofl.devices.POOLS``) or a comma-separated list of device presets.
+(``conf/home``), a pool file or comma-separated device presets (:func:`ecofl.pools.load_pool`).
 """
 
 from __future__ import annotations
@@ -13,19 +13,20 @@ import argparse
 import json
 import time
 
-from ecofl.devices import POOLS, PRESETS, HomePool, load_pool, make_pool
+from ecofl.devices import HomePool
 from ecofl.errors import UserError
 from ecofl.models import GRANULARITIES
 from ecofl.pipeline.cost import SyncRoundCost, simulate, stage_compute_s
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import PLANNERS, check_planner, make_plan
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
+from ecofl.pools import load_pool, pool_names
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("plan", help="plan a model over a home's devices and predict a sync-round")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--pool", required=True, help=f"one of {', '.join(POOLS)} or presets a,b,c")
+    parser.add_argument("--pool", required=True, help=f"one of {', '.join(pool_names())}, a pool file (YAML) or presets a,b,c")
     parser.add_argument("--planner", default="ecofl", help=f"one of {', '.join(PLANNERS)}")
     parser.add_argument("--batch", type=int, default=128, help="mini-batch (samples per sync-round)")
     parser.add_argument("--micro-batch", type=int, default=None, help="fix the micro-batch size")
@@ -49,24 +50,6 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     if len(shape) != 3 or min(shape) < 1:
         raise UserError(f"--input-shape must be three positive integers C,H,W, got {text!r}")
     return shape  # type: ignore[return-value]
-
-
-def parse_pool(text: str, bandwidth_mbps: float | None) -> HomePool:
-    """A named pool, or a pool of the comma-separated device presets."""
-    if bandwidth_mbps is not None and not bandwidth_mbps > 0:
-        raise UserError(f"--bandwidth must be positive, got {bandwidth_mbps} Mbps")
-    if text in POOLS:
-        return load_pool(text, bandwidth_mbps)
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names:
-        raise UserError(f"empty pool {text!r}: name a pool ({', '.join(POOLS)}) or device presets")
-    unknown = [name for name in names if name not in PRESETS]
-    if unknown:
-        raise UserError(
-            f"unknown pool or device preset {unknown[0]!r}; pools: {', '.join(POOLS)}; "
-            f"presets: {', '.join(PRESETS)}"
-        )
-    return make_pool(text, names, bandwidth_mbps)
 
 
 def describe(plan: Plan, profile: ModelProfile, pool: HomePool, cost: SyncRoundCost, planning_s: float) -> dict:
@@ -131,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     check_planner(args.planner)
     if args.batch < 1:
         raise UserError(f"--batch must be positive, got {args.batch}")
-    pool = parse_pool(args.pool, args.bandwidth)
+    pool = load_pool(args.pool, args.bandwidth)
     profile = profile_zoo_model(args.model, parse_shape(args.input_shape), args.classes, args.granularity, args.cache_dir)
     options: dict[str, object] = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
     if args.micro_batch_rule is not None:

@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from ecofl.devices import load_pool
+from ecofl.pools import load_pool
 from ecofl.errors import UserError
 from ecofl.fl.latency import PipelineLatency
 from ecofl.pipeline.planners import check_planner
@@ -76,7 +76,7 @@ class PipelineHomeSettings:
     """Which homes train through the runtime, and how (the ``pipeline_home`` section).
 
     ``homes``: partition ids, or ``"all"``; empty: no home (the default).
-    ``pool``: a pool (:func:`ecofl.devices.load_pool`'s names) for every selected
+    ``pool``: a pool (:func:`ecofl.pools.load_pool`'s names) for every selected
     home, or a list (home h takes entry h mod its length); None: the home's
     pool in the pipeline latency model at the round's virtual time, else
     :data:`DEFAULT_POOL`. ``planner`` and ``granularity``: None takes the

@@ -1,0 +1,102 @@
+"""Home pools as data: the named pools of conf/home and a user's pool file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ecofl.cli import main
+from ecofl.devices import GB, MBPS, preset
+from ecofl.errors import UserError
+from ecofl.pools import load_pool, pool_names
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "my-home.yaml"
+
+
+def composition(name: str) -> dict[str, int]:
+    names = [d.name for d in load_pool(name).devices]
+    return {d: names.count(d) for d in set(names)}
+
+
+def test_named_pools_are_the_papers_testbeds_at_100_mbps():
+    assert set(pool_names()) == {"asteroid-a", "asteroid-b", "asteroid-c", "asteroid-d",
+                                 "ecofl-2stage", "ecofl-3stage", "ecofl-hetero"}
+    assert composition("asteroid-a") == {"nano-10w": 5}
+    assert composition("asteroid-b") == {"nx": 3, "tx2-maxn": 2}
+    assert composition("asteroid-c") == {"nx": 1, "tx2-maxn": 2, "nano-10w": 3}
+    assert composition("asteroid-d") == {"tx2-maxn": 1, "nano-10w": 3}
+    assert composition("ecofl-2stage") == {"nano-5w": 1, "nano-10w": 1}
+    assert composition("ecofl-3stage") == {"nano-10w": 2, "tx2-maxq": 1}
+    assert composition("ecofl-hetero") == {"nano-10w": 1, "tx2-maxn": 1}
+    for name in pool_names():
+        pool = load_pool(name)
+        assert pool.name == name
+        assert np.allclose(pool.bandwidth_bps[~np.eye(len(pool), dtype=bool)], 100 * MBPS)
+        assert pool.devices[0].name == preset(pool.devices[0].name).name
+
+
+def test_bandwidth_override_and_bad_bandwidth():
+    assert load_pool("asteroid-b", bandwidth_mbps=1000).bandwidth_bps[0, 1] == pytest.approx(1000 * MBPS)
+    for mbps in (0, -5, float("nan")):
+        with pytest.raises(UserError, match="bandwidth"):
+            load_pool("asteroid-a", bandwidth_mbps=mbps)
+
+
+def test_unknown_name_lists_the_pools():
+    with pytest.raises(UserError, match="asteroid-a"):
+        load_pool("asteroid-z")
+
+
+def test_the_example_file_mixes_presets_and_own_devices():
+    pool = load_pool(str(EXAMPLE))
+    assert pool.name == "my-home"
+    assert [d.name for d in pool.devices] == ["nano-10w", "tx2-maxn", "old-laptop"]
+    assert pool.devices[1].speed == preset("tx2-maxn").speed
+    assert pool.devices[1].bandwidth_bps == pytest.approx(300 * MBPS)
+    assert pool.devices[2].speed == pytest.approx(0.25) and pool.devices[2].memory_bytes == 4 * GB
+    assert pool.bandwidth_bps[0, 1] == pytest.approx(100 * MBPS)  # the slower end of the link
+
+
+def test_a_pool_file_plans_like_the_same_presets(tmp_path, capsys):
+    path = tmp_path / "two.yaml"
+    path.write_text("bandwidth_mbps: 100\ndevices:\n  - nano-10w\n  - tx2-maxn\n")
+    cache = str(tmp_path / "profiles")
+    argv = ["plan", "--model", "mobilenet_v2", "--json", "--cache-dir", cache]
+    reports = []
+    for pool in (str(path), "nano-10w,tx2-maxn"):
+        assert main(argv + ["--pool", pool]) == 0
+        report = json.loads(capsys.readouterr().out)
+        reports.append({k: report[k] for k in ("stages", "micro_batch", "num_micro_batches", "sync_round_s")})
+    assert reports[0] == reports[1]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("devices:\n  - toaster\n", "devices[0].preset: unknown device preset 'toaster'"),
+        ("devices:\n  - name: x\n    speed: -1\n    memory_gb: 2\n", "devices[0].speed must be a positive number"),
+        ("devices:\n  - preset: nx\n    memory_gb: 0\n", "devices[0].memory_gb must be a positive number"),
+        ("devices:\n  - name: x\n    speed: 1\n", "missing memory_gb"),
+        ("devices:\n  - preset: nx\n    sped: 2\n", "unknown field devices[0].sped"),
+        ("devices: []\n", "'devices' must be a non-empty list"),
+        ("bandwidth_mbps: fast\ndevices: [nx]\n", "bandwidth_mbps must be a positive number"),
+        ("devices: [nx\n", "not valid YAML"),
+        ("- nx\n", "a home pool file is a mapping"),
+    ],
+)
+def test_a_bad_file_is_one_line_naming_the_field(text, message, tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_pool(str(path))
+    assert main(["plan", "--model", "cnn", "--pool", str(path), "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and str(path) in err
+
+
+def test_a_missing_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="cannot read home pool file"):
+        load_pool(str(tmp_path / "nowhere.yaml"))
