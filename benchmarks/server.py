@@ -69,9 +69,9 @@ class CountingTransport:
     def reset(self) -> None:
         self.trained, self.waiting_s = 0, 0.0
 
-    def query(self, homes: Sequence[int], config: dict) -> list[HomeReport]:
+    def query(self, homes: Sequence[int], virtual_time: float) -> list[HomeReport]:
         started = time.perf_counter()
-        reports = self.inner.query(homes, config)
+        reports = self.inner.query(homes, virtual_time)
         self.waiting_s += time.perf_counter() - started
         return reports
 
@@ -111,7 +111,7 @@ def throughput_app(exp: Experiment, rounds: int, per_round: int, repeats: int, r
                 started = time.perf_counter()
                 loop.run()
                 results.append({"side": f"event loop ({policy})", "repeat": repeat, "updates": transport.trained,
-                                "applied": sum(row["homes"] for row in loop.rows),
+                                "applied": sum(row["homes"] for row in loop.state.rows),
                                 "seconds": time.perf_counter() - started, "waiting_for_homes_s": transport.waiting_s})
 
     return app

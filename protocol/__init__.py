@@ -14,11 +14,14 @@ message    content sent to the home                    reply content
 query      ``config``: setup, virtual_time             ``metrics``: partition-id, latency_s,
                                                        num-examples, label-histogram
 train      ``arrays``: global model; ``config``:       ``arrays``: trained model; ``metrics``:
-           setup, epochs, batch_size, lr, mu, seed,    partition-id, num-examples, loss, latency_s
-           virtual_time, round, group, ...             (pipeline homes: pipeline_train_s, ...)
+           setup, virtual_time, and the training       partition-id, num-examples, loss, latency_s
+           hyper-parameters (epochs, batch_size, lr,   (pipeline homes: pipeline_train_s, ...)
+           mu, seed)
 evaluate   ``arrays``; ``config``: setup               ``metrics``: num-examples, loss, accuracy
 =========  ==========================================  =============================================
 
+A task's routing (group, round, dispatch, version: ``ecofl.fl.transport.Route``)
+stays with the task on the server; only the virtual time travels.
 ``setup`` is the JSON of :class:`ecofl.fl.federation_setup.FederationSetup`. A home that cannot
 serve a request answers with a Flower ``Error`` (code
 :data:`MALFORMED_REQUEST`, or :data:`PIPELINE_FAILED` when its pipeline
@@ -56,10 +59,10 @@ def query_content(setup_json: str, virtual_time: float, train: Mapping[str, obje
     return RecordDict({CONFIG: config_record(values)})
 
 
-def train_content(weights: Weights, config: Mapping[str, object], setup_json: str) -> RecordDict:
-    return RecordDict(
-        {ARRAYS: ArrayRecord(list(weights)), CONFIG: config_record({**config, SETUP: setup_json})}
-    )
+def train_content(weights: Weights, train: Mapping[str, object], virtual_time: float, setup_json: str) -> RecordDict:
+    """A training task: the global model, the hyper-parameters and the virtual time the round was sent at."""
+    values = {**train, SETUP: setup_json, "virtual_time": float(virtual_time)}
+    return RecordDict({ARRAYS: ArrayRecord(list(weights)), CONFIG: config_record(values)})
 
 
 def evaluate_content(weights: Weights, setup_json: str) -> RecordDict:

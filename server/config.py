@@ -4,7 +4,7 @@ Hydra (``conf/config.yaml``) and ``flwr run`` (``[tool.flwr.app.config]`` in
 ``pyproject.toml``, flattened to dotted keys) describe the same nested
 settings; :func:`experiment` turns either into the pieces the apps need: the
 :class:`~ecofl.fl.federation_setup.FederationSetup` every home receives, the event loop's
-:class:`~ecofl.fl.loop.LoopConfig` and the server's own settings. Missing
+:class:`~ecofl.fl.loop_config.LoopConfig` and the server's own settings. Missing
 keys take the defaults below (TOML has no null: in the run config an empty
 string stands for it); an unknown key is an error naming the valid ones.
 """
@@ -21,18 +21,21 @@ from ecofl.data import load_dataset
 from ecofl.errors import UserError
 from ecofl.fl.federation_setup import FederationSetup, pipeline_home_dict
 from ecofl.fl.latency import pipeline_pool_states
-from ecofl.fl.loop import LoopConfig
+from ecofl.fl.loop_config import LoopConfig, loop_config_fields
 from ecofl.fl.pipeline_rounds import pipeline_round_times
 from ecofl.models import build_model
 
-#: Keys of the ``loop`` section: LoopConfig fields not set by another section.
-LOOP_KEYS = (
-    "homes_per_round", "max_concurrent", "max_updates", "max_virtual_time_s", "target_accuracy",
-    "stop_at_target",
-    "eval_every", "eval_every_s", "requery_every", "checkpoint_every", "round_deadline_factor",
+#: The ``strategy`` and ``grouping`` sections' keys, and the LoopConfig field each sets.
+STRATEGY_FIELDS = {"name": "strategy", "alpha": "alpha", "staleness": "staleness",
+                   "staleness_a": "staleness_a", "staleness_b": "staleness_b"}
+GROUPING_FIELDS = {"num_groups": "num_groups", "lambda": "lam", "rt": "rt", "rt_scale": "rt_scale"}
+#: Keys of the ``loop`` section: LoopConfig's fields that no other section sets.
+LOOP_KEYS = tuple(
+    name for name in loop_config_fields()
+    if name not in {*STRATEGY_FIELDS.values(), *GROUPING_FIELDS.values(), "train", "seed"}
 )
-STRATEGY_KEYS = ("name", "alpha", "staleness", "staleness_a", "staleness_b")
-GROUPING_KEYS = ("num_groups", "lambda", "rt", "rt_scale")
+STRATEGY_KEYS = tuple(STRATEGY_FIELDS)
+GROUPING_KEYS = tuple(GROUPING_FIELDS)
 SERVER_KEYS = ("eval_samples", "connect_timeout_s", "query_timeout_s", "reply_timeout_s")
 SIMULATION_KEYS = ("actors", "cpus_per_actor")
 
@@ -94,10 +97,9 @@ def experiment(cfg: Mapping) -> Experiment:
         seed=seed,
         pipeline_home=pipeline_home_dict(cfg.get("pipeline_home")),
     )
-    renamed = {"name": "strategy", "lambda": "lam"}
     loop_values = {
-        **{renamed.get(k, k): v for k, v in strategy.items()},
-        **{renamed.get(k, k): v for k, v in grouping.items()},
+        **{STRATEGY_FIELDS[k]: v for k, v in strategy.items()},
+        **{GROUPING_FIELDS[k]: v for k, v in grouping.items()},
         **loop,
         "train": dict(cfg.get("train") or {}),
         "seed": seed,

@@ -97,15 +97,14 @@ class GridTransport:
         log.info("connected %d of %d homes", len(self.node_of), self.num_homes)
         return reports
 
-    def query(self, homes: Sequence[int], config: dict) -> list[HomeReport]:
-        """Profile ``homes`` at ``config["virtual_time"]``; errors and silence leave a home out.
+    def query(self, homes: Sequence[int], virtual_time: float) -> list[HomeReport]:
+        """Profile ``homes`` at ``virtual_time``; errors and silence leave a home out.
 
         At virtual time 0 the reports :meth:`connect` received are the answer
         (a home's latency is a function of the virtual time and its label
         histogram does not change), which spares the event loop's first
         profiling round.
         """
-        virtual_time = float(config.get("virtual_time", 0.0))
         if virtual_time == 0.0 and all(home in self._profiled for home in homes):
             return [self._profiled[home] for home in homes]
         messages = {
@@ -175,10 +174,8 @@ class GridTransport:
             if task.home not in self.node_of:
                 log.warning("home %d is not connected; its task is dropped", task.home)
                 continue
-            content = protocol.train_content(task.weights, task.config, self.setup_json)
-            message = Message(
-                content, self.node_of[task.home], MessageType.TRAIN, group_id=str(task.config.get("round", ""))
-            )
+            content = protocol.train_content(task.weights, task.train, task.route.virtual_time, self.setup_json)
+            message = Message(content, self.node_of[task.home], MessageType.TRAIN, group_id=str(task.route.round))
             messages.append((task, message))
         return messages
 

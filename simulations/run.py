@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from client.client_app import app as client_app
 from ecofl.data import load_dataset
 from ecofl.errors import UserError
-from ecofl.fl.loop import STOPPED
+from ecofl.fl.stop_rules import STOPPED
 from ecofl.fl.transport import RunStopped
 from server.config import Experiment, experiment
 from server.server_app import make_server_app

@@ -12,7 +12,10 @@ from ecofl.fl.aggregation import weighted_mean
 from ecofl.fl.inprocess import InProcessTransport
 from ecofl.fl.clock import WallClock
 from ecofl.fl.latency import FixedLatency, PaperLatency
-from ecofl.fl.loop import STOPPED, EventLoop, GroupRound, LoopConfig
+from ecofl.fl.group_round import GroupRound
+from ecofl.fl.loop import EventLoop
+from ecofl.fl.loop_config import LoopConfig
+from ecofl.fl.stop_rules import STOPPED
 from ecofl.fl.transport import RunStopped, TrainTask
 from ecofl.train import evaluate as evaluate_model
 from ecofl.weights import get_weights, set_weights
@@ -105,7 +108,7 @@ def test_fedavg_applies_the_weighted_mean_of_one_synchronous_round():
     assert rows[0]["alpha"] == 1.0 and rows[0]["staleness"] == 0 and rows[0]["virtual_time"] == 5.0
     # the same homes trained by hand from the same start and the same seeds
     sent = GroupRound(group=0, round=0, dispatch=0, start=0.0, version=0, homes=tuple(range(HOMES)), deadline=None, weights=start)
-    replies = transport.train([loop._task(sent, h) for h in range(HOMES)])
+    replies = transport.train([loop.task(sent, h) for h in range(HOMES)])
     expected = weighted_mean([r.weights for r in replies], [r.num_samples for r in replies])
     for got, want in zip(loop.global_weights, expected):
         np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -166,19 +169,23 @@ def test_dynamic_latency_moves_homes_between_groups_only_with_regrouping():
     latency = PaperLatency(HOMES, mean_s=10.0, std_s=1.0, seed=0, change_prob=0.5, period_s=5.0)
     dynamic, _ = make_loop(config, latency=latency)
     initial = None
-    dynamic._profile()
+    dynamic.profile()
     initial = dynamic.grouping
-    dynamic._dispatch()
+    dynamic.dispatch()
     dynamic.run()
     assert dynamic.grouping != initial
     for members, centre in zip(dynamic.grouping.groups, dynamic.grouping.centres):
-        assert all(abs(dynamic.latencies[h] - centre) <= 2.0 for h in members)
+        assert all(abs(dynamic.state.latencies[h] - centre) <= 2.0 for h in members)
     static, _ = make_loop(LoopConfig(**{**config.__dict__, "strategy": "ecofl_wo_dg"}), latency=latency)
     static.run()
     assert static.grouping == initial
 
 
 def test_unknown_strategy_lists_the_valid_ones():
+    from ecofl.fl.loop_config import STRATEGIES
+    from ecofl.fl.strategies import POLICIES
+
+    assert tuple(POLICIES) == STRATEGIES  # the config checks names without importing the policies
     with pytest.raises(UserError, match="ecofl, ecofl_wo_dg, fedavg, fedasync, fedat, astraea"):
         LoopConfig(strategy="scaffold")
     with pytest.raises(UserError, match="alpha"):
@@ -186,14 +193,14 @@ def test_unknown_strategy_lists_the_valid_ones():
 
 
 def test_fedat_weighs_the_less_updated_tier_more():
-    from ecofl.fl.strategies import get_policy
+    from ecofl.fl.strategies import make_policy
 
-    fedat, config = get_policy("fedat"), LoopConfig(strategy="fedat", alpha=0.5)
+    fedat = make_policy(LoopConfig(strategy="fedat", alpha=0.5))
     # tier 0 has 9 updates (+1 = 10), tier 1 has 1 (+1 = 2), tier 2 has 4 (+1 = 5): T = 17
-    assert fedat.mixing_weight(config, 0, 1, [9, 1, 4]) == pytest.approx(0.5 * 3 * 10 / 17)
-    assert fedat.mixing_weight(config, 0, 0, [9, 1, 4]) == pytest.approx(0.5 * 3 * 2 / 17)
-    assert fedat.mixing_weight(config, 0, 2, [9, 1, 4]) == pytest.approx(0.5 * 3 * 5 / 17)
-    assert fedat.mixing_weight(config, 7, 0, [3, 3]) == pytest.approx(0.5)
+    assert fedat.mixing_weight(0, 1, [9, 1, 4]) == pytest.approx(0.5 * 3 * 10 / 17)
+    assert fedat.mixing_weight(0, 0, [9, 1, 4]) == pytest.approx(0.5 * 3 * 2 / 17)
+    assert fedat.mixing_weight(0, 2, [9, 1, 4]) == pytest.approx(0.5 * 3 * 5 / 17)
+    assert fedat.mixing_weight(7, 0, [3, 3]) == pytest.approx(0.5)
 
 
 def test_virtual_time_limit_and_target_accuracy_stop_the_run(tmp_path):
@@ -250,9 +257,9 @@ def test_the_wall_clock_closes_a_round_at_its_deadline_without_a_silent_home():
     config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=2, round_deadline_factor=25.0,
                         train=TRAIN)
     loop, _ = wall_loop(config, [0.02] * HOMES, reply_timeout_s=5.0)
-    loop._profile()  # home 5 answers the query, then falls silent
+    loop.profile()  # home 5 answers the query, then falls silent
     loop.transport.silent_homes = {5}
-    loop._dispatch()
+    loop.dispatch()
     rows = loop.run()
     assert [r["stragglers"] for r in rows] == [1, 1] and [r["homes"] for r in rows] == [HOMES - 1] * 2
     deadline = 25.0 * loop.grouping.centres[0]
@@ -280,7 +287,7 @@ def test_time_to_target_is_recorded_without_stopping_when_asked():
 def test_rt_scale_multiplies_the_derived_threshold():
     loops = [make_loop(LoopConfig(max_updates=1, rt_scale=scale, train=TRAIN))[0] for scale in (1.0, 2.5)]
     for loop in loops:
-        loop._profile()
+        loop.profile()
     assert loops[1].rt == pytest.approx(2.5 * loops[0].rt)
     with pytest.raises(UserError, match="rt_scale"):
         LoopConfig(rt_scale=0.0)

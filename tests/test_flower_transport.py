@@ -14,7 +14,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from client.client_app import app as client_app
 from ecofl.fl.federation_setup import FederationSetup
-from ecofl.fl.transport import RunStopped, TrainTask
+from ecofl.fl.transport import Route, RunStopped, TrainTask
 from ecofl.models import build_model
 from ecofl.weights import get_weights
 from server.grid_transport import GridTransport
@@ -114,13 +114,13 @@ def test_silent_home_is_a_straggler_and_errors_come_back_as_errors(weights):
     transport = GridTransport(grid, SETUP, HOMES, query_timeout_s=0.2, reply_timeout_s=0.2, poll_interval_s=0.001)
     transport.connect(timeout_s=5)
     grid.silent = {transport.node_of[2]}
-    tasks = [TrainTask(h, weights, {"epochs": 1, "lr": 0.05, "virtual_time": 0.0}) for h in (1, 2, 3)]
+    tasks = [TrainTask(h, weights, {"epochs": 1, "lr": 0.05}) for h in (1, 2, 3)]
     tasks.append(TrainTask(4, weights, {"epochs": "one"}))
     replies = {r.home: r for r in transport.train(tasks)}
     assert set(replies) == {1, 3, 4}
     assert replies[1].error is None and replies[1].num_samples > 0
     assert "epochs must be an integer" in replies[4].error
-    reports = transport.query([1, 2, 3], {"virtual_time": 30.0})
+    reports = transport.query([1, 2, 3], 30.0)
     assert sorted(r.home for r in reports) == [1, 3]
 
 
@@ -129,8 +129,8 @@ def test_query_at_virtual_time_zero_reuses_the_connect_reports():
     transport = GridTransport(grid, SETUP, HOMES, query_timeout_s=0.05, poll_interval_s=0.001)
     reports = transport.connect(timeout_s=5)
     grid.silent = set(grid.partition_of)  # nobody answers any more
-    assert transport.query(range(HOMES), {"virtual_time": 0.0}) == sorted(reports, key=lambda r: r.home)
-    assert transport.query(range(HOMES), {"virtual_time": 1.0}) == []
+    assert transport.query(range(HOMES), 0.0) == sorted(reports, key=lambda r: r.home)
+    assert transport.query(range(HOMES), 1.0) == []
 
 
 def test_collect_brings_replies_with_their_tasks_and_a_silent_home_once_as_an_error(weights):
@@ -138,17 +138,17 @@ def test_collect_brings_replies_with_their_tasks_and_a_silent_home_once_as_an_er
     transport = GridTransport(grid, SETUP, HOMES, reply_timeout_s=0.3, poll_interval_s=0.001)
     transport.connect(timeout_s=5)
     grid.silent = {transport.node_of[2]}
-    tasks = [TrainTask(h, weights, {"epochs": 1, "lr": 0.05, "virtual_time": 0.0, "dispatch": 7}) for h in (1, 2, 3)]
+    tasks = [TrainTask(h, weights, {"epochs": 1, "lr": 0.05}, Route(dispatch=7)) for h in (1, 2, 3)]
     transport.submit(tasks)
     arrived = transport.collect(wait_s=0.05)
     assert sorted(task.home for task, _ in arrived) == [1, 3]
     assert all(reply.home == task.home and reply.error is None for task, reply in arrived)
-    assert arrived[0][0].config["dispatch"] == 7
+    assert arrived[0][0].route.dispatch == 7
     assert transport.collect(wait_s=0.01) == []  # the silent home's timeout has not passed yet
     late = transport.collect(wait_s=None)
     assert [(task.home, reply.error) for task, reply in late] == [(2, "no reply within 0.3 s")]
     assert transport.collect(wait_s=0.01) == []  # reported once
-    transport.submit([TrainTask(HOMES + 5, weights, {"dispatch": 8})])  # no such node: an error, at once
+    transport.submit([TrainTask(HOMES + 5, weights, {}, Route(dispatch=8))])  # no such node: an error, at once
     assert [(task.home, reply.error) for task, reply in transport.collect(wait_s=0.01)] == [
         (HOMES + 5, "not delivered: home not connected")]
 
@@ -169,9 +169,9 @@ def test_setting_stop_ends_any_wait_for_homes_at_once(weights, wait):
     started = time.monotonic()
     with pytest.raises(RunStopped):
         if wait == "train":
-            transport.train([TrainTask(2, weights, {"epochs": 1, "virtual_time": 0.0})])
+            transport.train([TrainTask(2, weights, {"epochs": 1})])
         elif wait == "collect":
-            transport.submit([TrainTask(2, weights, {"epochs": 1, "virtual_time": 0.0})])
+            transport.submit([TrainTask(2, weights, {"epochs": 1})])
             transport.collect(wait_s=None)
         else:
             transport.connect(timeout_s=600)

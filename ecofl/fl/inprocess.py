@@ -61,8 +61,8 @@ class InProcessTransport:
         self._due: list[tuple[float, int, TrainTask]] = []  # (monotonic due time, submit order, task)
         self._submitted = 0
 
-    def query(self, homes: Sequence[int], config: dict) -> list[HomeReport]:
-        t = float(config.get("virtual_time", 0.0))
+    def query(self, homes: Sequence[int], virtual_time: float) -> list[HomeReport]:
+        t = virtual_time
         reports = [
             HomeReport(
                 home=h,
@@ -83,8 +83,7 @@ class InProcessTransport:
         now = time.monotonic()
         for task in tasks:
             silent = task.home in self.silent_homes
-            delay = self.reply_timeout_s if silent else self.latency_model.latency(
-                task.home, float(task.config.get("virtual_time", 0.0)))
+            delay = self.reply_timeout_s if silent else self.latency_model.latency(task.home, task.route.virtual_time)
             self._due.append((now + delay, self._submitted, task))
             self._submitted += 1
         self._due.sort(key=lambda item: item[:2])
@@ -105,13 +104,13 @@ class InProcessTransport:
                           error=f"no reply within {self.reply_timeout_s:g} s")
 
     def _train_one(self, task: TrainTask) -> TrainReply:
-        latency = self.latency_model.latency(task.home, float(task.config.get("virtual_time", 0.0)))
+        latency = self.latency_model.latency(task.home, task.route.virtual_time)
         part = self.parts[task.home]
         if task.home in self.failing_homes:
             return TrainReply(task.home, None, len(part), float("nan"), latency, error="injected failure")
         model = self.model_fn()
         set_weights(model, task.weights)
-        config = TrainConfig(**{k: v for k, v in task.config.items() if k in TRAIN_KEYS})
+        config = TrainConfig(**{k: v for k, v in task.train.items() if k in TRAIN_KEYS})
         result = train_local(model, self.x[part], self.y[part], config)
         self.tasks_run += 1
         weights = get_weights(model)

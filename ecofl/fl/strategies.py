@@ -42,16 +42,16 @@ Notes on the baselines:
   grouping alone (its price shows as stragglers inside mixed-latency groups).
 
 Only Eco-FL's groups are built with a latency threshold RT, so only Eco-FL
-has a default round deadline (centre + RT, see ``LoopConfig``).
+has a default round deadline (centre + RT, see ``ecofl.fl.loop_config.LoopConfig``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from ecofl.errors import UserError
 from ecofl.fl.aggregation import staleness_factor
 from ecofl.fl.grouping import (
     Grouping,
@@ -62,9 +62,26 @@ from ecofl.fl.grouping import (
     single_group,
     singletons,
 )
+from ecofl.fl.loop_config import LoopConfig
 
-if TYPE_CHECKING:
-    from ecofl.fl.loop import LoopConfig
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """What a policy reads of the loop's settings (:class:`~ecofl.fl.loop_config.LoopConfig` fields)."""
+
+    num_groups: int
+    homes_per_round: int
+    max_concurrent: int
+    lam: float
+    alpha: float
+    staleness: str
+    staleness_a: float
+    staleness_b: float
+    seed: int
+
+    @classmethod
+    def of(cls, config: LoopConfig) -> "PolicySettings":
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
 
 class Policy:
@@ -74,36 +91,29 @@ class Policy:
     regroups = True
     uses_rt = True  # groups bounded by RT: rounds get the centre + RT deadline by default
 
-    def group(
-        self,
-        homes: Sequence[int],
-        latencies: Mapping[int, float],
-        label_hists: Mapping[int, np.ndarray],
-        config: "LoopConfig",
-        rt: float,
-    ) -> Grouping:
-        return initial_grouping(homes, latencies, label_hists, config.num_groups, rt, config.lam, config.seed)
+    def __init__(self, settings: PolicySettings):
+        self.settings = settings
 
-    def regroup(
-        self,
-        grouping: Grouping,
-        latencies: Mapping[int, float],
-        label_hists: Mapping[int, np.ndarray],
-        config: "LoopConfig",
-        rt: float,
-    ) -> Grouping:
+    def group(self, homes: Sequence[int], latencies: Mapping[int, float], label_hists: Mapping[int, np.ndarray],
+              rt: float) -> Grouping:
+        s = self.settings
+        return initial_grouping(homes, latencies, label_hists, s.num_groups, rt, s.lam, s.seed)
+
+    def regroup(self, grouping: Grouping, latencies: Mapping[int, float], label_hists: Mapping[int, np.ndarray],
+                rt: float) -> Grouping:
         """Algorithm 1, or the grouping unchanged for policies that do not re-group."""
         if not self.regroups:
             return grouping
-        return regroup(grouping, latencies, label_hists, rt, config.lam)
+        return regroup(grouping, latencies, label_hists, rt, self.settings.lam)
 
-    def round_size(self, config: "LoopConfig") -> int:
+    def round_size(self) -> int:
         """How many homes a group round samples (fewer when the group is smaller)."""
-        return config.homes_per_round
+        return self.settings.homes_per_round
 
-    def mixing_weight(self, config: "LoopConfig", staleness: int, group: int, updates_per_group: Sequence[int]) -> float:
+    def mixing_weight(self, staleness: int, group: int, updates_per_group: Sequence[int]) -> float:
         """alpha_t for mixing ``group``'s model; ``updates_per_group`` counts this update already."""
-        return config.alpha * staleness_factor(config.staleness, staleness, config.staleness_a, config.staleness_b)
+        s = self.settings
+        return s.alpha * staleness_factor(s.staleness, staleness, s.staleness_a, s.staleness_b)
 
 
 class EcoFL(Policy):
@@ -124,13 +134,13 @@ class FedAvg(Policy):
     regroups = False
     uses_rt = False
 
-    def group(self, homes, latencies, label_hists, config, rt):
+    def group(self, homes, latencies, label_hists, rt):
         return single_group(homes, latencies)
 
-    def round_size(self, config):
-        return config.max_concurrent
+    def round_size(self):
+        return self.settings.max_concurrent
 
-    def mixing_weight(self, config, staleness, group, updates_per_group):
+    def mixing_weight(self, staleness, group, updates_per_group):
         return 1.0
 
 
@@ -141,10 +151,10 @@ class FedAsync(Policy):
     regroups = False
     uses_rt = False
 
-    def group(self, homes, latencies, label_hists, config, rt):
+    def group(self, homes, latencies, label_hists, rt):
         return singletons(homes, latencies)
 
-    def round_size(self, config):
+    def round_size(self):
         return 1
 
 
@@ -155,15 +165,15 @@ class FedAT(Policy):
     regroups = False
     uses_rt = False
 
-    def group(self, homes, latencies, label_hists, config, rt):
-        return latency_tiers(homes, latencies, config.num_groups, config.seed)
+    def group(self, homes, latencies, label_hists, rt):
+        return latency_tiers(homes, latencies, self.settings.num_groups, self.settings.seed)
 
-    def mixing_weight(self, config, staleness, group, updates_per_group):
+    def mixing_weight(self, staleness, group, updates_per_group):
         counts = np.asarray(updates_per_group, dtype=float) + 1.0  # no tier weighs zero before it updates
         by_count = np.argsort(counts, kind="stable")  # fewest updates first
         rank = int(np.flatnonzero(by_count == group)[0])
         mirror = counts[by_count[len(counts) - 1 - rank]]
-        return float(min(1.0, config.alpha * len(counts) * mirror / counts.sum()))
+        return float(min(1.0, self.settings.alpha * len(counts) * mirror / counts.sum()))
 
 
 class Astraea(Policy):
@@ -173,8 +183,8 @@ class Astraea(Policy):
     regroups = False
     uses_rt = False
 
-    def group(self, homes, latencies, label_hists, config, rt):
-        return data_balanced_groups(homes, latencies, label_hists, config.num_groups)
+    def group(self, homes, latencies, label_hists, rt):
+        return data_balanced_groups(homes, latencies, label_hists, self.settings.num_groups)
 
 
 POLICIES: dict[str, type[Policy]] = {
@@ -182,9 +192,6 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
-def get_policy(name: str) -> Policy:
-    """The policy called ``name``; an unknown name lists the valid ones."""
-    try:
-        return POLICIES[name]()
-    except KeyError:
-        raise UserError(f"unknown strategy {name!r}; valid strategies: {', '.join(POLICIES)}") from None
+def make_policy(config: LoopConfig) -> Policy:
+    """The policy ``config.strategy`` names (LoopConfig has checked the name), with the settings it reads."""
+    return POLICIES[config.strategy](PolicySettings.of(config))

@@ -25,7 +25,6 @@ import numpy as np
 from ecofl.weights import Weights
 
 
-
 @dataclass(frozen=True)
 class HomeReport:
     """A home's answer to the profiling query (Eco-FL §5.2 "Profiling")."""
@@ -37,12 +36,29 @@ class HomeReport:
 
 
 @dataclass(frozen=True)
+class Route:
+    """Where a task belongs: the group round that sent it (the server's bookkeeping, not training settings).
+
+    Only ``virtual_time`` travels to the home (its latency on the virtual
+    clock depends on when the round was sent); the rest stays with the task
+    on the server, which files each reply with its round.
+    """
+
+    group: int = 0
+    round: int = 0  # the group's round number
+    dispatch: int = 0  # index of the round among all rounds sent
+    version: int = 0  # global model version the round started from
+    virtual_time: float = 0.0  # clock time the round was sent at
+
+
+@dataclass(frozen=True)
 class TrainTask:
-    """Train ``home`` from ``weights`` (the current global model) with ``config``."""
+    """Train ``home`` from ``weights`` (the current global model) with hyper-parameters ``train``."""
 
     home: int
     weights: Weights
-    config: dict = field(default_factory=dict)  # epochs, batch_size, lr, mu, seed, round, ...
+    train: dict = field(default_factory=dict)  # ecofl.train.TrainConfig fields: epochs, batch_size, lr, mu, seed
+    route: Route = Route()
 
 
 @dataclass(frozen=True)
@@ -64,8 +80,8 @@ class RunStopped(Exception):
 class Transport(Protocol):
     """How the event loop reaches homes."""
 
-    def query(self, homes: Sequence[int], config: dict) -> list[HomeReport]:
-        """Profile ``homes``; homes that do not answer are left out of the result."""
+    def query(self, homes: Sequence[int], virtual_time: float) -> list[HomeReport]:
+        """Profile ``homes`` at ``virtual_time``; homes that do not answer are left out of the result."""
         ...
 
     def train(self, tasks: Sequence[TrainTask]) -> list[TrainReply]:

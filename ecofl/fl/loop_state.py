@@ -1,0 +1,71 @@
+"""Everything the event loop has learnt and done, as one record a checkpoint saves and restores.
+
+:class:`LoopState` is the loop's memory apart from its settings, its clock
+and the model weights: the queried latencies and label histograms, the
+grouping and RT, counters, the metric rows, the evaluation record and the
+sampling generator. :meth:`LoopState.to_json` and :meth:`LoopState.from_json`
+walk the dataclass's fields, so a new field is checkpointed by declaring
+it (and, if JSON cannot hold it as it is, giving it a codec in ``_CODECS``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+import numpy as np
+
+from ecofl.fl.grouping import Grouping
+
+
+@dataclass
+class LoopState:
+    """The event loop's state (Eco-FL §5): what it knows of the homes, what it has applied, what it measured."""
+
+    rng: np.random.Generator  # samples idle groups and their homes
+    version: int = 0  # global model version: updates applied so far
+    rt: float | None = None  # Eco-FL's latency threshold RT (seconds)
+    grouping: Grouping | None = None
+    latencies: dict[int, float] = field(default_factory=dict)  # home -> latest response latency L_n
+    hists: dict[int, np.ndarray] = field(default_factory=dict)  # home -> label histogram pi_n
+    num_samples: dict[int, int] = field(default_factory=dict)
+    group_rounds: list[int] = field(default_factory=list)  # rounds sent per group
+    updates_per_group: list[int] = field(default_factory=list)  # updates applied per group
+    dispatched: int = 0  # rounds sent in all
+    totals: dict[str, int] = field(default_factory=lambda: {"rejected": 0, "failed": 0, "stragglers": 0})
+    empty_rounds: int = 0  # group rounds in a row without a valid update
+    rows: list[dict] = field(default_factory=list)  # one metrics row per applied update
+    last_eval: tuple[float | None, float | None] = (None, None)  # (loss, accuracy) of the latest evaluation
+    best_accuracy: float | None = None
+    target_reached: dict | None = None  # {"virtual_time", "update"} when the target accuracy was first reached
+    wall_offset: float = 0.0  # wall seconds spent before the latest resume
+
+    def to_json(self) -> dict:
+        return {f.name: _codec(f.name)[0](getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LoopState":
+        return cls(**{f.name: _codec(f.name)[1](data[f.name]) for f in fields(cls)})
+
+
+def _generator(state: dict) -> np.random.Generator:
+    rng = np.random.default_rng()
+    rng.bit_generator.state = state
+    return rng
+
+
+_SAME = (lambda v: v, lambda v: v)
+_CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "rng": (lambda rng: rng.bit_generator.state, _generator),
+    "grouping": (lambda g: g.to_json() if g is not None else None,
+                 lambda d: Grouping.from_json(d) if d is not None else None),
+    "latencies": (lambda m: {str(h): v for h, v in m.items()}, lambda m: {int(h): float(v) for h, v in m.items()}),
+    "hists": (lambda m: {str(h): v.tolist() for h, v in m.items()},
+              lambda m: {int(h): np.asarray(v, dtype=float) for h, v in m.items()}),
+    "num_samples": (lambda m: {str(h): v for h, v in m.items()}, lambda m: {int(h): int(v) for h, v in m.items()}),
+    "last_eval": (list, tuple),
+}
+
+
+def _codec(name: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    return _CODECS.get(name, _SAME)

@@ -1,0 +1,148 @@
+"""When a group round completes: on the virtual clock and on the wall clock (Eco-FL §5.1).
+
+**Virtual clock** (:class:`VirtualRounds`): a home's latency is computed by
+the home from the task's virtual time, so completion times are known when
+``Transport.train`` returns: a round completes at ``start + max latency`` of
+the replies within its deadline, or at the deadline (the group's centre
+without one) when none came. Rounds are applied in exact virtual-time order,
+however the transport schedules the real training.
+
+**Wall clock** (:class:`WallRounds`): rounds are ``submit``-ted and replies
+``collect``-ed as they arrive; a round completes the moment its last home
+answers or its deadline passes, while the other groups keep training. The
+training time a home measured is remembered for re-grouping, also when it
+answers too late for its round.
+
+Both order completed rounds by (completion, group id), so ties do not
+depend on the order a transport returns replies in.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Callable, MutableMapping, Protocol, Sequence
+
+import numpy as np
+
+from ecofl.fl.clock import Clock
+from ecofl.fl.group_round import GroupRound
+from ecofl.fl.transport import TrainReply, TrainTask, Transport
+
+log = logging.getLogger(__name__)
+
+InFlight = MutableMapping[int, GroupRound]  # group id -> its round in flight
+Latencies = MutableMapping[int, float]  # home -> latest response latency (seconds)
+
+
+class RoundCompletion(Protocol):
+    """How the loop sends rounds and learns which completed first."""
+
+    virtual: bool
+
+    def send(self, rounds: Sequence[GroupRound], tasks: Sequence[TrainTask], in_flight: InFlight) -> None:
+        """Send ``tasks`` (the homes of ``rounds``) and put the rounds in flight."""
+        ...
+
+    def next_completed(self, in_flight: InFlight, latencies: Latencies) -> GroupRound:
+        """The in-flight round that completed first (waiting for one on the wall clock)."""
+        ...
+
+    def applied(self, r: GroupRound, latencies: Latencies) -> None:
+        """Round ``r`` was applied: remember the latencies its homes reported where that is the rule."""
+        ...
+
+
+def _earliest(rounds) -> GroupRound:
+    return min(rounds, key=lambda r: (r.completion, r.group))
+
+
+class VirtualRounds:
+    """Train each batch of rounds in one blocking call; completion times follow from the replies."""
+
+    virtual = True
+
+    def __init__(self, transport: Transport, centre_of: Callable[[int], float]):
+        self.transport = transport
+        self.centre_of = centre_of  # a group's latency centre: a round with no reply and no deadline takes it
+
+    def send(self, rounds: Sequence[GroupRound], tasks: Sequence[TrainTask], in_flight: InFlight) -> None:
+        replies = sorted(self.transport.train(tasks), key=lambda r: r.home)
+        by_home = {h: r for r in rounds for h in r.homes}
+        for reply in replies:
+            if reply.home in by_home:
+                by_home[reply.home].replies.append(reply)
+        for r in rounds:
+            arrived = r.arrived()
+            if arrived:
+                r.completion = r.start + max(x.latency_s for x in arrived)
+            else:
+                r.completion = r.start + (r.deadline if r.deadline is not None else self.centre_of(r.group))
+            in_flight[r.group] = r
+
+    def next_completed(self, in_flight: InFlight, latencies: Latencies) -> GroupRound:
+        return _earliest(in_flight.values())
+
+    def applied(self, r: GroupRound, latencies: Latencies) -> None:
+        """Algorithm 1 watches the latencies of every applied round's homes."""
+        for reply in r.replies:
+            if reply.latency_s is not None and np.isfinite(reply.latency_s):
+                latencies[reply.home] = float(reply.latency_s)
+
+
+class WallRounds:
+    """Submit rounds and collect replies as they arrive; a round completes when all answered or at its deadline."""
+
+    virtual = False
+
+    def __init__(self, transport: Transport, clock: Clock):
+        self.transport = transport
+        self.clock = clock
+
+    def send(self, rounds: Sequence[GroupRound], tasks: Sequence[TrainTask], in_flight: InFlight) -> None:
+        in_flight.update({r.group: r for r in rounds})
+        self.transport.submit(tasks)
+
+    def next_completed(self, in_flight: InFlight, latencies: Latencies) -> GroupRound:
+        while True:
+            now = self.clock.now()
+            for r in in_flight.values():
+                if r.completion is None:
+                    _close_if_complete(r, now)
+            completed = [r for r in in_flight.values() if r.completion is not None]
+            if completed:
+                return _earliest(completed)
+            deadlines = [r.start + r.deadline for r in in_flight.values() if r.deadline is not None]
+            wait = max(0.0, min(deadlines) - now) if deadlines else None
+            for task, reply in self.transport.collect(wait):
+                _receive(in_flight, latencies, task, reply, self.clock.now())
+
+    def applied(self, r: GroupRound, latencies: Latencies) -> None:
+        """Latencies were remembered as the replies arrived."""
+
+
+def _receive(in_flight: InFlight, latencies: Latencies, task: TrainTask, reply: TrainReply, arrival: float) -> None:
+    """File a reply with its round, as arriving ``arrival - start`` after it was sent."""
+    if np.isfinite(reply.latency_s):
+        latencies[reply.home] = float(reply.latency_s)
+    r = in_flight.get(task.route.group)
+    if r is None or r.dispatch != task.route.dispatch or r.completion is not None:
+        log.info("home %d answered after its round (dispatch %d) was closed", task.home, task.route.dispatch)
+        return
+    r.replies.append(replace(reply, latency_s=arrival - r.start))
+
+
+def _close_if_complete(r: GroupRound, now: float) -> None:
+    """A wall-clock round completes when every home answered, or at its deadline."""
+    if {x.home for x in r.replies} >= set(r.homes):
+        r.completion = r.start + max(x.latency_s for x in r.replies)
+    elif r.deadline is not None and now >= r.start + r.deadline:
+        r.completion = r.start + r.deadline
+    else:
+        return
+    r.replies.sort(key=lambda x: x.home)
+
+
+def round_completion(clock: Clock, transport: Transport, centre_of: Callable[[int], float]) -> RoundCompletion:
+    """The completion rule of ``clock``'s kind."""
+    return VirtualRounds(transport, centre_of) if clock.virtual else WallRounds(transport, clock)
