@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
+from ecofl.pipeline.instructions import device_program
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime.emulation import MemoryLedger, TokenBucket
 from ecofl.pipeline.runtime.errors import EmulatedOOM
@@ -30,8 +31,9 @@ def test_replicated_stages_exchange_overlapping_sample_ranges():
     assert roles[0].groups == ((0, 1), (2, 3)) and roles[3].replicas == (2, 3)
     assert roles[0].input_bps is None and roles[1].input_bps == 1e6  # the portal is device 0
     assert roles[0].allreduce_bps == 1e6
-    expected = [(a.kind, a.micro_batch) for a in one_f_one_b(2, 4, [3, 1])[0]]
-    assert list(roles[0].actions) == expected and roles[0].resident_bound == 3
+    expected = device_program(one_f_one_b(2, 4, [3, 1])[0], 0, 2, replicated=True)
+    assert roles[0].program == expected and roles[0].resident_bound == 3
+    assert [i.op for i in expected[-2:]] == ["reduce_grads", "optimizer_step"]
     assert WorkerRole.from_json(roles[3].to_json()) == roles[3]
     assert all(p.bandwidth_bps is None for r in worker_roles(plan, pool, None, emulate=False) for p in r.destinations)
 

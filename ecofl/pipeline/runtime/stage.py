@@ -1,9 +1,10 @@
-"""One device's part of a sync-round: run the stage's action list, then flush.
+"""One device's part of a sync-round: execute its program (:mod:`ecofl.pipeline.instructions`).
 
-The executor of Asteroid's worker (Fig. 11): forward tasks take their input
-from the portal (stage 0) or from the previous stage's devices, backward
-tasks their output gradient from the loss (last stage) or from the next
-stage's devices; results go out through the dispatchers. Gradients
+The executor of Asteroid's worker (Fig. 11): a forward's input comes from
+the portal (stage 0, ``load``) or from the previous stage's devices
+(``recv_activation``, filled by receiver threads), a backward's output
+gradient from the loss (last stage) or from the next stage's devices
+(``recv_grad``); ``send_*`` hand results to the dispatcher threads. Gradients
 accumulate over the sync-round's micro-batches and the weights update once,
 at the pipeline flush (Eco-FL §4.1): in a replicated stage the devices first
 sum their gradients with an all-reduce. The last stage scales each sample's
@@ -23,6 +24,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ecofl.pipeline.instructions import (
+    Backward,
+    Forward,
+    Instruction,
+    LoadMicroBatch,
+    OptimizerStep,
+    RecvActivation,
+    RecvGrad,
+    ReduceGrads,
+    SendActivation,
+    SendGrad,
+)
 from ecofl.pipeline.runtime.comm import AbortCheck, Dispatcher, EpochGroup, Receiver, never_aborted, wait
 from ecofl.pipeline.runtime.emulation import MemoryLedger, dilate, saved_bytes
 from ecofl.pipeline.runtime.topology import WorkerRole
@@ -100,7 +113,7 @@ class StageExecutor:
 
     def run_round(self, inputs: torch.Tensor | None, labels: torch.Tensor | None, batch_size: int,
                   abort: AbortCheck = never_aborted) -> RoundStats:
-        """One sync-round: the action list, then the flush. ``inputs`` / ``labels``: [M, samples, ...].
+        """One sync-round: the role's program, instruction by instruction. ``inputs`` / ``labels``: [M, samples, ...].
 
         ``abort`` is checked in every wait; an aborted round leaves gradients
         half accumulated, so the caller restores the stage from its snapshot.
@@ -108,100 +121,108 @@ class StageExecutor:
         role = self.role
         self.abort = abort
         assert self.settings is not None, "configure() first"
-        round_start = time.time()
         stats = RoundStats(fixed_bytes=self.fixed_bytes())
         ledger = MemoryLedger(f"{role.device} ({role.device_name})", role.stage, role.memory_bytes, stats.fixed_bytes,
                               role.resident_bound, role.schedule, enforce=role.emulate)
+        program = role.program if role.samples else tuple(i for i in role.program if i.micro_batch < 0)
+        sync_round = _SyncRound(inputs, labels, batch_size, time.time(), stats, ledger, program, self.epoch, role)
         self.module.train()
-        if role.samples:
-            forwards = [m for kind, m in role.actions if kind == "F"]
-            backwards = [m for kind, m in role.actions if kind == "B"]
-            activations = {p.rank: Receiver(self.epoch.pg, p.rank, forwards) for p in role.sources}
-            gradients = {p.rank: Receiver(self.epoch.pg, p.rank, backwards) for p in role.destinations}
-            stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-            for kind, m in role.actions:
-                if kind == "F":
-                    stash[m] = self._forward(m, inputs, labels, batch_size, activations, round_start, stats, ledger)
-                else:
-                    self._backward(m, stash.pop(m), gradients, stats, ledger)
-        self._flush(stats)
+        for instruction in program:
+            self._run[type(instruction)](self, sync_round, instruction.micro_batch)
         for dispatcher in self.dispatchers.values():
             dispatcher.drain(self.timeout_s, abort)
             stats.events.extend(dispatcher.take_events())
         stats.peak_resident, stats.peak_activation_bytes = ledger.peak_count, ledger.peak_bytes
         return stats
 
-    def _forward(self, m, inputs, labels, batch_size, activations, round_start, stats, ledger):
+    def _load(self, r: "_SyncRound", m: int) -> None:
+        x = r.inputs[m]
+        if self.role.input_bps is not None:  # the portal sends micro-batches back to back from the start
+            arrival = r.start + (m + 1) * x.numel() * x.element_size() / self.role.input_bps
+            dilate(time.time(), arrival - time.time(), 1.0, self.abort)
+        r.received[m] = x
+
+    def _recv_activation(self, r: "_SyncRound", m: int) -> None:
+        parts = [r.activations[p.rank].get(self.timeout_s, self.abort) for p in self.role.sources]
+        r.received[m] = torch.cat(parts).requires_grad_()
+
+    def _forward(self, r: "_SyncRound", m: int) -> None:
         role = self.role
-        if role.stage == 0:
-            x = inputs[m]
-            if role.input_bps is not None:  # the portal sends micro-batches back to back from the start
-                arrival = round_start + (m + 1) * x.numel() * x.element_size() / role.input_bps
-                dilate(time.time(), arrival - time.time(), 1.0, self.abort)
-        else:
-            x = torch.cat([activations[p.rank].get(self.timeout_s, self.abort) for p in role.sources]).requires_grad_()
+        x = r.received.pop(m)
         start = time.time()
         with saved_bytes(self.params) as nbytes:
             out = self.module(x)
             if role.stage == role.num_stages - 1:
-                summed = F.cross_entropy(out, labels[m], reduction="sum")
-                stats.loss_sum += summed.item()
-                out = summed / batch_size
+                summed = F.cross_entropy(out, r.labels[m], reduction="sum")
+                r.stats.loss_sum += summed.item()
+                out = summed / r.batch_size
         end = self._end(start, role.forward_s)
-        stats.events.append(("F", m, start, end))
-        ledger.forward(m, nbytes[0])
-        for p in role.destinations:
-            self.dispatchers[p.rank].put(out[p.lo - role.lo : p.hi - role.lo], m)
-        return x, out
+        r.stats.events.append(("F", m, start, end))
+        r.ledger.forward(m, nbytes[0])
+        r.stash[m] = (x, out)
 
-    def _backward(self, m, stashed, gradients, stats, ledger):
-        role = self.role
-        x, out = stashed
-        if role.stage == role.num_stages - 1:
-            start = time.time()
-            out.backward()
-        else:
-            grad = torch.cat([gradients[p.rank].get(self.timeout_s, self.abort) for p in role.destinations])
-            start = time.time()
-            out.backward(grad)
-        end = self._end(start, role.backward_s)
-        stats.events.append(("B", m, start, end))
-        ledger.backward(m)
-        for p in role.sources:
-            self.dispatchers[p.rank].put(x.grad[p.lo - role.lo : p.hi - role.lo], m)
+    def _send_activation(self, r: "_SyncRound", m: int) -> None:
+        out = r.stash[m][1]
+        for p in self.role.destinations:
+            self.dispatchers[p.rank].put(out[p.lo - self.role.lo : p.hi - self.role.lo], m)
 
-    def _flush(self, stats: RoundStats) -> None:
-        """All-reduce inside a replicated stage, FedProx term, one optimizer step (Eco-FL §4.1 flush)."""
-        role, settings = self.role, self.settings
-        group = self.epoch.stage_pg
-        if group is not None:
-            start = time.time()
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            flat = _flatten_dense_tensors(grads)
-            wait(group.allreduce([flat]), self.abort, self.timeout_s, "the stage's gradient all-reduce")
-            for p, reduced in zip(self.params, _unflatten_dense_tensors(flat, grads)):
-                p.grad = reduced
-            if self.buffers:
-                flat = _flatten_dense_tensors([b * role.replica_weight for b in self.buffers])
-                wait(group.allreduce([flat]), self.abort, self.timeout_s, "the stage's buffer all-reduce")
-                for b, reduced in zip(self.buffers, _unflatten_dense_tensors(flat, self.buffers)):
-                    b.copy_(reduced)
-            emulated = None
-            if role.allreduce_bps is not None:  # ring all-reduce, Asteroid eq. 5
-                n = len(role.replicas)
-                emulated = 2 * (n - 1) / n * _bytes(self.params) / role.allreduce_bps
-            stats.events.append(("allreduce", -1, start, self._end(start, emulated)))
+    def _recv_grad(self, r: "_SyncRound", m: int) -> None:
+        r.output_grads[m] = torch.cat([r.gradients[p.rank].get(self.timeout_s, self.abort)
+                                       for p in self.role.destinations])
+
+    def _backward(self, r: "_SyncRound", m: int) -> None:
+        x, out = r.stash.pop(m)
         start = time.time()
-        if settings.mu > 0:
+        out.backward(r.output_grads.pop(m, None))  # the last stage's output is the scaled loss
+        end = self._end(start, self.role.backward_s)
+        r.stats.events.append(("B", m, start, end))
+        r.ledger.backward(m)
+        r.input_grads[m] = x.grad
+
+    def _send_grad(self, r: "_SyncRound", m: int) -> None:
+        grad = r.input_grads.pop(m)
+        for p in self.role.sources:
+            self.dispatchers[p.rank].put(grad[p.lo - self.role.lo : p.hi - self.role.lo], m)
+
+    def _reduce_grads(self, r: "_SyncRound", m: int) -> None:
+        """Sum gradients over the stage's replicas, average float buffers by share (Asteroid §4)."""
+        role, group = self.role, self.epoch.stage_pg
+        start = time.time()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = _flatten_dense_tensors(grads)
+        wait(group.allreduce([flat]), self.abort, self.timeout_s, "the stage's gradient all-reduce")
+        for p, reduced in zip(self.params, _unflatten_dense_tensors(flat, grads)):
+            p.grad = reduced
+        if self.buffers:
+            flat = _flatten_dense_tensors([b * role.replica_weight for b in self.buffers])
+            wait(group.allreduce([flat]), self.abort, self.timeout_s, "the stage's buffer all-reduce")
+            for b, reduced in zip(self.buffers, _unflatten_dense_tensors(flat, self.buffers)):
+                b.copy_(reduced)
+        emulated = None
+        if role.allreduce_bps is not None:  # ring all-reduce, Asteroid eq. 5
+            n = len(role.replicas)
+            emulated = 2 * (n - 1) / n * _bytes(self.params) / role.allreduce_bps
+        r.stats.events.append(("allreduce", -1, start, self._end(start, emulated)))
+
+    def _optimizer_step(self, r: "_SyncRound", m: int) -> None:
+        """FedProx term, then one optimizer step for the mini-batch (Eco-FL §4.1 flush)."""
+        start = time.time()
+        if self.settings.mu > 0:
             with torch.no_grad():
                 for p, ref in zip(self.params, self.reference):
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-                    p.grad.add_(p - ref, alpha=settings.mu)
+                    p.grad.add_(p - ref, alpha=self.settings.mu)
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        stats.events.append(("step", -1, start, self._end(start, role.step_s)))
+        r.stats.events.append(("step", -1, start, self._end(start, self.role.step_s)))
+
+    _run = {
+        LoadMicroBatch: _load, RecvActivation: _recv_activation, Forward: _forward,
+        SendActivation: _send_activation, RecvGrad: _recv_grad, Backward: _backward, SendGrad: _send_grad,
+        ReduceGrads: _reduce_grads, OptimizerStep: _optimizer_step,
+    }
 
     def _end(self, start: float, emulated_s: float | None) -> float:
         """End of an operation begun at ``start``: dilated to the emulated device's pace if emulating."""
@@ -213,6 +234,23 @@ class StageExecutor:
     def close(self) -> None:
         for dispatcher in self.dispatchers.values():
             dispatcher.close()
+
+
+class _SyncRound:
+    """One sync-round's data in flight on this device: what arrived, what waits for its backward or its send."""
+
+    def __init__(self, inputs, labels, batch_size: int, start: float, stats: RoundStats, ledger: MemoryLedger,
+                 program: tuple[Instruction, ...], epoch: EpochGroup, role: WorkerRole):
+        self.inputs, self.labels, self.batch_size, self.start = inputs, labels, batch_size, start
+        self.stats, self.ledger = stats, ledger
+        forwards = [i.micro_batch for i in program if isinstance(i, RecvActivation)]
+        backwards = [i.micro_batch for i in program if isinstance(i, RecvGrad)]
+        self.activations = {p.rank: Receiver(epoch.pg, p.rank, forwards) for p in role.sources}
+        self.gradients = {p.rank: Receiver(epoch.pg, p.rank, backwards) for p in role.destinations}
+        self.received: dict[int, torch.Tensor] = {}  # micro-batch -> forward input
+        self.stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # micro-batch -> (input, output) until backward
+        self.output_grads: dict[int, torch.Tensor] = {}
+        self.input_grads: dict[int, torch.Tensor] = {}
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:

@@ -11,7 +11,10 @@ object, torch.distributed.pipelining's action lists):
   j returns their gradients to i (Asteroid Fig. 10 and §4: every sample's
   forward and backward on one device per stage), exactly as the cost model
   (:mod:`ecofl.pipeline.cost`) assumes;
-- **actions**: the stage's action list from :mod:`ecofl.pipeline.schedule`;
+- **program**: the device's typed instructions (:mod:`ecofl.pipeline.instructions`),
+  derived from its stage's action list of :mod:`ecofl.pipeline.schedule` and
+  checked when a role is made (also from JSON: a worker runs only a
+  well-formed program);
 - **emulation targets**: what each operation must take on the emulated device
   (the cost model's own numbers when a profile is given), link rates, memory.
 """
@@ -23,6 +26,14 @@ from typing import Any
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.cost import plan_schedule, stage_compute_s
+from ecofl.pipeline.instructions import (
+    Backward,
+    Forward,
+    Program,
+    check_program,
+    device_program,
+    program_from_json,
+)
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import Schedule
@@ -55,8 +66,8 @@ class WorkerRole:
     micro_batch: int
     num_micro_batches: int
     schedule: str
-    actions: tuple[tuple[str, int], ...]  # ("F" | "B", micro-batch), in order
-    resident_bound: int  # most forward tasks the action list keeps resident
+    program: Program  # this device's sync-round, instruction by instruction (ecofl.pipeline.instructions)
+    resident_bound: int  # most forward tasks the program keeps resident
     sources: tuple[Peer, ...]  # devices of stage - 1 that send me activations
     destinations: tuple[Peer, ...]  # devices of stage + 1 I send activations to
     replicas: tuple[int, ...]  # ranks of every device of my stage (mine included)
@@ -71,18 +82,23 @@ class WorkerRole:
     step_s: float | None
     allreduce_bps: float | None  # slowest link inside my stage when emulating a replicated stage
 
+    def __post_init__(self) -> None:
+        check_program(self.program, self.stage, self.num_stages, replicated=len(self.replicas) > 1)
+
     @property
     def samples(self) -> int:
         return self.hi - self.lo
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["program"] = [instruction.to_json() for instruction in self.program]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "WorkerRole":
         data = dict(data)
         data["layers"] = tuple(data["layers"])
-        data["actions"] = tuple((kind, int(m)) for kind, m in data["actions"])
+        data["program"] = program_from_json(data["program"])
         data["sources"] = tuple(Peer(**p) for p in data["sources"])
         data["destinations"] = tuple(Peer(**p) for p in data["destinations"])
         data["replicas"] = tuple(data["replicas"])
@@ -118,8 +134,8 @@ def worker_roles(
 
     roles = []
     for s, stage in enumerate(plan.stages):
-        actions = tuple((a.kind, a.micro_batch) for a in schedule[s])
-        bound = _resident_bound(actions)
+        program = device_program(schedule[s], s, len(plan.stages), replicated=len(stage.devices) > 1)
+        bound = _resident_bound(program)
         for device, (lo, hi) in ranges[s].items():
             spec = pool.devices[device]
             forward = backward = step = None
@@ -142,7 +158,7 @@ def worker_roles(
                     micro_batch=plan.micro_batch,
                     num_micro_batches=plan.num_micro_batches,
                     schedule=plan.schedule,
-                    actions=actions,
+                    program=program,
                     resident_bound=bound,
                     sources=_peers(ranges[s - 1], lo, hi, rank_of, lambda d, me=device: link(me, d)) if s else (),
                     destinations=(
@@ -184,10 +200,10 @@ def _peers(ranges: dict[int, tuple[int, int]], lo: int, hi: int, rank_of: dict[i
     return tuple(peers)
 
 
-def _resident_bound(actions: tuple[tuple[str, int], ...]) -> int:
+def _resident_bound(program: Program) -> int:
     resident = most = 0
-    for kind, _ in actions:
-        resident += 1 if kind == "F" else -1
+    for instruction in program:
+        resident += {Forward: 1, Backward: -1}.get(type(instruction), 0)
         most = max(most, resident)
     return most
 

@@ -1,0 +1,171 @@
+"""What one device does in a sync-round, as typed instructions (plain data, JSON on the wire).
+
+A stage's schedule (:mod:`ecofl.pipeline.schedule`) says in which order a
+stage runs forward and backward passes of its micro-batches. A device's
+*program* spells every step out, in the manner of DeepSpeed's pipe
+instructions: where a forward's input comes from (the portal's data for
+stage 0, else the previous stage's devices), the pass itself, where its
+output goes; the same for a backward; and the pipeline flush of Eco-FL
+§4.1 (the gradient all-reduce inside a replicated stage, Asteroid §4, then
+one optimizer step). The worker executes a program instruction by
+instruction (:mod:`ecofl.pipeline.runtime.stage`) and knows nothing of
+schedules.
+
+:func:`device_program` derives the program of a stage's action list;
+:func:`check_program` is what the worker insists on before running one it
+received: every micro-batch's data arrives before the pass that needs it,
+every output leaves after the pass that made it, every forward is followed
+by its backward, and the flush comes last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+from ecofl.pipeline.schedule import Action, ScheduleError
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One step of a device's sync-round; ``micro_batch`` is -1 for the flush's steps."""
+
+    micro_batch: int = -1
+    op: ClassVar[str] = ""
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "micro_batch": self.micro_batch}
+
+
+@dataclass(frozen=True)
+class LoadMicroBatch(Instruction):
+    """Stage 0: take this micro-batch's samples from the portal's data (paced at the portal's link)."""
+
+    op: ClassVar[str] = "load"
+
+
+@dataclass(frozen=True)
+class RecvActivation(Instruction):
+    """Receive the micro-batch's activations from every device of the previous stage that holds my samples."""
+
+    op: ClassVar[str] = "recv_activation"
+
+
+@dataclass(frozen=True)
+class Forward(Instruction):
+    """The stage's forward pass; on the last stage also the loss, scaled by 1 / mini-batch."""
+
+    op: ClassVar[str] = "forward"
+
+
+@dataclass(frozen=True)
+class SendActivation(Instruction):
+    """Send each device of the next stage the activations of the samples it holds."""
+
+    op: ClassVar[str] = "send_activation"
+
+
+@dataclass(frozen=True)
+class RecvGrad(Instruction):
+    """Receive the gradient of the micro-batch's output from the next stage's devices."""
+
+    op: ClassVar[str] = "recv_grad"
+
+
+@dataclass(frozen=True)
+class Backward(Instruction):
+    """The stage's backward pass; gradients accumulate until the flush."""
+
+    op: ClassVar[str] = "backward"
+
+
+@dataclass(frozen=True)
+class SendGrad(Instruction):
+    """Send each device of the previous stage the input gradient of its samples."""
+
+    op: ClassVar[str] = "send_grad"
+
+
+@dataclass(frozen=True)
+class ReduceGrads(Instruction):
+    """Sum gradients (and share-weighted float buffers) over the replicas of a replicated stage."""
+
+    op: ClassVar[str] = "reduce_grads"
+
+
+@dataclass(frozen=True)
+class OptimizerStep(Instruction):
+    """The flush's step: FedProx term, then one optimizer step for the whole mini-batch."""
+
+    op: ClassVar[str] = "optimizer_step"
+
+
+Program = tuple[Instruction, ...]
+
+INSTRUCTIONS: dict[str, type[Instruction]] = {
+    cls.op: cls for cls in (LoadMicroBatch, RecvActivation, Forward, SendActivation, RecvGrad, Backward, SendGrad,
+                            ReduceGrads, OptimizerStep)
+}
+
+
+def device_program(actions: Sequence[Action], stage: int, num_stages: int, replicated: bool) -> Program:
+    """The program of one device of ``stage`` running its stage's ``actions``, then the flush."""
+    first, last = stage == 0, stage == num_stages - 1
+    program: list[Instruction] = []
+    for action in actions:
+        m = action.micro_batch
+        if action.kind == "F":
+            program += [LoadMicroBatch(m) if first else RecvActivation(m), Forward(m)]
+            program += [] if last else [SendActivation(m)]
+        elif action.kind == "B":
+            program += ([] if last else [RecvGrad(m)]) + [Backward(m)] + ([] if first else [SendGrad(m)])
+        else:
+            raise ScheduleError(f"unknown action kind {action.kind!r} in {action}")
+    program += ([ReduceGrads()] if replicated else []) + [OptimizerStep()]
+    return tuple(program)
+
+
+def program_from_json(data: Sequence[dict]) -> Program:
+    """A program from its JSON form; an unknown instruction is a :class:`ScheduleError`."""
+    program = []
+    for item in data:
+        cls = INSTRUCTIONS.get(item.get("op")) if isinstance(item, dict) else None
+        if cls is None:
+            raise ScheduleError(f"unknown instruction {item!r}; valid: {', '.join(INSTRUCTIONS)}")
+        program.append(cls(int(item.get("micro_batch", -1))))
+    return tuple(program)
+
+
+def check_program(program: Program, stage: int, num_stages: int, replicated: bool) -> None:
+    """Raise :class:`ScheduleError` unless ``program`` is a well-formed sync-round of a device of ``stage``."""
+    first, last = stage == 0, stage == num_stages - 1
+    needs = {  # instruction -> the instruction on the same micro-batch that must come before it
+        Forward: LoadMicroBatch if first else RecvActivation,
+        SendActivation: Forward,
+        Backward: Forward if last else RecvGrad,
+        RecvGrad: Forward,
+        SendGrad: Backward,
+    }
+    misplaced = {LoadMicroBatch: not first, RecvActivation: first, SendActivation: last, RecvGrad: last,
+                 SendGrad: first, ReduceGrads: not replicated}
+    done: set[tuple[type, int]] = set()
+    for i, ins in enumerate(program):
+        kind = type(ins)
+        where = f"instruction {i} ({ins.op} {ins.micro_batch}) of stage {stage}"
+        if misplaced.get(kind, False):
+            raise ScheduleError(f"{where}: not an instruction of this stage")
+        if (kind, ins.micro_batch) in done:
+            raise ScheduleError(f"{where}: repeated")
+        if kind in needs and (needs[kind], ins.micro_batch) not in done:
+            raise ScheduleError(f"{where}: comes before its {needs[kind].op}")
+        if kind in (ReduceGrads, OptimizerStep) and i < len(program) - (2 if kind is ReduceGrads else 1):
+            raise ScheduleError(f"{where}: the flush must come last")
+        done.add((kind, ins.micro_batch))
+    obligations = [(Forward, Backward)] + ([] if last else [(Forward, SendActivation)]) + (
+        [] if first else [(Backward, SendGrad)])
+    for made, then in obligations:
+        missing = sorted(m for kind, m in done if kind is made and (then, m) not in done)
+        if missing:
+            raise ScheduleError(f"stage {stage}: micro-batches {missing} have a {made.op} but no {then.op}")
+    if not program or not isinstance(program[-1], OptimizerStep):
+        raise ScheduleError(f"stage {stage}: the program must end with the optimizer step")
