@@ -32,6 +32,15 @@ def request(content: RecordDict, kind: str) -> Message:
     return Message(content=content, metadata=metadata)
 
 
+def train_content(weights, config: dict, setup: str = SETUP) -> RecordDict:
+    """protocol.train_content with ``config``'s virtual_time (default 0); any value, even a malformed one, is sent."""
+    train = {k: v for k, v in config.items() if k != "virtual_time"}
+    content = protocol.train_content(weights, train, 0.0, setup)
+    if "virtual_time" in config:
+        content[protocol.CONFIG]["virtual_time"] = config["virtual_time"]
+    return content
+
+
 def context(home: int = 3) -> Context:
     return Context(run_id=1, node_id=7, node_config={"partition-id": home, "num-partitions": HOMES},
                    state=RecordDict(), run_config={})
@@ -63,8 +72,8 @@ def test_without_a_latency_model_query_reports_a_probed_round_time():
 
 def test_train_returns_new_weights_samples_loss_and_latency_at_virtual_time():
     weights = initial_weights()
-    config = {"epochs": 1, "batch_size": 10, "lr": 0.05, "mu": 0.05, "seed": 1, "virtual_time": 5.0, "round": 2}
-    reply = protocol.read_reply(app(request(protocol.train_content(weights, config, SETUP), MessageType.TRAIN),
+    config = {"epochs": 1, "batch_size": 10, "lr": 0.05, "mu": 0.05, "seed": 1, "virtual_time": 5.0}
+    reply = protocol.read_reply(app(request(train_content(weights, config), MessageType.TRAIN),
                                     context(3)), home=3)
     assert reply.error is None
     assert reply.num_samples == len(federation(SETUP).parts[3])
@@ -85,7 +94,7 @@ def test_train_returns_new_weights_samples_loss_and_latency_at_virtual_time():
     ],
 )
 def test_malformed_train_config_gets_an_error_reply(config, reason):
-    message = request(protocol.train_content(initial_weights(), config, SETUP), MessageType.TRAIN)
+    message = request(train_content(initial_weights(), config), MessageType.TRAIN)
     reply = app(message, context())
     assert reply.has_error() and reply.error.code == protocol.MALFORMED_REQUEST
     assert reason in reply.error.reason
@@ -94,7 +103,7 @@ def test_malformed_train_config_gets_an_error_reply(config, reason):
 
 def test_wrong_weights_setup_or_home_get_error_replies():
     weights = initial_weights()
-    wrong_shapes = app(request(protocol.train_content(weights[:-1], {}, SETUP), MessageType.TRAIN), context())
+    wrong_shapes = app(request(train_content(weights[:-1], {}), MessageType.TRAIN), context())
     assert "expected" in wrong_shapes.error.reason
     bad_setup = app(request(RecordDict({"config": ConfigRecord({"setup": "{not json"})}), MessageType.TRAIN),
                     context())

@@ -56,7 +56,8 @@ def request(content: RecordDict) -> Message:
 def train(setup: str, home: int, config: dict) -> Message:
     context = Context(run_id=1, node_id=7, node_config={"partition-id": home, "num-partitions": HOMES},
                       state=RecordDict(), run_config={})
-    return app(request(protocol.train_content(WEIGHTS, config, setup)), context)
+    train_config = {k: v for k, v in config.items() if k != "virtual_time"}
+    return app(request(protocol.train_content(WEIGHTS, train_config, config.get("virtual_time", 0.0), setup)), context)
 
 
 def worker_processes() -> list[int]:
@@ -83,7 +84,7 @@ def worker_processes() -> list[int]:
     ],
 )
 def test_pipeline_home_returns_the_in_process_weights(home, config):
-    config = {**config, "virtual_time": 5.0, "round": 1}
+    config = {**config, "virtual_time": 5.0}
     in_process = protocol.read_reply(train(BASE.to_json(), home, config), home)
     setup = setup_json(**PIPELINE)
     message = train(setup, home, config)
@@ -160,7 +161,7 @@ def test_impossible_requests_are_error_replies():
     assert "momentum" in partial_with_momentum.error.reason
     bad_setup = train(BASE.to_json().replace('"pipeline_home": {}', '"pipeline_home": {"homes": [3], "pool": "mansion"}'),
                       3, {})
-    assert bad_setup.error.code == protocol.MALFORMED_REQUEST and "unknown home pool" in bad_setup.error.reason
+    assert bad_setup.error.code == protocol.MALFORMED_REQUEST and "unknown pool or device preset 'mansion'" in bad_setup.error.reason
     assert worker_processes() == []
 
 
