@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.cost import plan_schedule
+from ecofl.pipeline.cost import plan_schedule, simulate
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime.admission import admit_devices
@@ -119,6 +119,10 @@ class HomePipeline:
         self.roles = worker_roles(plan, self.pool, self.profile, self.emulate, pace_links=self.network is None,
                                   schedule=schedule)
         self.stage_keys = [self.keys_of(stage.layers) for stage in plan.stages]
+
+    def predicted_sync_round_s(self) -> float | None:
+        """The cost model's sync-round of the current plan (None without a profile)."""
+        return None if self.profile is None else simulate(self.plan, self.profile, self.pool).sync_round_s
 
     def keys_of(self, layers: tuple[int, int]) -> list[str]:
         return [k for keys in self.layer_keys[layers[0] : layers[1] + 1] for k in keys]
