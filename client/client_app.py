@@ -14,6 +14,8 @@ the server sends. Homes selected by the setup's ``pipeline_home`` section
 train through the real pipeline runtime instead (:mod:`client.pipeline_training`:
 one worker process per device, emulated by default), with the same update;
 their reply carries the measured pipeline times (``pipeline_train_s``, ...)
+(a deployed home whose node_config names a ``home-service`` trains there,
+on the devices joined right now: :mod:`ecofl.deploy`)
 and, when the loop runs on the wall clock (no latency model), the measured
 training time as ``latency_s``. Which home this node is comes from
 ``node_config["partition-id"]`` (set by the simulation engine, or by
@@ -37,6 +39,8 @@ from flwr.clientapp import ClientApp
 import protocol
 from client.federation import Federation, federation
 from client.pipeline_training import train_through_pipeline
+from ecofl.deploy.home_client import train_at_home
+from ecofl.deploy.secrets import read_secret
 from ecofl.errors import UserError
 from ecofl.fl.federation_setup import PipelineHomeSettings
 from ecofl.fl.transport import HomeReport, TrainReply
@@ -85,6 +89,8 @@ def train(message: Message, context: Context) -> Message:
     except (MalformedRequest, UserError, ValueError, KeyError, TypeError) as err:
         return _error(message, err)
     data = fed.home(home)
+    if protocol.HOME_SERVICE in context.node_config:
+        return _train_at_home_service(message, context, fed, home, get_weights(model), config, virtual_time)
     if pipeline.selects(home):
         return _train_through_pipeline(message, fed, home, pipeline, get_weights(model), config, virtual_time)
     started = time.perf_counter()
@@ -99,6 +105,31 @@ def train(message: Message, context: Context) -> Message:
         latency_s=measured if latency is None else latency,
     )
     return Message(protocol.reply_content(reply), reply_to=message)
+
+
+def _train_at_home_service(
+    message: Message, context: Context, fed: Federation, home: int, weights: list, config: TrainConfig,
+    virtual_time: float,
+) -> Message:
+    """A deployed home: its home service trains on the devices present (docs/deploy.md); a failure is an error reply."""
+    data, setup = fed.home(home), fed.setup
+    planner, granularity = PipelineHomeSettings.from_dict(setup.pipeline_home).planning(setup.latency)
+    model = ZooModel(setup.model["name"], tuple(fed.dataset.input_shape), fed.dataset.num_classes, granularity,
+                     dict(setup.model.get("options") or {}))
+    try:
+        host, _, port = str(context.node_config[protocol.HOME_SERVICE]).rpartition(":")
+        secret = read_secret(str(context.node_config.get(protocol.HOME_SECRET_FILE) or "") or None)
+        trained = train_at_home((host, int(port)), secret, model, weights, data.x, data.y, config)
+    except Exception as err:  # noqa: BLE001 - this round's answer, not the node's end
+        reason = f"home {home}'s service: {type(err).__name__}: {err}"
+        return Message(Error(code=protocol.PIPELINE_FAILED, reason=reason), reply_to=message)
+    latency = fed.latency(home, virtual_time)
+    measured = float(trained.metrics.get("pipeline_train_s", 0.0)) + float(trained.metrics.get("pipeline_start_s", 0.0))
+    reply = TrainReply(home=home, weights=trained.weights, num_samples=trained.num_samples, loss=trained.loss,
+                       latency_s=measured if latency is None else latency)
+    metrics = {k: v for k, v in trained.metrics.items() if isinstance(v, (int, float))}
+    metrics["home_devices"] = len(trained.devices)
+    return Message(protocol.reply_content(reply, metrics), reply_to=message)
 
 
 def _train_through_pipeline(

@@ -45,6 +45,10 @@ PARTITION_ID = "partition-id"
 NUM_EXAMPLES = "num-examples"  # the key Flower's strategies weight by
 MALFORMED_REQUEST = 400  # Flower's own error codes (flwr.common.constant.ErrorCode) stop at 8
 PIPELINE_FAILED = 500  # the home's pipeline runtime could not train (client.pipeline_training)
+#: node_config keys of a deployed home (docs/deploy.md): its home service's HOST:PORT and the file with the
+#: home's secret. With them the ClientApp trains through the home service instead of in its own process.
+HOME_SERVICE = "home-service"
+HOME_SECRET_FILE = "home-secret-file"
 
 
 def config_record(values: Mapping[str, object]) -> ConfigRecord:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -111,8 +112,20 @@ def make_server_app(
 app = ServerApp()
 
 
+def measured_latency(run_config: Mapping) -> dict:
+    """The run config with ``latency.kind = "measured"`` read as no latency model (the wall clock).
+
+    ``conf/latency/measured.yaml`` is an empty section, which a flat run config
+    cannot spell; ``"measured"`` drops every ``latency.*`` key, so homes report
+    the time they measured and the loop runs on the wall clock (deployment).
+    """
+    if run_config.get("latency.kind") != "measured":
+        return dict(run_config)
+    return {key: value for key, value in run_config.items() if not key.startswith("latency.")}
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """``flwr run``: the experiment comes from the run config."""
-    exp = experiment_from_run_config(context.run_config)
+    exp = experiment_from_run_config(measured_latency(context.run_config))
     run_server(grid, exp, Path(exp.out_dir or DEFAULT_OUT_DIR).resolve(), progress=False)

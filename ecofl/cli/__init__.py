@@ -14,7 +14,7 @@ import sys
 from ecofl.errors import UserError
 
 # Sub-command modules, in the order ``ecofl --help`` lists them.
-COMMAND_MODULES = ("data", "train", "plan", "home")
+COMMAND_MODULES = ("data", "train", "plan", "home", "device")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 
+from ecofl.cli import home_serve
 from ecofl.pools import load_pool
 from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.data import DATASETS, load_dataset
@@ -32,8 +33,9 @@ from ecofl.pipeline.runtime.portal import HomePipeline
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    home = subparsers.add_parser("home", help="run a home's pipeline for real (emulated devices)")
+    home = subparsers.add_parser("home", help="run a home's pipeline (emulated devices), or serve a deployed home")
     commands = home.add_subparsers(dest="home_command", required=True)
+    home_serve.register(commands)
     parser = commands.add_parser("train", help="train through the home pipeline and measure it")
     parser.add_argument("--model", required=True)
     parser.add_argument("--pool", required=True, help="a named pool (conf/home), a pool file (YAML) or presets a,b,c")

@@ -138,7 +138,7 @@ class _Worker:
 def simulate(plan: Plan, profile: ModelProfile, pool: HomePool) -> SyncRoundCost:
     """Event simulation of one sync-round of ``plan`` (see the module docstring for the model)."""
     _check(plan, profile, pool)
-    num_stages, m_count = len(plan.stages), plan.num_micro_batches
+    m_count = plan.num_micro_batches
     schedule = plan_schedule(plan)
     bandwidth = pool.bandwidth_bps
     workers = [_stage_workers(stage, profile, pool, m_count) for stage in plan.stages]

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-import torch
 from torch import nn
 
 from ecofl.errors import UserError

@@ -62,7 +62,8 @@ class HomePipeline:
     (:class:`~ecofl.pipeline.runtime.netns.HomeNetwork`, entered) each worker
     runs in its device's namespace and the kernel shapes the links instead.
     ``fault_tolerance`` (needs a ``profile``) turns on heartbeats,
-    replication, re-planning and replay.
+    replication, re-planning and replay. ``departed()`` names remote devices
+    known to have left (a home service's registry), so joining fails fast.
     """
 
     def __init__(
@@ -80,11 +81,13 @@ class HomePipeline:
         local_devices: list[int] | None = None,
         network: HomeNetwork | None = None,
         fault_tolerance: FaultTolerance | None = None,
+        departed: Callable[[], set[int]] | None = None,
     ):
         if fault_tolerance is not None and profile is None:
             raise ValueError("fault tolerance re-plans from the model's profile: pass profile=")
         self.model, self.pool, self.profile, self.timeout_s = model, pool, profile, timeout_s
         self.emulate, self.network, self.fault_tolerance = emulate, network, fault_tolerance
+        self.departed = departed
         self.secret = secret if secret is not None else new_secret()
         self.port = port
         if network is not None:  # workers in namespaces, links shaped by the kernel
@@ -337,10 +340,14 @@ class HomePipeline:
         return gather(self, expected, with_arrays, devices)
 
     def _check_processes(self, during: str) -> None:
-        """A local worker that exited with an error is a failure even before its socket says so."""
+        """A local worker that exited with an error, or a remote device whose daemon left its home
+        (``departed``), is a failure even before its socket says so."""
         for device, code in self.devices.exited().items():
             if code != 0:
                 raise self.failure(device, None, during)
+        gone = self.departed() if self.departed is not None else set()
+        if gone:
+            raise DevicesLost({d: "its device left the home" for d in sorted(gone)})
 
     def failure(self, device: int, report: dict[str, Any] | None, during: str) -> HomePipelineError:
         """What to raise for a failure first noticed at ``device`` (``report``: its error message, if any).

@@ -1,0 +1,142 @@
+"""The device daemon: a long-lived process on each device of a home (``ecofl device serve``).
+
+It connects to its home service, proves the home's secret (the mutual HMAC
+challenge; the service proves it back, so a daemon never serves a stranger),
+describes itself (:mod:`.device_profile`: measured at first join, or an
+emulated preset), beats every ``beat_s`` seconds, and for every session the
+service asks for runs one pipeline worker (``python -m
+ecofl.pipeline.runtime.worker``, the secret in its environment, killed with
+the daemon) that joins the round's pipeline. When the service goes away the
+daemon reconnects with exponential backoff; a wrong secret ends it (exit 2);
+SIGTERM or Ctrl-C stops it cleanly, its workers first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+from ecofl.deploy.device_profile import describe_device
+from ecofl.deploy.home_service import DAEMON
+from ecofl.deploy.secrets import SECRET_ENV
+from ecofl.pipeline.runtime.auth import join_home
+from ecofl.pipeline.runtime.errors import AuthenticationFailed
+from ecofl.pipeline.runtime.launch import PORTAL_PID_ENV
+from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
+
+log = logging.getLogger(__name__)
+
+
+class DeviceDaemon:
+    """One device's membership of its home, across service restarts."""
+
+    def __init__(self, home: tuple[str, int], secret: bytes, name: str, preset: str | None = None,
+                 bandwidth_mbps: float = 100.0, beat_s: float = 1.0, max_backoff_s: float = 10.0):
+        self.home, self.secret, self.beat_s, self.max_backoff_s = home, secret, beat_s, max_backoff_s
+        self.registration = {"type": "register", **describe_device(name, preset, bandwidth_mbps)}
+        self.stop = threading.Event()
+        self.sessions = 0
+        self.joins = 0
+        self._workers: list[subprocess.Popen] = []
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+
+    def run(self) -> int:
+        """Serve until stopped (0) or refused by the service (2)."""
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                self._serve_once()
+                backoff = 0.5  # served for a while: the next loss starts the backoff again
+            except AuthenticationFailed as error:
+                log.error("the home service refused this device: %s", error)
+                return 2
+            except (OSError, ChannelClosed) as error:
+                if self.stop.is_set():
+                    break
+                log.info("home service at %s:%d unreachable (%s); retrying in %.1f s", *self.home, error, backoff)
+                self.stop.wait(backoff)
+                backoff = min(self.max_backoff_s, backoff * 2)
+        self._stop_workers()
+        return 0
+
+    def shutdown(self, *_: object) -> None:
+        """Stop serving (a signal handler): the workers are stopped, the connection closed."""
+        self.stop.set()
+        self._stop_workers()
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _serve_once(self) -> None:
+        sock = socket.create_connection(self.home, timeout=10.0)
+        self._sock = sock
+        try:
+            join_home(sock, self.secret, DAEMON)
+            send_message(sock, self.registration)
+            answer, _ = recv_message(sock)
+            if answer.get("type") != "registered":
+                raise ChannelClosed(f"unexpected answer {answer.get('type')!r}")
+            self.joins += 1
+            log.info("joined home %s:%d as device id %d (speed %.3g)", *self.home, answer["id"], answer["speed"])
+            sock.settimeout(None)
+            beats = threading.Thread(target=self._beat, args=(sock,), daemon=True)
+            beats.start()
+            while not self.stop.is_set():
+                message, _ = recv_message(sock)
+                if message.get("type") == "session":
+                    self._start_worker(message)
+                elif message.get("type") == "bye":
+                    raise ChannelClosed("the home service is stopping")
+        finally:
+            self._sock = None
+            sock.close()
+
+    def _beat(self, sock: socket.socket) -> None:
+        while not self.stop.wait(self.beat_s):
+            try:
+                with self._send_lock:
+                    send_message(sock, {"type": "beat", "sessions": self.sessions})
+            except OSError:
+                return
+
+    def _start_worker(self, session: dict) -> None:
+        """Run one pipeline worker for the session (a round may run two pipelines at once: one per mini-batch size;
+        a worker of an abandoned session gives up on its own when its portal never answers)."""
+        self._workers = [w for w in self._workers if w.poll() is None]
+        host, port = str(session["portal"][0]), int(session["portal"][1])
+        env = {**os.environ, SECRET_ENV: self.secret.hex(), PORTAL_PID_ENV: str(os.getpid()), "OMP_NUM_THREADS": "1"}
+        if host.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+        command = [sys.executable, "-m", "ecofl.pipeline.runtime.worker", "--portal", f"{host}:{port}",
+                   "--device", str(int(session["device"]))]
+        self._workers.append(subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL))
+        self.sessions += 1
+
+    def _stop_workers(self, grace_s: float = 5.0) -> None:
+        for worker in self._workers:
+            if worker.poll() is None:
+                worker.terminate()
+        for worker in self._workers:
+            try:
+                worker.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+        self._workers = []
+
+
+def serve(home: tuple[str, int], secret: bytes, name: str, preset: str | None, bandwidth_mbps: float) -> int:
+    """``ecofl device serve``: run a daemon until SIGTERM / Ctrl-C."""
+    daemon = DeviceDaemon(home, secret, name, preset, bandwidth_mbps)
+    signal.signal(signal.SIGTERM, daemon.shutdown)
+    signal.signal(signal.SIGINT, daemon.shutdown)
+    return daemon.run()

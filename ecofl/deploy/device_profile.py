@@ -1,0 +1,72 @@
+"""What a device tells its home when it joins: its name, speed, memory and link.
+
+``speed`` is relative to one core of the machine that profiled the model
+(ecofl.devices): a device times a fixed training workload
+(:func:`workload_seconds`) and the home service, which profiles models on its
+own machine, times the same workload, so speed = service's time / device's
+time. Memory is what the kernel reports available. A device may instead
+claim a preset (``--preset nano-10w``): the pipeline then emulates that
+board on whatever machine the daemon runs (for tests and demos).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import nn
+
+from ecofl.devices import MBPS, DeviceSpec, preset
+
+_WORKLOAD_REPEATS = 5
+
+
+def workload_seconds() -> float:
+    """Median seconds of one forward and backward of a small CNN on 32 images, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+        x = torch.randn(32, 3, 32, 32, generator=generator)
+        times = []
+        for _ in range(_WORKLOAD_REPEATS):
+            start = time.perf_counter()
+            model(x).sum().backward()
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable of /proc/meminfo (Linux); else the total physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def describe_device(name: str, preset_name: str | None, bandwidth_mbps: float) -> dict:
+    """The registration a daemon sends: a preset's numbers, or this machine's measured ones."""
+    if preset_name is not None:
+        spec = preset(preset_name)
+        return {"name": name, "preset": preset_name, "speed": spec.speed, "memory_bytes": spec.memory_bytes,
+                "bandwidth_bps": bandwidth_mbps * MBPS}
+    return {"name": name, "preset": None, "workload_s": workload_seconds(), "memory_bytes": available_memory_bytes(),
+            "bandwidth_bps": bandwidth_mbps * MBPS}
+
+
+def device_spec(registration: dict, reference_workload_s: float) -> DeviceSpec:
+    """The :class:`DeviceSpec` of a registration (measured speed relative to ``reference_workload_s``)."""
+    speed = registration.get("speed")
+    if speed is None:
+        speed = reference_workload_s / float(registration["workload_s"])
+    return DeviceSpec(name=str(registration["name"]), speed=float(speed),
+                      memory_bytes=int(registration["memory_bytes"]), bandwidth_bps=float(registration["bandwidth_bps"]))

@@ -1,0 +1,55 @@
+"""What the home's Flower ClientApp calls: train one task at the home service (an authenticated local channel)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from ecofl.deploy.home_service import CLIENT
+from ecofl.pipeline.runtime.auth import join_home
+from ecofl.pipeline.runtime.errors import HomePipelineError
+from ecofl.pipeline.runtime.model_spec import ZooModel
+from ecofl.pipeline.runtime.wire import recv_message, send_message
+from ecofl.train import TrainConfig
+from ecofl.weights import Weights
+
+
+@dataclass(frozen=True)
+class ServiceTraining:
+    weights: Weights
+    loss: float
+    num_samples: int
+    metrics: dict
+    devices: list[str]
+
+
+def _connect(address: tuple[str, int], secret: bytes, timeout_s: float) -> socket.socket:
+    sock = socket.create_connection(address, timeout=timeout_s)
+    join_home(sock, secret, CLIENT)
+    return sock
+
+
+def train_at_home(address: tuple[str, int], secret: bytes, model: ZooModel, weights: Weights, x: torch.Tensor,
+                  y: torch.Tensor, config: TrainConfig, timeout_s: float = 900.0) -> ServiceTraining:
+    """Train ``weights`` on ``x, y`` through the home service's pipeline; its error is a HomePipelineError."""
+    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(weights)}
+    arrays.update(x=x.numpy(), y=y.numpy())
+    request = {"type": "train", "model": model.to_json(), "train": asdict(config), "num_weights": len(weights)}
+    with _connect(address, secret, timeout_s) as sock:
+        send_message(sock, request, arrays)
+        reply, out = recv_message(sock)
+    if reply.get("type") != "trained":
+        raise HomePipelineError(f"the home service could not train: {reply.get('message', reply.get('type'))}")
+    return ServiceTraining([out[f"w{i}"] for i in range(int(reply["num_weights"]))], float(reply["loss"]),
+                           int(reply["num_samples"]), dict(reply["metrics"]), list(reply["devices"]))
+
+
+def home_status(address: tuple[str, int], secret: bytes, timeout_s: float = 10.0) -> dict:
+    """The service's registry: devices present, rounds trained, peers refused."""
+    with _connect(address, secret, timeout_s) as sock:
+        send_message(sock, {"type": "status"})
+        reply, _ = recv_message(sock)
+    return reply

@@ -1,0 +1,269 @@
+"""The home service: a long-lived process on the portal machine, beside the Flower SuperNode.
+
+It keeps the registry of the devices joined right now (each a
+:mod:`.device_daemon` on an authenticated connection, with the profile it
+sent and a heartbeat), and trains for the home's ClientApp, which reaches it
+over an authenticated local connection: each request plans the model on the
+portal plus the devices present (:func:`ecofl.pipeline.planners.make_plan`),
+asks the devices the plan uses to join a pipeline session, runs
+:func:`ecofl.pipeline.runtime.round_training.train_round` with fault
+tolerance (a device lost mid-round is recovered from, Asteroid §3.4) and
+answers with the trained weights and the measured against the predicted
+sync-round time.
+
+Everyone proves the home's secret first (the mutual HMAC challenge of
+:mod:`ecofl.pipeline.runtime.auth`), claiming the number :data:`DAEMON` or
+:data:`CLIENT`; nothing else is read from a peer that has not, and nothing
+is unpickled. The portal is device 0 of the pool (it holds the data and
+computes a stage like any device); daemons are 1, 2, ... in joining order.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ecofl.deploy.device_profile import device_spec, workload_seconds
+from ecofl.devices import DeviceSpec, HomePool
+from ecofl.pipeline.planners import make_plan
+from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
+from ecofl.pipeline.runtime.auth import admit_device
+from ecofl.pipeline.runtime.errors import AuthenticationFailed, HomePipelineError
+from ecofl.pipeline.runtime.faults import FaultTolerance
+from ecofl.pipeline.runtime.model_spec import ZooModel, spec_from_json
+from ecofl.pipeline.runtime.portal import HomePipeline
+from ecofl.pipeline.runtime.round_training import train_round
+from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
+from ecofl.train import TrainConfig
+
+log = logging.getLogger(__name__)
+
+DAEMON = -1  # the number a device daemon proves the secret with
+CLIENT = -2  # the number the home's ClientApp proves it with
+HANDSHAKE_TIMEOUT_S = 10.0
+SETUP_ATTEMPTS = 3  # a round is planned again on the devices present when they changed while it started
+
+
+@dataclass
+class Member:
+    """A device joined right now."""
+
+    id: int
+    spec: DeviceSpec
+    registration: dict
+    sock: socket.socket
+    joined_at: float = field(default_factory=time.time)
+    last_beat: float = field(default_factory=time.time)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one writer on the socket at a time
+
+    def send(self, header: dict) -> None:
+        with self.lock:
+            send_message(self.sock, header)
+
+
+@lru_cache(maxsize=8)
+def _profile(model: str, shape: tuple[int, ...], classes: int, granularity: str) -> ModelProfile:
+    return profile_zoo_model(model, shape, classes, granularity)
+
+
+class HomeService:
+    """The registry of a home's devices and its trainer; a context manager that owns its threads and sockets."""
+
+    def __init__(self, secret: bytes, name: str = "home", host: str = "127.0.0.1", port: int = 0,
+                 portal: DeviceSpec | None = None, emulate: bool = True, planner: str = "ecofl",
+                 timeout_s: float = 120.0, beat_timeout_s: float = 5.0):
+        self.secret, self.name, self.host, self.port = secret, name, host, port
+        self.emulate, self.planner, self.timeout_s, self.beat_timeout_s = emulate, planner, timeout_s, beat_timeout_s
+        self.reference_workload_s = workload_seconds()  # this machine profiles the models
+        self.portal = portal or DeviceSpec("portal", 1.0, 4 << 30, 100e6 / 8)
+        self.members: dict[int, Member] = {}
+        self.refused = 0
+        self.rounds = 0
+        self.round_log: list[dict] = []  # per trained task: devices, measured and predicted sync-round
+        self._next_id = 1
+        self._lock = threading.Lock()
+        self._train_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.listener: socket.socket | None = None
+
+    # -- lifetime ------------------------------------------------------------------
+
+    def __enter__(self) -> "HomeService":
+        self.listener = socket.create_server((self.host, self.port))
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self._spawn(self._accept_loop)
+        log.info("home service %s on %s:%d", self.name, self.host, self.port)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.listener is not None:
+            self.listener.close()
+        with self._lock:
+            members = list(self.members.values())
+        for member in members:
+            try:
+                member.send({"type": "bye"})
+            except OSError:
+                pass
+            member.sock.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def present(self) -> list[Member]:
+        """The devices joined now, in joining order (silent ones past ``beat_timeout_s`` left out)."""
+        now = time.time()
+        with self._lock:
+            return [m for m in sorted(self.members.values(), key=lambda m: m.id)
+                    if now - m.last_beat <= self.beat_timeout_s]
+
+    def _spawn(self, target, *args) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+
+    # -- connections -----------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sock, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self._spawn(self._serve_connection, sock)
+
+    def _serve_connection(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            who = admit_device(sock, self.secret)
+        except (AuthenticationFailed, ChannelClosed, ValueError, OSError) as error:
+            self.refused += 1
+            log.warning("refused a peer: %s", error)
+            sock.close()
+            return
+        try:
+            if who == DAEMON:
+                self._serve_device(sock)
+            elif who == CLIENT:
+                self._serve_client(sock)
+            else:
+                log.warning("a peer with the secret claimed to be %d, neither a device nor the client", who)
+        except (ChannelClosed, OSError):
+            pass
+        finally:
+            sock.close()
+
+    def _serve_device(self, sock: socket.socket) -> None:
+        registration, _ = recv_message(sock)
+        if registration.get("type") != "register":
+            return
+        spec = device_spec(registration, self.reference_workload_s)
+        with self._lock:
+            member = Member(self._next_id, spec, registration, sock)
+            self._next_id += 1
+            self.members[member.id] = member
+        member.send({"type": "registered", "id": member.id, "speed": spec.speed})
+        log.info("device %s joined (id %d, speed %.3g, %.1f GiB)", spec.name, member.id, spec.speed,
+                 spec.memory_bytes / 2**30)
+        sock.settimeout(None)
+        try:
+            while not self._stop.is_set():
+                message, _ = recv_message(sock)
+                member.last_beat = time.time()
+        finally:
+            with self._lock:
+                self.members.pop(member.id, None)
+            log.info("device %s (id %d) left", spec.name, member.id)
+
+    def _serve_client(self, sock: socket.socket) -> None:
+        sock.settimeout(None)
+        while not self._stop.is_set():
+            request, arrays = recv_message(sock)
+            if request.get("type") == "status":
+                send_message(sock, self.status())
+                continue
+            try:
+                header, out = self.train(request, arrays)
+            except Exception as error:  # noqa: BLE001 - the client gets the reason, the service keeps serving
+                header, out = {"type": "error", "message": f"{type(error).__name__}: {error}"}, None
+            send_message(sock, header, out)
+
+    # -- training --------------------------------------------------------------------
+
+    def status(self) -> dict:
+        return {"type": "status", "name": self.name, "rounds": self.rounds, "refused": self.refused,
+                "devices": [{"id": m.id, **asdict(m.spec)} for m in self.present()], "round_log": self.round_log}
+
+    def train(self, request: dict, arrays: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+        """One training task: plan on the devices present, run the round, return weights and timings."""
+        model = spec_from_json(request["model"])
+        if not isinstance(model, ZooModel):
+            raise ValueError("a home service trains zoo models (ecofl.models), which it can profile")
+        config = TrainConfig(**request["train"])
+        weights = [arrays[f"w{i}"] for i in range(int(request["num_weights"]))]
+        x, y = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"]).long()
+        with self._train_lock:
+            for attempt in range(1, SETUP_ATTEMPTS + 1):
+                members = self.present()
+                try:
+                    trained = self._train_on(members, model, weights, x, y, config)
+                    break
+                except HomePipelineError as error:
+                    changed = {m.id for m in self.present()} != {m.id for m in members}
+                    if attempt == SETUP_ATTEMPTS or not changed:
+                        raise
+                    log.warning("the home's devices changed (%s); re-planning on the devices present", error)
+            self.rounds += 1
+            self.round_log.append({"devices": [m.spec.name for m in members], **trained.metrics()})
+        header = {"type": "trained", "num_weights": len(trained.weights), "loss": trained.loss,
+                  "num_samples": trained.num_samples, "metrics": trained.metrics(),
+                  "devices": [m.spec.name for m in members]}
+        return header, {f"w{i}": np.asarray(w) for i, w in enumerate(trained.weights)}
+
+
+    def _train_on(self, members: list[Member], model: ZooModel, weights, x, y, config: TrainConfig):
+        """One round on the portal plus ``members``; a device leaving mid-round is recovered from."""
+        pool = HomePool(self.name, (self.portal, *(m.spec for m in members)))
+        profile = _profile(model.name, tuple(model.input_shape), model.num_classes, model.granularity)
+
+        def open_pipeline(size: int) -> HomePipeline:
+            plan = make_plan(self.planner, profile, pool, size)
+            port = _free_port(self.host)
+            used = {d for stage in plan.stages for d in stage.devices}
+            for device in sorted(used - {0}):
+                members[device - 1].send({"type": "session", "portal": [self.host, port], "device": device})
+
+            def departed() -> set[int]:
+                with self._lock:
+                    return {d for d in used - {0} if members[d - 1].id not in self.members}
+
+            return HomePipeline(model, pool, plan, profile=profile, emulate=self.emulate, secret=self.secret,
+                                host=self.host, port=port, local_devices=[0] if 0 in used else [],
+                                timeout_s=self.timeout_s, fault_tolerance=FaultTolerance(planner=self.planner),
+                                departed=departed)
+
+        return train_round(open_pipeline, weights, x, y, config, pool.name)
+
+
+def _free_port(host: str) -> int:
+    with socket.create_server((host, 0)) as sock:
+        return sock.getsockname()[1]
