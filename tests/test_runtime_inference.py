@@ -43,9 +43,12 @@ PLAIN = Plan("hand", (StagePlan((0, 2), (0,), (4,), 1), StagePlan((3, 5), (1,), 
                       StagePlan((6, 6), (2,), (4,), 1)), micro_batch=4, num_micro_batches=8, schedule="stream")
 HYBRID = Plan("hand", (StagePlan((0, 2), (0, 1), (3, 1), 2), StagePlan((3, 6), (2, 3), (1, 3), 1)),
               micro_batch=4, num_micro_batches=8, schedule="stream")
+IDLE_DEVICE = Plan("hand", (StagePlan((0, 2), (0,), (4,), 2), StagePlan((3, 6), (1, 2), (4, 0), 1)),
+                   micro_batch=4, num_micro_batches=8, schedule="stream")  # a planner may list a device with no share
 
 
-@pytest.mark.parametrize("plan, devices", [(PLAIN, 3), (HYBRID, 4)], ids=["plain", "hybrid"])
+@pytest.mark.parametrize("plan, devices", [(PLAIN, 3), (HYBRID, 4), (IDLE_DEVICE, 3)],
+                         ids=["plain", "hybrid", "idle-device"])
 def test_pipelined_inference_equals_one_process(plan, devices):
     weights = trained_looking_weights()
     x = torch.randn(37, 6, generator=torch.Generator().manual_seed(0))  # not a multiple of the micro-batch

@@ -394,7 +394,7 @@ class HomePipeline:
         logits = None
         for role in self.roles:
             replies[role.device]["stage"] = role.stage
-            if role.stage == last:
+            if role.stage == last and role.samples:
                 outputs = replies[role.device]["arrays"]["outputs"]  # [count, samples of mine, ...]
                 if logits is None:
                     logits = np.empty((count, b, *outputs.shape[2:]), dtype=outputs.dtype)

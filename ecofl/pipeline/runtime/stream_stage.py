@@ -56,7 +56,12 @@ class StreamExecutor:
 
     def run(self, inputs: torch.Tensor | None, num_micro_batches: int, abort: AbortCheck = never_aborted
             ) -> StreamStats:
-        """Stream ``num_micro_batches`` micro-batches (``inputs``: stage 0's [M, my samples, ...])."""
+        """Stream ``num_micro_batches`` micro-batches (``inputs``: stage 0's [M, my samples, ...]).
+
+        A device whose share of the micro-batch is empty (a plan may give one none) has nothing to do.
+        """
+        if self.role.samples == 0:
+            return StreamStats()
         stream = _Stream(self.role, self.mesh, num_micro_batches, abort, self.timeout_s, inputs)
         run = {LoadMicroBatch: self._load, RecvActivation: self._receive, Forward: self._forward,
                SendActivation: self._send, SendOutput: self._output}
