@@ -163,7 +163,7 @@ def markdown(result: dict) -> str:
         "to uniform labels (lower: more balanced); round: mean expected group round (s).",
         "",
         f"Baselines: FedAT's latency tiers JS {f['mean_js']:.3f} (fastest group {f['fastest_group_js']:.3f}), "
-        f"round {f['mean_round_s']:.2f} s; Astraea's data-balanced groups JS {a['mean_js']:.3f}, "
+        f"round {f['mean_round_s']:.2f} s; Astraea's mediators (greedy KL, {HOMES // GROUPS} homes each) JS {a['mean_js']:.3f}, "
         f"round {a['mean_round_s']:.2f} s.",
         "",
         f"Eco-FL's turn-taking (the paper's reading) is at least as good on both JS and round time as the "
