@@ -1,10 +1,17 @@
-"""Aggregation: weighted mean, FedAsync mixing and staleness functions (Eco-FL §5.1, Xie et al. 2019)."""
+"""Aggregation: weighted mean, FedAsync mixing and staleness (Eco-FL §5.1, Xie et al. 2019), FedAT's tier weights."""
 
 import numpy as np
 import pytest
 
 from ecofl.errors import UserError
-from ecofl.fl.aggregation import fedasync_mix, is_finite_and_shaped, staleness_factor, weighted_mean
+from ecofl.fl.aggregation import (
+    fedasync_mix,
+    fedat_tier_weights,
+    is_finite_and_shaped,
+    staleness,
+    staleness_factor,
+    weighted_mean,
+)
 
 
 def test_weighted_mean_weights_by_samples_and_takes_the_max_of_counters():
@@ -54,3 +61,28 @@ def test_is_finite_and_shaped_names_the_problem():
     assert "shape" in is_finite_and_shaped([np.ones((2, 3)), np.ones(3)], ref)
     assert "expected 2 arrays" in is_finite_and_shaped([np.ones((2, 2))], ref)
     assert is_finite_and_shaped(None, ref) == "no weights"
+
+
+def test_staleness_is_xie_et_als_t_minus_tau_unless_fresh_updates_count_zero():
+    # an update started from version 5 and applied next produces version 6: t - tau = 6 - 5 = 1
+    assert staleness(version_now=5, version_started=5) == 1
+    assert staleness(version_now=7, version_started=4) == 4  # three updates overtook it
+    assert staleness(version_now=5, version_started=5, fresh=0) == 0
+    assert staleness(version_now=7, version_started=4, fresh=0) == 3
+    with pytest.raises(ValueError):
+        staleness(version_now=3, version_started=4)
+    with pytest.raises(ValueError):
+        staleness(version_now=3, version_started=3, fresh=2)
+
+
+def test_fedat_weights_mirror_the_update_counts():
+    """sum_i T_(M+1-i) / T w_i (Chai et al. SC'21), worked by hand."""
+    # counts 4, 2, 1 from the fastest tier to the slowest: T = 7, the slowest tier gets the fastest's count
+    np.testing.assert_allclose(fedat_tier_weights([4, 2, 1]), [1 / 7, 2 / 7, 4 / 7])
+    # the tiers are ranked by count, not by speed: here the fastest tier is the least updated
+    np.testing.assert_allclose(fedat_tier_weights([1, 5, 2]), [5 / 8, 1 / 8, 2 / 8])
+    # equal counts: the slower tier counts as the less updated (and gets the larger count)
+    np.testing.assert_allclose(fedat_tier_weights([2, 2, 1]), [1 / 5, 2 / 5, 2 / 5])
+    np.testing.assert_allclose(fedat_tier_weights([3]), [1.0])
+    with pytest.raises(ValueError):
+        fedat_tier_weights([2, 0])

@@ -6,10 +6,11 @@ import pytest
 from ecofl.errors import UserError
 from ecofl.fl.grouping import (
     Grouping,
-    data_balanced_groups,
+    astraea_mediators,
     derive_rt,
     initial_grouping,
     js_to_uniform,
+    kl_to_uniform,
     latency_tiers,
     regroup,
     single_group,
@@ -97,10 +98,35 @@ def test_groups_take_turns_so_a_crowded_latency_cluster_spreads_into_its_neighbo
         assert all(abs(latencies[h] - centre) <= 12.5 for h in members)
 
 
-def test_infinite_lambda_and_rt_give_astraeas_data_balanced_groups():
+def test_infinite_lambda_and_rt_ignore_latency_and_balance_the_labels():
     homes, latencies, hists = rlg_niid(seed=6)
     grouping = initial_grouping(homes, latencies, hists, num_groups=5, rt=1e9, lam=1e9, seed=0)
-    assert grouping.groups == data_balanced_groups(homes, latencies, hists, num_groups=5).groups
+    shuffled = {h: latencies[(h + 37) % len(homes)] for h in homes}  # other latencies, same labels
+    assert initial_grouping(homes, shuffled, hists, num_groups=5, rt=1e9, lam=1e9, seed=0).groups == grouping.groups
+    tiers = mean_js(latency_tiers(homes, latencies, num_tiers=5, seed=0), hists)
+    assert mean_js(grouping, hists) < 0.1 * tiers
+    assert mean_js(astraea_mediators(homes, latencies, hists, capacity=20), hists) < 0.2 * tiers
+
+
+def test_astraea_mediators_follow_a_hand_run_of_the_greedy_kl_assignment():
+    """Duan et al.: a mediator takes, one at a time, the client minimising D_KL(P_m + P_k || uniform)."""
+    hists = {0: np.array([4.0, 0, 0]), 1: np.array([0, 4.0, 0]), 2: np.array([0, 0, 4.0]),
+             3: np.array([2.0, 2, 0]), 4: np.array([3.0, 0, 1])}
+    latencies = {h: 1.0 + h for h in hists}
+    # KL to uniform = ln 3 - H(P). Mediator 1 starts empty: one-class homes 0-2 are at ln 3 = 1.099,
+    # home 3 (1/2, 1/2, 0) at 0.405, home 4 (3/4, 0, 1/4) at 0.536: it takes home 3. With home 3's
+    # (2, 2, 0): + home 0 or 1 -> (3/4, 1/4, 0) 0.536, + home 2 -> (1/4, 1/4, 1/2) 0.059,
+    # + home 4 -> (5/8, 2/8, 1/8) 0.198: it takes home 2 and is full (capacity 2).
+    # Mediator 2 from {0, 1, 4}: home 4 alone (0.536), then + home 0 -> (7/8, 0, 1/8) 0.722,
+    # + home 1 -> (3/8, 4/8, 1/8) 0.124: home 1. Mediator 3: home 0.
+    mediators = astraea_mediators(list(hists), latencies, hists, capacity=2)
+    assert mediators.groups == ((2, 3), (1, 4), (0,)) and mediators.waiting == ()
+    assert mediators.centres == (3.5, 3.5, 1.0)
+    # capacity 3: after homes 3 and 2, (2, 2, 4) + home 4 -> (5, 2, 5)/12 0.070 beats + home 0 or 1 (0.087)
+    assert astraea_mediators(list(hists), latencies, hists, capacity=3).groups == ((2, 3, 4), (0, 1))
+    assert kl_to_uniform(np.array([[2.0, 2, 4]]))[0] == pytest.approx(np.log(3) - 1.0397, abs=1e-4)
+    with pytest.raises(UserError):
+        astraea_mediators(list(hists), latencies, hists, capacity=0)
 
 
 def test_larger_lambda_gives_lower_group_divergence_on_rlg_niid():
@@ -153,13 +179,13 @@ def test_regroup_picks_the_cheapest_group_by_labels_when_two_fit():
 def test_baseline_groupings_cover_every_home():
     homes, latencies, hists = rlg_niid(seed=5)
     tiers = latency_tiers(homes, latencies, num_tiers=5, seed=0)
-    balanced = data_balanced_groups(homes, latencies, hists, num_groups=5)
-    for grouping in (tiers, balanced, single_group(homes, latencies), singletons(homes, latencies)):
+    mediators = astraea_mediators(homes, latencies, hists, capacity=20)
+    for grouping in (tiers, mediators, single_group(homes, latencies), singletons(homes, latencies)):
         assert sorted(h for g in grouping.groups for h in g) == homes
         assert grouping.waiting == ()
     assert list(tiers.centres) == sorted(tiers.centres)
-    assert {len(g) for g in balanced.groups} == {20}
-    assert mean_js(balanced, hists) < 0.5 * mean_js(tiers, hists)
+    assert [len(g) for g in mediators.groups] == [20] * 5
+    assert mean_js(mediators, hists) < 0.5 * mean_js(tiers, hists)
 
 
 def test_grouping_round_trips_through_json_and_rejects_bad_input():

@@ -90,7 +90,7 @@ def test_runs_are_identical_whatever_order_replies_come_back_in():
 
 
 def test_a_nan_update_is_rejected_and_the_run_goes_on():
-    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=4, train=TRAIN)
+    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=4, round_deadline="none", train=TRAIN)
     loop, _ = make_loop(config, nan_homes={3}, failing_homes={5})
     rows = loop.run()
     assert len(rows) == 4
@@ -101,11 +101,11 @@ def test_a_nan_update_is_rejected_and_the_run_goes_on():
 
 
 def test_fedavg_applies_the_weighted_mean_of_one_synchronous_round():
-    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=1, train=TRAIN)
+    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=1, round_deadline="none", train=TRAIN)
     loop, transport = make_loop(config, latency=FixedLatency(np.linspace(1, 5, HOMES)))
     start = [w.copy() for w in loop.global_weights]
     rows = loop.run()
-    assert rows[0]["alpha"] == 1.0 and rows[0]["staleness"] == 0 and rows[0]["virtual_time"] == 5.0
+    assert rows[0]["alpha"] == 1.0 and rows[0]["staleness"] == 1 and rows[0]["virtual_time"] == 5.0
     # the same homes trained by hand from the same start and the same seeds
     sent = GroupRound(group=0, round=0, dispatch=0, start=0.0, version=0, homes=tuple(range(HOMES)), deadline=None, weights=start)
     replies = transport.train([loop.task(sent, h) for h in range(HOMES)])
@@ -124,8 +124,10 @@ def test_a_group_twice_as_fast_applies_about_twice_as_many_updates():
     assert counts[0] / counts[1] == pytest.approx(2.0, rel=0.2)
 
 
-def test_resuming_from_a_checkpoint_gives_the_same_metrics_as_not_stopping(tmp_path):
-    config = LoopConfig(num_groups=3, homes_per_round=3, max_updates=20, checkpoint_every=8, train=TRAIN, requery_every=3)
+@pytest.mark.parametrize("strategy", ["ecofl", "fedat"])  # FedAT's checkpoint holds every tier's latest model
+def test_resuming_from_a_checkpoint_gives_the_same_metrics_as_not_stopping(tmp_path, strategy):
+    config = LoopConfig(strategy=strategy, num_groups=3, homes_per_round=3, max_updates=20, checkpoint_every=8,
+                        train=TRAIN, requery_every=3)
     full, _ = make_loop(config, out_dir=tmp_path / "full", shuffle_replies_seed=3)
     rows = full.run()
     checkpoint = tmp_path / "full" / "checkpoints" / "update_000008.json"
@@ -142,7 +144,8 @@ def test_resuming_from_a_checkpoint_gives_the_same_metrics_as_not_stopping(tmp_p
 
 def test_stragglers_beyond_the_deadline_are_left_out():
     latencies = [1.0] * (HOMES - 4) + [9.0] * 4
-    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=2, round_deadline_factor=1.5, train=TRAIN)
+    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=2, round_deadline="factor",
+                        round_deadline_factor=1.5, train=TRAIN)
     loop, _ = make_loop(config, latency=FixedLatency(latencies))
     rows = loop.run()
     assert [r["stragglers"] for r in rows] == [4, 4]
@@ -190,17 +193,113 @@ def test_unknown_strategy_lists_the_valid_ones():
         LoopConfig(strategy="scaffold")
     with pytest.raises(UserError, match="alpha"):
         LoopConfig(alpha=0.0)
+    with pytest.raises(UserError, match="round_deadline must be one of rt, none, factor"):
+        LoopConfig(round_deadline="centre")
+    with pytest.raises(UserError, match="round_deadline_factor is set exactly when"):
+        LoopConfig(round_deadline_factor=2.0)
+    with pytest.raises(UserError, match="fresh_staleness"):
+        LoopConfig(fresh_staleness=2)
 
 
-def test_fedat_weighs_the_less_updated_tier_more():
-    from ecofl.fl.strategies import make_policy
+class RecordingTransport:
+    """The in-process transport, remembering every reply by (group, group round)."""
 
-    fedat = make_policy(LoopConfig(strategy="fedat", alpha=0.5))
-    # tier 0 has 9 updates (+1 = 10), tier 1 has 1 (+1 = 2), tier 2 has 4 (+1 = 5): T = 17
-    assert fedat.mixing_weight(0, 1, [9, 1, 4]) == pytest.approx(0.5 * 3 * 10 / 17)
-    assert fedat.mixing_weight(0, 0, [9, 1, 4]) == pytest.approx(0.5 * 3 * 2 / 17)
-    assert fedat.mixing_weight(0, 2, [9, 1, 4]) == pytest.approx(0.5 * 3 * 5 / 17)
-    assert fedat.mixing_weight(7, 0, [3, 3]) == pytest.approx(0.5)
+    def __init__(self, inner):
+        self.inner = inner
+        self.replies = {}
+
+    def query(self, homes, virtual_time):
+        return self.inner.query(homes, virtual_time)
+
+    def train(self, tasks):
+        replies = self.inner.train(tasks)
+        route = {t.home: t.route for t in tasks}
+        for reply in replies:
+            self.replies.setdefault((route[reply.home].group, route[reply.home].round), []).append(reply)
+        return replies
+
+
+def recorded_loop(config, latencies):
+    inner = InProcessTransport(make_model, X, Y, two_class_parts(), FixedLatency(latencies))
+    transport = RecordingTransport(inner)
+    loop = EventLoop(config, transport, range(HOMES), initial_weights(), evaluate, progress=False)
+    return loop, transport
+
+
+def round_model(transport, row):
+    """The group model of the round behind metrics row ``row``: its replies' sample-weighted mean."""
+    replies = sorted(transport.replies[(row["group"], row["group_round"])], key=lambda r: r.home)
+    return weighted_mean([r.weights for r in replies], [r.num_samples for r in replies])
+
+
+def test_fedat_global_model_is_the_count_weighted_average_of_every_tiers_latest_model():
+    """Chai et al. SC'21: after every tier update, w = sum_i T_(M+1-i) / T w_tier_i."""
+    # three tiers of 8 homes answering in 1, 2 and 4 s: by t = 4 s tier 0 has updated 4 times, tier 1
+    # twice and tier 2 once (ties at equal times go to the lower tier), so after the 7th update
+    # T = 7 and the weights are 1/7, 2/7 and 4/7 (the slowest, least-updated tier weighs most)
+    latencies = [1.0] * 8 + [2.0] * 8 + [4.0] * 8
+    config = LoopConfig(strategy="fedat", num_groups=3, homes_per_round=2, max_updates=7, train=TRAIN)
+    loop, transport = recorded_loop(config, latencies)
+    rows = loop.run()
+    assert [r["group"] for r in rows] == [0, 0, 1, 0, 0, 1, 2]
+    latest = {row["group"]: round_model(transport, row) for row in rows}  # each tier's last round
+    expected = [(1 * a + 2 * b + 4 * c) / 7 for a, b, c in zip(latest[0], latest[1], latest[2])]
+    for got, want in zip(loop.global_weights, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert rows[-1]["alpha"] == pytest.approx(4 / 7)
+    # after the 3rd update (tier 0 twice, tier 1 once): weights 1/3 and 2/3
+    assert rows[2]["alpha"] == pytest.approx(2 / 3)
+    # the first update: tier 0 alone is the global model (the tiers without a model are not averaged)
+    assert rows[0]["alpha"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("fresh, factor", [(1, 2 ** -0.5), (0, 1.0)])
+def test_fedasync_mixes_a_fresh_update_with_alpha_times_s_of_its_staleness(fresh, factor):
+    """Xie et al.: x_t = (1 - a) x_(t-1) + a x_new with a = alpha * s(t - tau); a fresh update has t - tau = 1."""
+    latencies = list(np.linspace(1.0, 3.0, HOMES))
+    config = LoopConfig(strategy="fedasync", alpha=0.6, staleness="polynomial", staleness_a=0.5,
+                        max_concurrent=4, max_updates=1, fresh_staleness=fresh, train=TRAIN)
+    loop, transport = recorded_loop(config, latencies)
+    start = [w.copy() for w in loop.global_weights]
+    rows = loop.run()
+    alpha_t = 0.6 * factor  # polynomial s(1) = (1 + 1)^-0.5; s(0) = 1
+    assert rows[0]["staleness"] == fresh and rows[0]["alpha"] == pytest.approx(alpha_t)
+    new = round_model(transport, rows[0])
+    for got, old, mixed_in in zip(loop.global_weights, start, new):
+        np.testing.assert_allclose(got, (1 - alpha_t) * old + alpha_t * mixed_in, rtol=1e-5, atol=1e-7)
+
+
+ROUND_STRATEGIES = ["ecofl", "ecofl_wo_dg", "fedavg", "fedat", "astraea"]
+
+
+@pytest.mark.parametrize("strategy", ROUND_STRATEGIES + ["fedasync"])
+@pytest.mark.parametrize("rule", ["rt", "none", "factor"])
+def test_one_round_deadline_rule_for_every_strategy_with_rounds(strategy, rule):
+    config = LoopConfig(strategy=strategy, num_groups=3, homes_per_round=2, max_concurrent=6, rt=0.7,
+                        round_deadline=rule, round_deadline_factor=1.5 if rule == "factor" else None, train=TRAIN)
+    loop, _ = make_loop(config, latency=FixedLatency(np.linspace(1.0, 5.0, HOMES)))
+    loop.profile()
+    loop.dispatch()
+    assert loop.in_flight
+    for r in loop.in_flight.values():
+        centre = loop.grouping.centres[r.group]
+        expected = {"rt": centre + 0.7, "none": None, "factor": 1.5 * centre}[rule]
+        if strategy == "fedasync":  # single homes applied as they arrive: no round to wait for
+            expected = None
+        assert r.deadline == (pytest.approx(expected) if expected is not None else None)
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedat", "astraea"])
+def test_the_default_deadline_drops_the_baselines_stragglers_too(strategy):
+    """Homes slower than their group's centre + RT are left out, whatever the strategy (default rule)."""
+    config = LoopConfig(strategy=strategy, num_groups=3, homes_per_round=8, max_concurrent=HOMES, rt=0.3,
+                        max_updates=4, train=TRAIN)
+    latencies = np.linspace(1.0, 5.0, HOMES)
+    loop, _ = make_loop(config, latency=FixedLatency(latencies))
+    rows = loop.run()
+    assert sum(r["stragglers"] for r in rows) > 0
+    waited, _ = make_loop(LoopConfig(**{**config.__dict__, "round_deadline": "none"}), latency=FixedLatency(latencies))
+    assert sum(r["stragglers"] for r in waited.run()) == 0
 
 
 def test_virtual_time_limit_and_target_accuracy_stop_the_run(tmp_path):
@@ -254,7 +353,8 @@ def test_the_wall_clock_applies_each_round_when_its_last_reply_arrives():
 
 
 def test_the_wall_clock_closes_a_round_at_its_deadline_without_a_silent_home():
-    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=2, round_deadline_factor=25.0,
+    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=2, round_deadline="factor",
+                        round_deadline_factor=25.0,
                         train=TRAIN)
     loop, _ = wall_loop(config, [0.02] * HOMES, reply_timeout_s=5.0)
     loop.profile()  # home 5 answers the query, then falls silent

@@ -1,10 +1,17 @@
-"""Model aggregation: the intra-group weighted mean and FedAsync's mixing (Eco-FL §5.1).
+"""Model aggregation: the intra-group weighted mean, FedAsync's mixing and FedAT's tier weights.
 
 Inside a group the round's models are averaged weighted by |D_c| (the
-synchronous step of §5.1; FedProx's proximal term lives in local training,
-``ecofl.train``). Across groups the global model absorbs a finished group
-model as FedAsync does (Xie et al. 2019):
-``w(k) = (1 - a) w(k-1) + a w_new`` with ``a = alpha * s(staleness)``.
+synchronous step of Eco-FL §5.1; FedProx's proximal term lives in local
+training, ``ecofl.train``). Across groups the global model absorbs a finished
+group model as FedAsync does (Xie, Koyejo and Gupta, "Asynchronous Federated
+Optimization", 2019, Algorithm 1):
+``x_t = (1 - a) x_(t-1) + a x_new`` with ``a = alpha * s(t - tau)``, where
+tau is the global version the update started from and t the version it
+produces, so an update nobody overtook has staleness 1 (:func:`staleness`).
+FedAT (Chai et al., "FedAT: A High-Performance and Communication-Efficient
+Federated Learning System with Asynchronous Tiers", SC'21) instead averages
+the latest model of every tier with weights from the tiers' update counts
+(:func:`fedat_tier_weights`).
 
 Integer entries (batch-norm's ``num_batches_tracked``) are counters, not
 parameters: averaging them is meaningless, so both the mean and the mix take
@@ -49,10 +56,29 @@ def weighted_mean(weight_lists: Sequence[Weights], num_samples: Sequence[int]) -
     return mean
 
 
-def staleness_factor(kind: str, staleness: int, a: float = 0.5, b: float = 4.0) -> float:
-    """FedAsync's staleness function s(t) (Xie et al. 2019, §5).
+def staleness(version_now: int, version_started: int, fresh: int = 1) -> int:
+    """An update's staleness when it is applied to global version ``version_now``.
 
-    constant: 1; polynomial: (t + 1)^-a; hinge: 1 if t <= b else 1 / (a (t - b) + 1).
+    Xie et al. (Algorithm 1, "Updater") apply the update started from x_tau as
+    the t-th global update and weigh it by s(t - tau): t = version_now + 1, so
+    an update nobody overtook has staleness 1. ``fresh`` is that staleness of a
+    fresh update: 1 follows Xie et al., 0 counts only the updates applied
+    in between (``LoopConfig.fresh_staleness``).
+    """
+    if fresh not in (0, 1):
+        raise ValueError(f"a fresh update's staleness is 0 or 1, got {fresh}")
+    if version_started > version_now:
+        raise ValueError(f"an update cannot start from version {version_started} > {version_now}")
+    return version_now - version_started + fresh
+
+
+def staleness_factor(kind: str, staleness: int, a: float = 0.5, b: float = 4.0) -> float:
+    """FedAsync's staleness function s(t - tau) (Xie et al. 2019, §5 "Staleness").
+
+    constant: 1; polynomial: (t - tau + 1)^-a; hinge: 1 if t - tau <= b else
+    1 / (a (t - tau - b) + 1). With Xie et al.'s staleness a fresh update
+    (t - tau = 1) is mixed with alpha * s(1), e.g. alpha / sqrt(2) for the
+    polynomial with a = 0.5.
     """
     if staleness < 0:
         raise ValueError(f"staleness cannot be negative, got {staleness}")
@@ -77,6 +103,30 @@ def fedasync_mix(global_weights: Weights, new_weights: Weights, alpha_t: float) 
             value = (1.0 - alpha_t) * g.astype(np.float64) + alpha_t * n.astype(np.float64)
             mixed.append(value.astype(g.dtype))
     return mixed
+
+
+def fedat_tier_weights(update_counts: Sequence[int]) -> np.ndarray:
+    """FedAT's cross-tier weights (Chai et al. SC'21, §4 "weighted aggregation"): w = sum_i (T_(M+1-i) / T) w_i.
+
+    ``update_counts`` holds T_i, the updates of each of the M tiers that have a
+    model, in tier order fastest first; T is their sum. FedAT numbers the tiers
+    so that tier 1 updates most; the tier of the i-th fewest updates gets the
+    i-th largest count, so the least-updated tier weighs most and the
+    most-updated least. Ties between counts go to the latency order: of two
+    tiers with equal counts the slower one counts as less updated (it is the
+    one the weighting exists to lift), so with counts falling from the fastest
+    tier to the slowest the weights are exactly T_(M+1-i) / T by tier index.
+    Example: counts (4, 2, 1) -> weights (1/7, 2/7, 4/7).
+    """
+    counts = np.asarray(update_counts, dtype=float)
+    if counts.ndim != 1 or counts.size == 0 or (counts < 1).any():
+        raise ValueError(f"every tier in the average needs at least one update, got {list(update_counts)}")
+    tiers = np.arange(counts.size)
+    least_updated_first = sorted(tiers, key=lambda t: (counts[t], -t))
+    weights = np.empty_like(counts)
+    for rank, tier in enumerate(least_updated_first):
+        weights[tier] = counts[least_updated_first[-1 - rank]]
+    return weights / counts.sum()
 
 
 def is_finite_and_shaped(weights: Sequence[np.ndarray] | None, reference: Sequence[np.ndarray]) -> str | None:

@@ -28,11 +28,13 @@ earlier version of this module read it otherwise:
   35 settings (within 3% of its JS in the other two), and its groups stay
   even (preference left the fastest group 9 of 300 homes at 3x RT,
   lambda = 100, seed 0).
-  The paper's two extreme cases still hold: with lambda = 0 the groups depend
-  on latency alone (and are nearest-centre assignment when RT is below half
-  the gap between neighbouring centres, so no home fits two groups); with
-  lambda -> infinity and RT unbounded they are Astraea's data-balanced
-  groups (:func:`data_balanced_groups`).
+  The paper's two extreme cases: with lambda = 0 the groups depend on
+  latency alone (and are FedAT's tiers, nearest-centre assignment, when RT
+  is below half the gap between neighbouring centres, so no home fits two
+  groups); with lambda -> infinity and RT unbounded they depend on labels
+  alone, as Astraea's mediators do, though not identically: the groups take
+  turns and measure JS divergence, where Astraea fills one mediator after
+  another by KL divergence (:func:`astraea_mediators`).
 
 Homes that fit no group (farther than RT from every centre) *wait*: they are
 dropped until re-grouping finds their latency back within range.
@@ -45,6 +47,7 @@ from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
+from scipy.stats import entropy
 from sklearn.cluster import KMeans
 
 from ecofl.data.stats import js_to_uniform
@@ -350,7 +353,11 @@ def regroup(
 
 
 def latency_tiers(homes: Sequence[int], latencies: Mapping[int, float], num_tiers: int, seed: int) -> Grouping:
-    """FedAT's tiers (Chai et al. SC'21): K-means on latency, every home in its nearest tier, no data term."""
+    """FedAT's tiers (Chai et al. SC'21, §4 "tiering"): clients grouped by profiled response latency, no data term.
+
+    K-means on latency (Eco-FL §5.2's clustering), every home in its nearest
+    tier; tiers are numbered fastest first, the order FedAT's weights use.
+    """
     ids = np.array(sorted(homes), dtype=int)
     lat = np.array([latencies[h] for h in ids], dtype=float)
     labels, centres = kmeans_centres(lat, num_tiers, seed)
@@ -361,35 +368,50 @@ def latency_tiers(homes: Sequence[int], latencies: Mapping[int, float], num_tier
     )
 
 
-def data_balanced_groups(
+def kl_to_uniform(hists: np.ndarray) -> np.ndarray:
+    """KL divergence D_KL(P || P_u) (natural log) of each row's label distribution P to the uniform P_u."""
+    hists = np.atleast_2d(np.asarray(hists, dtype=float))
+    uniform = np.ones(hists.shape[-1])
+    return entropy(hists, uniform, axis=-1)
+
+
+def astraea_mediators(
     homes: Sequence[int],
     latencies: Mapping[int, float],
     label_hists: Mapping[int, np.ndarray],
-    num_groups: int,
+    capacity: int,
 ) -> Grouping:
-    """Astraea's groups (Duan et al.): in turn, each group adds the home that brings its labels closest to uniform.
+    """Astraea's mediators (Duan et al., "Astraea: Self-balancing Federated Learning ...", ICCD'19, and
+    "Self-Balancing Federated Learning With Global Imbalanced Data in Mobile Systems", TPDS'21:
+    mediator-based multi-client rescheduling).
 
-    No latency term; group sizes differ by at most one. The centres are the
-    groups' mean latencies (for reporting and deadlines only).
+    Greedy, one mediator at a time: an empty mediator m repeatedly takes the
+    unassigned client k that minimises D_KL(P_m + P_k || P_u), the KL divergence
+    of the label distribution of its clients with k added to the uniform
+    distribution, until it holds ``capacity`` (gamma) clients or none is left;
+    then the next mediator starts. No latency term. Ties go to the lower home
+    id. The label histograms are the raw counts each home reports (Astraea's
+    z-score data augmentation, which would change them first, is left out).
+    The centres are the mediators' mean latencies (for reporting and the round
+    deadline only).
     """
+    if capacity < 1:
+        raise UserError(f"a mediator holds at least one client, got capacity {capacity}")
     ids, lat, hists = _as_arrays(homes, latencies, label_hists)
-    g = max(1, min(num_groups, len(ids)))
-    sums = np.zeros((g, hists.shape[1]))
-    members: list[list[int]] = [[] for _ in range(g)]
-    unassigned = np.arange(len(ids))
-    turn = 0
-    while unassigned.size:
-        divergence = js_to_uniform(sums[turn][None, :] + hists[unassigned])
-        pick = int(np.argmin(divergence))
-        index = unassigned[pick]
-        members[turn].append(int(ids[index]))
-        sums[turn] += hists[index]
-        unassigned = np.delete(unassigned, pick)
-        turn = (turn + 1) % g
-    by_id = dict(zip(ids.tolist(), lat.tolist()))
+    unassigned = list(range(len(ids)))
+    mediators: list[list[int]] = []
+    while unassigned:
+        members: list[int] = []
+        labels = np.zeros(hists.shape[1])
+        while unassigned and len(members) < capacity:
+            divergence = kl_to_uniform(labels[None, :] + hists[unassigned])
+            index = unassigned.pop(int(np.argmin(divergence)))
+            members.append(index)
+            labels += hists[index]
+        mediators.append(members)
     return Grouping(
-        groups=tuple(tuple(sorted(m)) for m in members),
-        centres=tuple(float(np.mean([by_id[h] for h in m])) for m in members),
+        groups=tuple(tuple(int(h) for h in sorted(ids[m])) for m in mediators),
+        centres=tuple(float(lat[m].mean()) for m in mediators),
         waiting=(),
     )
 

@@ -6,13 +6,14 @@
    them the current global model. All the first rounds go out in one
    ``Transport.train`` call, so the transport trains them concurrently.
 4. A group round completes at ``start + max latency`` of the replies that came
-   within the deadline (later ones are stragglers, left out), or at the
-   deadline when a home is missing. The loop
-   repeatedly takes the in-flight round with the earliest completion (ties:
-   lower group id), averages its valid replies weighted by samples (the
-   group model, §5.1), and mixes it into the global model with
-   ``alpha_t = alpha * s(staleness)``, staleness = global version now minus
-   the version the round started from (FedAsync).
+   within the deadline (``loop.round_deadline``, the same rule for every
+   strategy; later replies are stragglers, left out), or at the deadline
+   when a home is missing. The loop repeatedly takes the in-flight round
+   with the earliest completion (ties: lower group id), averages its valid
+   replies weighted by samples (the group model, §5.1), and makes the new
+   global model as the policy says: FedAsync's mix with
+   ``alpha_t = alpha * s(t - tau)`` (Xie et al.'s staleness, 1 for an update
+   nobody overtook), or FedAT's average of every tier's latest model.
 5. It evaluates, records a metrics row, re-groups (Algorithm 1) with the
    latencies the replies reported (and a fresh query every
    ``requery_every`` updates), and starts that group's next round, and any
@@ -24,7 +25,7 @@ virtual-time order) and on the wall clock (replies collected as they
 arrive). On the wall clock grouping uses the training times the homes
 measured (a probe before their first round), late replies included; they
 leave out communication, so there RT only bounds the groups and a round
-waits for all its homes unless ``round_deadline_factor`` is set (or the
+waits for all its homes unless ``round_deadline`` is ``factor`` (or the
 transport's reply timeout passes).
 
 **Modules.** The settings are :mod:`ecofl.fl.loop_config`, the state a
@@ -38,7 +39,8 @@ apply.
 generator, each task carries its own seed, and ties break by group id: the
 metrics do not depend on the order a transport returns replies in.
 Checkpoints store the global model, every in-flight round with the model it
-was sent, the grouping, clock, generator state and metrics; :meth:`EventLoop.resume`
+was sent, the groups' latest models where the policy keeps them, the
+grouping, clock, generator state and metrics; :meth:`EventLoop.resume`
 sends the in-flight rounds again and continues exactly as if never stopped.
 """
 
@@ -53,7 +55,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ecofl.errors import UserError
-from ecofl.fl.aggregation import fedasync_mix, weighted_mean
+from ecofl.fl.aggregation import staleness, weighted_mean
 from ecofl.fl.checkpoint import load_checkpoint, save_checkpoint
 from ecofl.fl.clock import Clock, VirtualClock, clock_from_state
 from ecofl.fl.group_round import GroupRound, screen_replies
@@ -79,7 +81,7 @@ from ecofl.weights import Weights
 log = logging.getLogger(__name__)
 
 #: Version of the checkpoint layout written by :meth:`EventLoop.checkpoint`.
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3
 
 
 class EventLoop:
@@ -118,6 +120,7 @@ class EventLoop:
         self.progress = progress
         self.state = state or LoopState(rng=np.random.default_rng(config.seed), rt=config.rt)
         self.in_flight: dict[int, GroupRound] = {}
+        self.group_models: dict[int, Weights] = {}  # each group's latest model, for policies that keep them
         self.stop_reason: str | None = None
         self._wall_origin = time.monotonic()
 
@@ -224,10 +227,9 @@ class EventLoop:
     # ------------------------------------------------------------------ dispatch
 
     def _deadline(self, group: int) -> float | None:
-        centre = self.state.grouping.centres[group]
-        if self.config.round_deadline_factor is not None:
-            return self.config.round_deadline_factor * centre
-        return centre + self.state.rt if self.policy.uses_rt and self.clock.virtual else None
+        if not self.policy.synchronous_rounds:
+            return None
+        return self.config.round_deadline_s(self.state.grouping.centres[group], self.state.rt, self.clock.virtual)
 
     def dispatch(self) -> None:
         """Start a round in every idle group while at most ``max_concurrent`` homes train."""
@@ -267,8 +269,8 @@ class EventLoop:
     # ------------------------------------------------------------------ applying
 
     def _apply(self, r: GroupRound) -> dict | None:
-        """Mix round ``r``'s group model into the global model (FedAsync, alpha_t = policy's mixing weight);
-        the metrics row, or None if no reply was valid."""
+        """Make the new global model from round ``r``'s group model as the policy says (FedAsync's mix,
+        FedAT's tier average); the metrics row, or None if no reply was valid."""
         state = self.state
         screened = screen_replies(r, self.global_weights)
         valid = screened.valid
@@ -280,10 +282,12 @@ class EventLoop:
             return None
         state.empty_rounds = 0
         group_model = weighted_mean([x.weights for x in valid], [x.num_samples for x in valid])
-        staleness = state.version - r.version
+        stale = staleness(state.version, r.version, self.config.fresh_staleness)
         state.updates_per_group[r.group] += 1
-        alpha_t = float(np.clip(self.policy.mixing_weight(staleness, r.group, state.updates_per_group), 0, 1))
-        self.global_weights = fedasync_mix(self.global_weights, group_model, alpha_t)
+        if self.policy.keeps_group_models:
+            self.group_models[r.group] = group_model
+        self.global_weights, alpha_t = self.policy.aggregate(
+            self.global_weights, r.group, group_model, stale, state.updates_per_group, self.group_models)
         state.version += 1
         if evaluation_due(state, self.config, r.completion):
             self._evaluate(r.completion)
@@ -303,7 +307,7 @@ class EventLoop:
             "failed": screened.failed,
             "rejected": screened.rejected,
             "rejected_total": state.totals["rejected"],
-            "staleness": staleness,
+            "staleness": stale,
             "alpha": alpha_t,
             "train_loss": float(np.average([x.loss for x in valid], weights=[x.num_samples for x in valid])),
             **group_stats(state.grouping, state.hists, state.latencies, self.policy.round_size()),
@@ -357,6 +361,7 @@ class EventLoop:
         }
         weights = {"global": self.global_weights}
         weights.update({f"round{r.group}": r.weights for r in self.in_flight.values()})
+        weights.update({f"group{g}": w for g, w in self.group_models.items()})
         path = save_checkpoint(self.out_dir / "checkpoints" / f"update_{self.version:06d}", record, weights)
         write_metrics(self.out_dir, self.state.rows, self.summary())
         log.info("checkpoint %s", path)
@@ -388,5 +393,6 @@ class EventLoop:
         if not loop.clock.virtual:  # sent again now, a wall-clock round starts now
             for r in rounds:
                 r.start = loop.clock.now()
+        loop.group_models = {int(name[len("group"):]): w for name, w in weights.items() if name.startswith("group")}
         loop._send(rounds)
         return loop

@@ -14,6 +14,8 @@ from ecofl.fl.aggregation import STALENESS_FUNCTIONS
 
 #: The strategies of :mod:`ecofl.fl.strategies` (Eco-FL and the baselines of §6).
 STRATEGIES = ("ecofl", "ecofl_wo_dg", "fedavg", "fedasync", "fedat", "astraea")
+#: How long a group round waits for its homes (:meth:`LoopConfig.round_deadline_s`).
+ROUND_DEADLINES = ("rt", "none", "factor")
 
 #: Fields with a lower bound (an int at least this).
 _AT_LEAST = (
@@ -33,10 +35,21 @@ class LoopConfig:
     mean gap between adjacent K-means centres and the largest home-to-centre
     distance) times ``rt_scale``, which widens (> 1) or narrows the range a
     group may reach into its neighbours for label balance.
-    ``round_deadline_factor``: a group round waits at most
-    ``factor * centre`` seconds; None gives Eco-FL's groups the deadline
-    ``centre + RT`` on the virtual clock, and the baselines (and every group
-    on the wall clock) none: they wait for every home.
+    ``round_deadline``: how long a synchronous group round waits, the same
+    rule for every strategy that has such rounds (all but FedAsync, whose
+    updates are single homes applied as they arrive):
+    ``rt`` (the default) waits ``centre + RT`` seconds on the virtual clock,
+    the group's latency centre plus the threshold Eco-FL bounds its groups
+    with, and replies later than that are stragglers left out of the round;
+    ``none`` waits for every home; ``factor`` waits
+    ``round_deadline_factor * centre``. On the wall clock ``rt`` waits for
+    every home, because there the latencies the grouping uses are training
+    times without communication (:mod:`ecofl.fl.loop`).
+    ``fresh_staleness``: the staleness of an update applied right after the
+    version it started from, 1 as in Xie et al. (t - tau, t the version the
+    update produces; :func:`ecofl.fl.aggregation.staleness`) or 0 (count only
+    the updates applied in between); it feeds the staleness function of every
+    policy that mixes with alpha * s(staleness).
     ``requery_every``: updates between latency queries of all homes for
     re-grouping (0: only the latencies replies report; policies that do not
     re-group never re-query). ``train``: local training settings sent to
@@ -59,6 +72,7 @@ class LoopConfig:
     staleness: str = "polynomial"
     staleness_a: float = 0.5
     staleness_b: float = 4.0
+    fresh_staleness: int = 1
     max_updates: int = 100
     max_virtual_time_s: float | None = None
     target_accuracy: float | None = None
@@ -68,6 +82,7 @@ class LoopConfig:
     requery_every: int = 10
     checkpoint_every: int = 0
     seed: int = 0
+    round_deadline: str = "rt"
     round_deadline_factor: float | None = None
     train: dict = field(default_factory=dict)
 
@@ -85,8 +100,23 @@ class LoopConfig:
             problems.append("alpha must lie in (0, 1]")
         if self.staleness not in STALENESS_FUNCTIONS:
             problems.append(f"staleness must be one of {', '.join(STALENESS_FUNCTIONS)}")
+        if self.fresh_staleness not in (0, 1):
+            problems.append("fresh_staleness must be 1 (Xie et al.) or 0")
+        if self.round_deadline not in ROUND_DEADLINES:
+            problems.append(f"round_deadline must be one of {', '.join(ROUND_DEADLINES)}")
+        elif (self.round_deadline == "factor") != (self.round_deadline_factor is not None):
+            problems.append("round_deadline_factor is set exactly when round_deadline is factor")
         if problems:
             raise UserError("invalid loop config: " + "; ".join(problems))
+
+
+    def round_deadline_s(self, centre: float, rt: float | None, virtual_clock: bool) -> float | None:
+        """Seconds a synchronous round of a group centred at ``centre`` waits for its homes (None: all of them)."""
+        if self.round_deadline == "factor":
+            return self.round_deadline_factor * centre
+        if self.round_deadline == "rt" and virtual_clock and rt is not None:
+            return centre + rt
+        return None
 
 
 def loop_config_fields() -> tuple[str, ...]:

@@ -1,61 +1,86 @@
 """Eco-FL and its baselines as policies over one event loop (Eco-FL §5-6; docs/architecture.md).
 
-A policy answers four questions the loop asks: how to group the homes, whether
-to re-group while running (Algorithm 1), how many homes a group round
-samples, and how strongly a finished group model is mixed into the global
-model (``alpha_t``). Everything else (virtual-time ordering, the
-sample-weighted mean inside a group, FedProx in local training, rejection of
-bad updates, checkpoints) is shared, so the comparison isolates the policy.
+A policy answers what the loop asks: how to group the homes, whether to
+re-group while running (Algorithm 1), whether a group's rounds are
+synchronous rounds that wait for their homes, how many homes a group round
+samples, and how a finished group model makes the new global model.
+Everything else (virtual-time order, the sample-weighted mean inside a
+group, FedProx in local training, the round deadline, rejection of bad
+updates, checkpoints) is shared, so the comparison isolates the policy.
 
-==============  ===============================  ==========  ====================  =========================
-policy          groups                           re-groups   homes per group round  alpha_t
-==============  ===============================  ==========  ====================  =========================
-ecofl           eq. 4 greedy (latency + labels)  yes         homes_per_round        alpha * s(staleness)
-ecofl_wo_dg     eq. 4 greedy                     no          homes_per_round        alpha * s(staleness)
-fedavg          one group                        no          max_concurrent         1 (global = group model)
-fedasync        every home alone                 no          1                      alpha * s(staleness)
-fedat           K-means latency tiers            no          homes_per_round        FedAT tier weight
-astraea         data-balanced groups             no          homes_per_round        alpha * s(staleness)
-==============  ===============================  ==========  ====================  =========================
+===========  =====================================  =========  =================  ==================================
+policy       groups                                 re-groups  homes per round    new global model
+===========  =====================================  =========  =================  ==================================
+ecofl        eq. 4 greedy (latency + labels)        yes        homes_per_round    FedAsync mix, a = alpha s(t - tau)
+ecofl_wo_dg  eq. 4 greedy                           no         homes_per_round    FedAsync mix, a = alpha s(t - tau)
+fedavg       one group                              no         max_concurrent     the round's weighted mean
+fedasync     every home alone                       no         1 (no deadline)    FedAsync mix, a = alpha s(t - tau)
+fedat        K-means latency tiers                  no         homes_per_round    sum_i T_(M+1-i) / T w_tier_i
+astraea      greedy KL mediators of capacity gamma  no         homes_per_round    FedAsync mix, a = alpha s(t - tau)
+===========  =====================================  =========  =================  ==================================
+
+Every policy with synchronous rounds (all but FedAsync) gets the same round
+deadline, ``loop.round_deadline`` (:meth:`~ecofl.fl.loop_config.LoopConfig.round_deadline_s`;
+default: the group's latency centre + RT on the virtual clock, later
+replies are stragglers). s(t - tau) is FedAsync's staleness function of
+Xie et al.'s staleness (:func:`ecofl.fl.aggregation.staleness`: 1 for an
+update nobody overtook, unless ``loop.fresh_staleness`` = 0).
 
 Notes on the baselines:
 
-* **FedAvg**: one group whose rounds are synchronous; with one group nothing
-  is ever stale and alpha_t = 1 makes the global model the round's weighted
-  mean, i.e. plain FedAvg (FedProx when mu > 0) over ``max_concurrent``
-  sampled homes per round.
-* **FedAsync** (Xie et al. 2019): each home is a group of one; the loop's
-  ``max_concurrent`` cap keeps at most that many homes training at once.
-* **FedAT** (Chai et al. SC'21): tiers by latency, synchronous inside a
-  tier, asynchronous across tiers. FedAT's global model is
-  sum_i (T_{M+1-i} / T) w_i: the tier with the fewest updates gets the weight
-  of the most-updated one. On this loop a tier's model is mixed in with
-  ``alpha_t = min(1, alpha * M * T_{mirror(i)} / T)`` (M tiers, T_i = 1 +
-  updates of tier i so far counting this one, so no tier weighs zero; mirror
-  = the tier of opposite rank by update count), so slow tiers pull harder
-  and equal counts give ``alpha``.
-  FedAT uses no staleness function.
-* **Astraea** (Duan et al.): groups ("mediators") balance label
-  distributions with no regard to latency. Astraea trains a mediator's
-  clients sequentially and averages mediators synchronously; here its groups
-  are mixed asynchronously like Eco-FL's, so the comparison measures the
-  grouping alone (its price shows as stragglers inside mixed-latency groups).
-
-Only Eco-FL's groups are built with a latency threshold RT, so only Eco-FL
-has a default round deadline (centre + RT, see ``ecofl.fl.loop_config.LoopConfig``).
+* **FedAvg** (McMahan et al.; FedProx when mu > 0): one group whose rounds
+  are synchronous; alpha_t = 1 makes the global model the round's weighted
+  mean over ``max_concurrent`` sampled homes. With the round deadline it
+  drops stragglers, as the FedAvg baseline of the FedProx paper does.
+* **FedAsync** (Xie, Koyejo and Gupta 2019, Algorithm 1): each home is a
+  group of one, mixed in as it finishes with x_t = (1 - alpha_t) x_(t-1) +
+  alpha_t x_new, alpha_t = alpha s(t - tau); the loop's ``max_concurrent``
+  cap keeps at most that many homes training at once (Xie et al.'s
+  scheduler).
+* **FedAT** (Chai et al., SC'21): tiers by latency, synchronous rounds
+  inside a tier, asynchronous across tiers. The server keeps every tier's
+  latest model and after each tier update recomputes the global model as
+  sum_i (T_(M+1-i) / T) w_tier_i (:func:`ecofl.fl.aggregation.fedat_tier_weights`:
+  the least-updated tier weighs most). A tier enters the average with its
+  first update: before it the tier has no model of its own, and counting it
+  with the initial model and a count of 0 would give that placeholder the
+  largest weight (the mirror of the most-updated tier), pinning the global
+  model to the initial one until the slowest tier reported. The tiers train
+  from the current global model; FedAT's staleness function is unused, and
+  so is alpha. FedAT's model compression (polyline encoding) is left out: it
+  changes bytes on the wire, which the latency models here do not charge.
+* **Astraea** (Duan et al., ICCD'19; TPDS'21): mediators formed greedily by
+  KL divergence of their label distribution to the uniform one, each up to
+  gamma clients (:func:`ecofl.fl.grouping.astraea_mediators`), with gamma =
+  ceil(homes / num_groups) so there are as many mediators as the other
+  strategies have groups. Astraea reschedules the clients into mediators
+  before its synchronisation rounds; with the homes' label histograms fixed
+  (nothing here changes them) rescheduling again gives the same mediators,
+  so they are formed once. Two parts of Astraea are left out: its z-score
+  data augmentation (the histograms are the raw ones), and its training
+  inside a mediator, where the mediator's clients train one after another
+  on the model passed along. Here a mediator's round trains its sampled homes
+  in parallel from the global model and averages them (the same
+  intra-group round as Eco-FL), and mediator models are mixed into the
+  global model asynchronously like Eco-FL's group models: as the Eco-FL
+  paper does (§6.1: "for a fair comparison, we only compare with its client
+  grouping method"), so the comparison measures the grouping. A sequential
+  mediator round would last the sum of its homes' latencies instead of
+  their maximum, so this Astraea is faster in virtual time than the paper's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from math import ceil
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ecofl.fl.aggregation import staleness_factor
+from ecofl.fl.aggregation import fedasync_mix, fedat_tier_weights, staleness_factor, weighted_mean
 from ecofl.fl.grouping import (
     Grouping,
-    data_balanced_groups,
+    astraea_mediators,
     initial_grouping,
     latency_tiers,
     regroup,
@@ -63,6 +88,7 @@ from ecofl.fl.grouping import (
     singletons,
 )
 from ecofl.fl.loop_config import LoopConfig
+from ecofl.weights import Weights
 
 
 @dataclass(frozen=True)
@@ -89,7 +115,8 @@ class Policy:
 
     name = "ecofl"
     regroups = True
-    uses_rt = True  # groups bounded by RT: rounds get the centre + RT deadline by default
+    synchronous_rounds = True  # a group round waits for its homes (up to the round deadline)
+    keeps_group_models = False  # the loop keeps each group's latest model for :meth:`aggregate`
 
     def __init__(self, settings: PolicySettings):
         self.settings = settings
@@ -110,10 +137,28 @@ class Policy:
         """How many homes a group round samples (fewer when the group is smaller)."""
         return self.settings.homes_per_round
 
-    def mixing_weight(self, staleness: int, group: int, updates_per_group: Sequence[int]) -> float:
-        """alpha_t for mixing ``group``'s model; ``updates_per_group`` counts this update already."""
+    def mixing_weight(self, staleness: int) -> float:
+        """FedAsync's alpha_t = alpha * s(t - tau) for an update of staleness t - tau."""
         s = self.settings
         return s.alpha * staleness_factor(s.staleness, staleness, s.staleness_a, s.staleness_b)
+
+    def aggregate(
+        self,
+        global_weights: Weights,
+        group: int,
+        group_model: Weights,
+        staleness: int,
+        updates_per_group: Sequence[int],
+        group_models: Mapping[int, Weights],
+    ) -> tuple[Weights, float]:
+        """The global model after ``group``'s round and the weight its model got in it.
+
+        ``updates_per_group`` counts this update already; ``group_models`` holds
+        every group's latest model (this one included) when
+        :attr:`keeps_group_models`, else nothing. The default is FedAsync's mix.
+        """
+        alpha_t = float(np.clip(self.mixing_weight(staleness), 0.0, 1.0))
+        return fedasync_mix(global_weights, group_model, alpha_t), alpha_t
 
 
 class EcoFL(Policy):
@@ -132,7 +177,6 @@ class FedAvg(Policy):
 
     name = "fedavg"
     regroups = False
-    uses_rt = False
 
     def group(self, homes, latencies, label_hists, rt):
         return single_group(homes, latencies)
@@ -140,16 +184,16 @@ class FedAvg(Policy):
     def round_size(self):
         return self.settings.max_concurrent
 
-    def mixing_weight(self, staleness, group, updates_per_group):
+    def mixing_weight(self, staleness):
         return 1.0
 
 
 class FedAsync(Policy):
-    """FedAsync: every home its own group, mixed in as it finishes."""
+    """FedAsync: every home its own group, mixed in as it finishes (no rounds to wait for)."""
 
     name = "fedasync"
     regroups = False
-    uses_rt = False
+    synchronous_rounds = False
 
     def group(self, homes, latencies, label_hists, rt):
         return singletons(homes, latencies)
@@ -159,32 +203,30 @@ class FedAsync(Policy):
 
 
 class FedAT(Policy):
-    """FedAT: latency tiers, tier models weighted towards the less-updated (slower) tiers."""
+    """FedAT: latency tiers; the global model is the update-count-weighted average of every tier's latest model."""
 
     name = "fedat"
     regroups = False
-    uses_rt = False
+    keeps_group_models = True
 
     def group(self, homes, latencies, label_hists, rt):
         return latency_tiers(homes, latencies, self.settings.num_groups, self.settings.seed)
 
-    def mixing_weight(self, staleness, group, updates_per_group):
-        counts = np.asarray(updates_per_group, dtype=float) + 1.0  # no tier weighs zero before it updates
-        by_count = np.argsort(counts, kind="stable")  # fewest updates first
-        rank = int(np.flatnonzero(by_count == group)[0])
-        mirror = counts[by_count[len(counts) - 1 - rank]]
-        return float(min(1.0, self.settings.alpha * len(counts) * mirror / counts.sum()))
+    def aggregate(self, global_weights, group, group_model, staleness, updates_per_group, group_models):
+        tiers = sorted(group_models)  # the tiers with a model, fastest first
+        weights = fedat_tier_weights([updates_per_group[t] for t in tiers])
+        return weighted_mean([group_models[t] for t in tiers], weights), float(weights[tiers.index(group)])
 
 
 class Astraea(Policy):
-    """Astraea's data-balanced groups, mixed asynchronously like Eco-FL's groups."""
+    """Astraea's mediators (greedy KL to uniform, capacity gamma), mixed asynchronously like Eco-FL's groups."""
 
     name = "astraea"
     regroups = False
-    uses_rt = False
 
     def group(self, homes, latencies, label_hists, rt):
-        return data_balanced_groups(homes, latencies, label_hists, self.settings.num_groups)
+        capacity = ceil(len(homes) / self.settings.num_groups)
+        return astraea_mediators(homes, latencies, label_hists, capacity)
 
 
 POLICIES: dict[str, type[Policy]] = {

@@ -1,0 +1,63 @@
+"""Strategies compared over seeds: time to accuracy and mean curves (simulations/compare.py), on hand-made runs."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from simulations.compare import accuracy_at, main, settings_of, time_to_accuracy, time_to_accuracy_table
+from simulations.plot import Run
+
+
+def fake_run(directory, curve):
+    """A run directory whose evaluations are ``curve``: (virtual time, accuracy) pairs."""
+    directory.mkdir(parents=True)
+    rows = [{"update": i + 1, "virtual_time": t, "accuracy": a} for i, (t, a) in enumerate(curve)]
+    rows.insert(1, {"update": 0, "virtual_time": curve[0][0] + 0.1, "accuracy": None})  # an update not evaluated
+    (directory / "metrics.json").write_text(json.dumps(rows))
+    (directory / "summary.json").write_text(json.dumps({"target_accuracy": 0.7}))
+    return Run.load(directory)
+
+
+CURVES = {
+    ("ecofl", 0): [(5, 0.5), (10, 0.65), (15, 0.72)],
+    ("ecofl", 1): [(5, 0.55), (10, 0.61), (15, 0.69)],
+    ("fedat", 0): [(5, 0.4), (10, 0.5), (15, 0.62)],
+    ("fedat", 1): [(5, 0.3), (10, 0.45), (15, 0.58)],
+}
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    for number, ((strategy, seed), curve) in enumerate(CURVES.items()):
+        fake_run(tmp_path / f"{number}_seed={seed},strategy={strategy}", curve)
+    return tmp_path
+
+
+def test_time_to_accuracy_is_the_first_evaluation_at_or_above_the_target(sweep):
+    run = Run.load(sweep / "0_seed=0,strategy=ecofl")
+    assert time_to_accuracy(run, 0.6) == 10.0 and time_to_accuracy(run, 0.72) == 15.0
+    assert time_to_accuracy(run, 0.8) is None
+    np.testing.assert_allclose(accuracy_at(run, np.array([1.0, 5.0, 12.0, 40.0])), [np.nan, 0.5, 0.65, 0.72])
+
+
+def test_the_table_averages_the_seeds_that_reach_a_target_and_divides_by_eco_fls_mean(sweep):
+    runs = [Run.load(path.parent) for path in sorted(sweep.glob("*/metrics.json"))]
+    settings = settings_of(runs)
+    assert list(settings) == ["strategy=ecofl", "strategy=fedat"]
+    rows = {(r["strategy"], r["target"]): r for r in time_to_accuracy_table(settings, [0.6, 0.7])}
+    assert rows[("ecofl", 0.6)]["mean_s"] == 10.0 and rows[("ecofl", 0.6)]["reached"] == 2
+    assert rows[("fedat", 0.6)]["mean_s"] == 15.0 and rows[("fedat", 0.6)]["reached"] == 1
+    assert rows[("fedat", 0.6)]["per_seed_s"] == "15.0;-"
+    assert rows[("fedat", 0.6)]["ratio_to_ecofl"] == pytest.approx(1.5)
+    assert rows[("ecofl", 0.7)]["reached"] == 1 and rows[("fedat", 0.7)]["mean_s"] is None
+    assert rows[("fedat", 0.7)]["ratio_to_ecofl"] is None
+
+
+def test_the_command_writes_the_table_and_the_curves(sweep, tmp_path, capsys):
+    main([str(sweep), "--targets", "0.6", "--out", str(tmp_path / "fig")])
+    with open(tmp_path / "fig_time_to_accuracy.csv") as handle:
+        assert [row["strategy"] for row in csv.DictReader(handle)] == ["ecofl", "fedat"]
+    assert (tmp_path / "fig_curves.png").stat().st_size > 0
+    assert "| FedAT | 60% | 1 of 2 | 15.0 | 15.0;- | 1.50 |" in capsys.readouterr().out
