@@ -1,4 +1,11 @@
-"""Benchmarks write their measured tables into a marked section of their page in ``docs/``."""
+"""Benchmarks write their measured tables into a marked section of their page in ``docs/``.
+
+A page holds one unnamed section (``<!-- benchmark:start -->`` ...
+``<!-- benchmark:end -->``) and any number of named ones
+(``<!-- benchmark:NAME:start -->`` ... ``<!-- benchmark:NAME:end -->``), so
+that several benchmarks can write to one page without touching each other's
+text.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +14,20 @@ from pathlib import Path
 START, END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
 
 
-def replace_section(doc: Path, table: str) -> bool:
-    """Replace the text between ``START`` and ``END`` in ``doc`` with ``table``; False when ``doc`` has no section."""
+def markers(name: str | None = None) -> tuple[str, str]:
+    """The start and end markers of the section ``name`` (None: the page's unnamed section)."""
+    if name is None:
+        return START, END
+    return f"<!-- benchmark:{name}:start -->", f"<!-- benchmark:{name}:end -->"
+
+
+def replace_section(doc: Path, table: str, name: str | None = None) -> bool:
+    """Replace the text between the section's markers in ``doc`` with ``table``; False when ``doc`` has no such section."""
+    start, end = markers(name)
     text = doc.read_text() if doc.exists() else ""
-    if START not in text or END not in text:
+    if start not in text or end not in text:
         return False
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    doc.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    doc.write_text(f"{head}{start}\n{table}\n{end}{tail}")
     return True

@@ -110,13 +110,16 @@ stop_all() {
     # outlive its SuperLink if we only signalled process groups.
     pids=$(process_tree "${started[@]}")
     kill -TERM $pids 2>/dev/null || true
-    for _ in $(seq 50); do
+    for _ in $(seq 100); do
         alive=""
-        for pid in $pids; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        for pid in $pids; do kill -0 "$pid" 2>/dev/null && alive+=" $pid"; done
         [ -z "$alive" ] && break
         sleep 0.2
     done
-    kill -KILL $pids 2>/dev/null || true
+    if [ -n "$alive" ]; then
+        say "still running 20 s after SIGTERM, killed:$(for pid in $alive; do echo -n " $(ps -o comm= -p "$pid")[$pid]"; done)"
+        kill -KILL $alive 2>/dev/null || true
+    fi
     started=()
 }
 

@@ -55,6 +55,7 @@ CLIENT = -2  # the number the home's ClientApp proves it with
 SERVICE = "home service"  # the purpose their handshakes prove
 HANDSHAKE_TIMEOUT_S = 10.0
 SETUP_ATTEMPTS = 3  # a round is planned again on the devices present when they changed while it started
+CLOSE_GRACE_S = 5.0  # closing waits this long in all for the connection threads
 
 
 @dataclass
@@ -100,6 +101,7 @@ class HomeService:
         self._train_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._channels: set[SealedSocket] = set()  # admitted connections (devices and clients), open now
         self.listener: socket.socket | None = None
         self.portal_workers = WarmWorkers(secret)  # the portal's own stage (device 0), warm between rounds
 
@@ -128,9 +130,16 @@ class HomeService:
                 member.send({"type": "bye"})
             except OSError:
                 pass
-            member.sock.close()
+        with self._lock:
+            channels = list(self._channels)
+        for channel in channels:  # wakes every thread blocked on a device's beats or a client's next request
+            try:
+                channel.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + CLOSE_GRACE_S
         for thread in self._threads:
-            thread.join(timeout=5)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self.portal_workers.stop()
 
     @property
@@ -171,6 +180,8 @@ class HomeService:
             log.warning("refused a peer: %s", error)
             sock.close()
             return
+        with self._lock:
+            self._channels.add(channel)
         try:
             if who == DAEMON:
                 self._serve_device(channel)
@@ -181,6 +192,8 @@ class HomeService:
         except (ChannelClosed, OSError):
             pass
         finally:
+            with self._lock:
+                self._channels.discard(channel)
             channel.close()
 
     def _serve_device(self, sock: SealedSocket) -> None:

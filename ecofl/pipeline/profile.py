@@ -93,6 +93,8 @@ def _interpolate(sizes: tuple[int, ...], times: np.ndarray, batch: int) -> np.nd
 
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+#: Bumped when what a profile measures changes, so older cached profiles are measured again.
+PROFILE_METHOD = 2
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "ecofl" / "profiles"
 
 
@@ -113,7 +115,11 @@ def profile_model(
     median of ``repeats`` runs after ``warmup`` runs, with one torch thread, of
     the layer's forward (in training mode) and of its backward from a random
     output gradient (parameter gradients and, except for layer 0, the input
-    gradient). Byte counts are per sample, taken at the largest batch size:
+    gradient). A layer timed alone, again and again, runs with its weights and
+    activations warm in the caches; so at every batch size the layers' times
+    are then scaled, forward and backward apart, to sum to one measured pass
+    through the whole sequence (its median), which is how a stage runs them.
+    Byte counts are per sample, taken at the largest batch size:
 
     - stash: storage of the tensors autograd saves for backward (hooked with
       ``torch.autograd.graph.saved_tensors_hooks``), deduplicated by storage,
@@ -225,6 +231,11 @@ def _measure(
             _fit_mode(layer, x)
             forward[l, column], backward[l, column], y = _time_layer(layer, x, warmup, repeats)
             x = y.detach()
+        whole_forward, whole_backward = _time_pass(layers, torch.randn((batch, *input_shape), generator=generator),
+                                                   warmup, repeats)
+        forward[:, column] *= whole_forward / forward[:, column].sum()
+        if backward[:, column].sum() > 0:
+            backward[:, column] *= whole_backward / backward[:, column].sum()
     activation, gradient, stash, flops = (np.zeros(count) for _ in range(4))
     batch = sizes[-1]
     x = torch.randn((batch, *input_shape), generator=generator)
@@ -331,11 +342,30 @@ def _time_step(params: list[nn.Parameter], warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _time_pass(layers: list[nn.Module], x: torch.Tensor, warmup: int, repeats: int) -> tuple[float, float]:
+    """Median seconds of one forward through all the layers and of its backward (from a ones gradient)."""
+    forward_times, backward_times = [], []
+    for run in range(warmup + repeats):
+        start = time.perf_counter()
+        y = x
+        for l, layer in enumerate(layers):
+            y = layer(_trainable_input(y, l) if l == 0 else y)
+        forward_s = time.perf_counter() - start
+        start = time.perf_counter()
+        if y.requires_grad:
+            torch.autograd.backward(y, torch.ones_like(y))
+        backward_s = time.perf_counter() - start
+        if run >= warmup:
+            forward_times.append(forward_s)
+            backward_times.append(backward_s)
+    return statistics.median(forward_times), statistics.median(backward_times)
+
+
 def _cache_key(name: str, layers: Sequence[nn.Module], input_shape: tuple[int, ...], sizes: tuple[int, ...]) -> str:
     structure = [
         (repr(layer), [(n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters()]) for layer in layers
     ]
-    text = json.dumps([name, structure, list(input_shape), list(sizes), torch.__version__])
+    text = json.dumps([PROFILE_METHOD, name, structure, list(input_shape), list(sizes), torch.__version__])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

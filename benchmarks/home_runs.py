@@ -1,0 +1,99 @@
+"""One benchmark run of a plan on the home runtime: measured against the cost model, with the CPU it got.
+
+The benchmarks of the home pipeline (``pipeline.py``, ``versus_pipelining.py``,
+``paper_pipeline.py``) all run a plan the same way:
+:class:`ecofl.pipeline.runtime.HomePipeline` with one worker process per
+device, one warm-up sync-round (a fresh process's first round pays one-time
+costs: lazy imports, allocator growth), then ``rounds`` measured sync-rounds
+on synthetic data. The report is ``ecofl home train --json``'s
+(:func:`ecofl.cli.home.describe`: measured and predicted sync-round, per-stage
+memory as the model predicts it, as the runtime accounts it and as the
+worker's resident set measures it) plus what a shared machine needs beside
+it: the load average and the CPU the run's processes actually received.
+
+The prediction is the CLI's (:func:`ecofl.cli.home.predict`): the emulated
+pool's cost model under emulation (where measured equals predicted by
+construction but for communication and scheduling), the host pool's with the
+devices sharing this machine's cores without it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ecofl.cli.home import describe, predict
+from ecofl.devices import HomePool
+from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.profile import ModelProfile
+from ecofl.pipeline.runtime import HomePipeline, ZooModel
+from ecofl.pipeline.runtime.netns import HomeNetwork
+
+LR, MOMENTUM = 0.01, 0.9
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def synthetic_batch(spec: ZooModel, samples: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``samples`` random inputs of the model's shape and random labels (the same for a given seed)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, *spec.input_shape, generator=generator)
+    y = torch.randint(0, spec.num_classes, (samples,), generator=generator)
+    return x, y
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far, all its threads (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def describe_plan(plan: Plan, pool: HomePool) -> str:
+    """``planner MxB [first-last: device x share | ...]`` (schedule added unless 1F1B-Sync)."""
+    stages = " | ".join(
+        f"{a}-{b}: " + "+".join(f"{pool.devices[d].name}x{y}" for d, y in zip(s.devices, s.shares))
+        for s in plan.stages for a, b in [s.layers]
+    )
+    schedule = "" if plan.schedule == "1f1b" else f" {plan.schedule}"
+    return f"{plan.planner}{schedule} {plan.num_micro_batches}x{plan.micro_batch} [{stages}]"
+
+
+def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, *, emulate: bool, rounds: int,
+             timeout_s: float, network: HomeNetwork | None = None) -> dict:
+    """Train one warm-up and ``rounds`` measured sync-rounds of ``plan``; measured against predicted.
+
+    Adds to :func:`ecofl.cli.home.describe`'s report: ``plan_text``,
+    ``planner_error`` (|predicted - measured| / measured, median round),
+    ``cpu_cores_used`` (CPU seconds of the workers and this portal during
+    the measured rounds / their wall time: below the host's cores when other
+    jobs took the rest; ``cpu_s_per_round`` the same seconds per round),
+    ``load_average`` (1 min, before and after) and the
+    timeline's compute time per device (``compute_s``).
+    """
+    x, y = synthetic_batch(spec, plan.batch_size)
+    load_before = os.getloadavg()[0]
+    with HomePipeline(spec, pool, plan, profile=profile, emulate=emulate, timeout_s=timeout_s,
+                      network=network) as home:
+        home.train(None, x, y, 1, lr=LR, momentum=MOMENTUM)
+        pids = [*home.worker_pids.values(), os.getpid()]
+        cpu_before, started = sum(map(cpu_seconds, pids)), time.time()
+        result = home.train(None, x, y, rounds, lr=LR, momentum=MOMENTUM)
+        wall = time.time() - started
+        cpu = sum(map(cpu_seconds, pids)) - cpu_before
+    report = describe(plan, pool, predict(plan, profile, pool, emulate), result, emulate)
+    compute: dict[int, float] = {}
+    for event in result.timeline:
+        if event.kind in ("F", "B", "step", "allreduce"):
+            compute[event.device] = compute.get(event.device, 0.0) + event.end - event.start
+    report.update(
+        plan_text=describe_plan(plan, pool),
+        planner_error=abs(report["predicted_sync_round_s"] - report["sync_round_s"]) / report["sync_round_s"],
+        cpu_cores_used=cpu / wall,
+        cpu_s_per_round=cpu / rounds,
+        load_average=[load_before, os.getloadavg()[0]],
+        compute_s={str(d): s / rounds for d, s in sorted(compute.items())},
+        network="tc tbf in network namespaces" if network is not None else None,
+    )
+    return report
