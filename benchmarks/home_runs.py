@@ -61,7 +61,7 @@ def describe_plan(plan: Plan, pool: HomePool) -> str:
 
 
 def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, *, emulate: bool, rounds: int,
-             timeout_s: float, network: HomeNetwork | None = None) -> dict:
+             timeout_s: float, network: HomeNetwork | None = None, cache_dir: str | None = None) -> dict:
     """Train one warm-up and ``rounds`` measured sync-rounds of ``plan``; measured against predicted.
 
     Adds to :func:`ecofl.cli.home.describe`'s report: ``plan_text``,
@@ -82,7 +82,7 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
         result = home.train(None, x, y, rounds, lr=LR, momentum=MOMENTUM)
         wall = time.time() - started
         cpu = sum(map(cpu_seconds, pids)) - cpu_before
-    report = describe(plan, pool, predict(plan, profile, pool, emulate), result, emulate)
+    report = describe(plan, pool, predict(plan, profile, pool, emulate, cache_dir=cache_dir), result, emulate)
     compute: dict[int, float] = {}
     for event in result.timeline:
         if event.kind in ("F", "B", "step", "allreduce"):

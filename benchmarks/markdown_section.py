@@ -31,3 +31,8 @@ def replace_section(doc: Path, table: str, name: str | None = None) -> bool:
     tail = rest.split(end, 1)[1]
     doc.write_text(f"{head}{start}\n{table}\n{end}{tail}")
     return True
+
+
+def cell(text: str) -> str:
+    """``text`` safe inside a Markdown table cell (its pipes escaped)."""
+    return text.replace("|", "\\|")

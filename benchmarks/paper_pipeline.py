@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 
 from benchmarks.home_runs import describe_plan, run_plan  # noqa: E402
-from benchmarks.markdown_section import replace_section  # noqa: E402
+from benchmarks.markdown_section import cell, replace_section  # noqa: E402
 from ecofl.devices import HomePool, host_cores  # noqa: E402
 from ecofl.pipeline.cost import stage_compute_s  # noqa: E402
 from ecofl.pipeline.plan import Plan, StagePlan  # noqa: E402
@@ -241,13 +241,13 @@ def markdown_fig12(results: dict) -> str:
     even = {(r["model"], r["pool"]): r.get("throughput") for r in part["runs"] if r["planner"] == "even"}
     for run in part["runs"]:
         if "oom" in run:
-            lines.append(f"| {run['model']} | {run['pool']} | {run['planner']} | {run['plan_text']} "
+            lines.append(f"| {run['model']} | {run['pool']} | {run['planner']} | {cell(run['plan_text'])} "
                          f"| emulated OOM | | | |")
             continue
         base = even[(run["model"], run["pool"])]
         ratio = f"{run['throughput'] / base:.2f}x" if base else "-"
         lines.append(
-            f"| {run['model']} | {run['pool']} | {run['planner']} | {run['plan_text']} "
+            f"| {run['model']} | {run['pool']} | {run['planner']} | {cell(run['plan_text'])} "
             f"| {run['throughput']:.2f} ({run['predicted_throughput']:.2f}) "
             f"| {_per_stage([s['busy_fraction'] for s in run['stages']], '.2f')} | {ratio} "
             f"| {run['load_average'][0]:.1f}, {run['cpu_cores_used']:.2f} |")
@@ -269,9 +269,9 @@ def markdown_table4(results: dict) -> str:
     for run in part["runs"]:
         by_key[(run["model"], run["pool"], run["method"])] = run
         if "oom" in run:
-            lines.append(f"| {run['model']} | {run['pool']} | {run['method']} | {run['plan_text']} | emulated OOM | |")
+            lines.append(f"| {run['model']} | {run['pool']} | {run['method']} | {cell(run['plan_text'])} | emulated OOM | |")
             continue
-        lines.append(f"| {run['model']} | {run['pool']} | {run['method']} | {run['plan_text']} "
+        lines.append(f"| {run['model']} | {run['pool']} | {run['method']} | {cell(run['plan_text'])} "
                      f"| {run['throughput']:.2f} ({run['predicted_throughput']:.2f}) "
                      f"| {run['load_average'][0]:.1f}, {run['cpu_cores_used']:.2f} |")
     lines += [

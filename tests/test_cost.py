@@ -169,6 +169,19 @@ def test_shared_cores_serialise_what_does_not_fit_and_change_nothing_when_enough
         simulate(plan, profile, pool, cores=0)
 
 
+@pytest.mark.parametrize("stages,micro_batches", [(1, 4), (3, 8)])
+def test_operation_overhead_lengthens_every_forward_and_backward(stages, micro_batches):
+    """The runtime's own time per operation (host runs): the trapezoid with t_f + o and t_b + o."""
+    overhead = 0.003
+    cost = simulate(chain_plan(stages, 4, micro_batches), synthetic_profile(stages), uniform_pool(stages),
+                    operation_overhead_s=overhead)
+    t_f, t_b = 4 * T_F + overhead, 4 * T_B + overhead
+    assert cost.sync_round_s == pytest.approx((micro_batches + stages - 1) * (t_f + t_b))
+    with pytest.raises(ValueError, match="negative"):
+        simulate(chain_plan(stages, 4, micro_batches), synthetic_profile(stages), uniform_pool(stages),
+                 operation_overhead_s=-1.0)
+
+
 def test_gantt_writes_a_png(tmp_path):
     from ecofl.pipeline.gantt import plot_gantt
 

@@ -41,6 +41,7 @@ from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.replan import REPLAN_KINDS
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.portal import HomePipeline
+from ecofl.pipeline.runtime.host_overhead import host_operation_overhead_s
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             plan = dataclasses.replace(plan, schedule=args.schedule)
         except ValueError as error:
             raise UserError(f"{args.planner} plan with {args.schedule}: {error}") from None
-    predicted = predict(plan, profile, pool, args.emulate, args.rounds)
+    predicted = predict(plan, profile, pool, args.emulate, args.rounds, args.cache_dir)
     spec = ZooModel(args.model, shape, data.num_classes, args.granularity)
     x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]
     events = [Injection.parse(text) for text in args.inject]
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     except HomePipelineError as error:
         raise UserError(str(error)) from None
     if final_plan != plan:
-        predicted = predict(final_plan, profile, pool, args.emulate, args.rounds)
+        predicted = predict(final_plan, profile, pool, args.emulate, args.rounds, args.cache_dir)
     report = describe(final_plan, pool, predicted, result, args.emulate, args.rounds)
     if args.timeline:
         from ecofl.pipeline.gantt import plot_gantt
@@ -147,16 +148,20 @@ def _progress(total: int):
     return show
 
 
-def predict(plan: Plan, profile, pool, emulate: bool, rounds: int = 1) -> SyncRoundCost:
+def predict(plan: Plan, profile, pool, emulate: bool, rounds: int = 1, cache_dir: str | None = None
+            ) -> SyncRoundCost:
     """The cost model's sync-round: of the emulated pool, or of its devices as processes of this machine.
 
+    At host speed the devices share this machine's cores and every operation costs the runtime's own
+    overhead on this host (:mod:`ecofl.pipeline.runtime.host_overhead`, measured once into ``cache_dir``).
     An asynchronous 1F1B plan runs the call's ``rounds`` x M micro-batches as one pass: that pass is predicted.
     """
     if plan.schedule == "async-1f1b":
         plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * rounds)
     if emulate:
         return simulate(plan, profile, pool)
-    return simulate(plan, profile, host_pool(pool), cores=host_cores())
+    return simulate(plan, profile, host_pool(pool), cores=host_cores(),
+                    operation_overhead_s=host_operation_overhead_s(cache_dir))
 
 
 def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult, emulated: bool = True,

@@ -33,6 +33,14 @@ What is simulated (choices documented here, not in the papers):
   (non-preemptive list scheduling: the kernel's time slicing shares cores
   finer, but does the same total work). ``cores=None``: every device is its
   own machine.
+- **The runtime's own time** (``operation_overhead_s``, host runs): every
+  forward and backward costs that much more than its layers' profiled time:
+  the runtime's bookkeeping, the CPU its messages cost (framing, sealing,
+  thread hand-offs) and the kernel's time slices, which are about the same
+  per operation whatever its size. It is measured once per host by
+  :mod:`ecofl.pipeline.runtime.host_overhead` on a model whose layers cost
+  next to nothing; an emulated device's operations sleep to the cost model's
+  time, which hides it (0 there).
 - **Memory.** Asteroid eq. 3: Mem_p(beta) = MOD + OPT + K_p x ACT_p(beta), with
   MOD = weights + accumulated gradients (2 x weight bytes, as Asteroid §3.2
   counts them), OPT = optimizer state, ACT_p(beta) = stashed bytes per sample
@@ -162,21 +170,26 @@ class _Worker:
         self.send_b: list[tuple[_Worker, float]] = []
 
 
-def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | None = None) -> SyncRoundCost:
+def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | None = None,
+             operation_overhead_s: float = 0.0) -> SyncRoundCost:
     """Event simulation of one sync-round of ``plan`` (see the module docstring for the model).
 
     Operations run in the order they become ready (time order); with
-    ``cores`` they also wait for one of that many shared cores.
+    ``cores`` they also wait for one of that many shared cores. Every
+    forward and backward lasts ``operation_overhead_s`` longer than its layers.
     """
     _check_training(plan)
     check_plan(plan, profile, pool)
     if cores is not None and cores < 1:
         raise ValueError(f"cores must be at least 1, got {cores}")
+    if operation_overhead_s < 0:
+        raise ValueError(f"operation_overhead_s must not be negative, got {operation_overhead_s}")
     core_free = [0.0] * cores if cores is not None else None  # a min-heap of when each core is free
     m_count = plan.num_micro_batches
     schedule = plan_schedule(plan)
     bandwidth = pool.bandwidth_bps
-    workers = [_stage_workers(s, stage, profile, pool, m_count) for s, stage in enumerate(plan.stages)]
+    workers = [_stage_workers(s, stage, profile, pool, m_count, operation_overhead_s)
+               for s, stage in enumerate(plan.stages)]
     if plan.schedule == "async-1f1b":
         for stage, ws in zip(plan.stages, workers):
             for w in ws:
@@ -306,13 +319,13 @@ def sample_ranges(stage: StagePlan) -> list[tuple[int, int, int]]:
     return ranges
 
 
-def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: HomePool, m_count: int
-                   ) -> list[_Worker]:
+def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: HomePool, m_count: int,
+                   overhead_s: float = 0.0) -> list[_Worker]:
     """The devices of a stage with a non-empty share, each with its sample range and times."""
     workers = []
     for device, lo, hi in sample_ranges(stage):
         f, b = stage_compute_s(profile, pool.devices[device], stage.layers, hi - lo)
-        workers.append(_Worker(device, index, len(workers), lo, hi, f, b, m_count))
+        workers.append(_Worker(device, index, len(workers), lo, hi, f + overhead_s, b + overhead_s, m_count))
     return workers
 
 
