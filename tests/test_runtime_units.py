@@ -69,6 +69,17 @@ def test_token_bucket_paces_bytes_at_its_rate():
     assert time.time() - start >= 0.18  # 400 kB at 2 MB/s less the 1 kB burst: never faster than the rate
 
 
+def test_a_slow_link_bursts_no_more_than_ten_milliseconds_of_its_rate():
+    """A 0.2 Mbps link must not let a stream of 5 kB activations through in one 64 kB burst."""
+    assert TokenBucket(rate_bps=25_000).burst == 250
+    assert TokenBucket(rate_bps=12.5e6).burst == 64 * 1024
+    bucket = TokenBucket(rate_bps=25_000)
+    start = time.time()
+    for _ in range(3):
+        bucket.consume(2_500)
+    assert time.time() - start >= 0.28  # 7.5 kB at 25 kB/s less the 250 B burst
+
+
 def test_memory_ledger_projects_the_schedule_peak_from_measured_forwards():
     ledger = MemoryLedger("1 (nano)", 1, budget=1000, fixed=100, resident_bound=3, schedule="1f1b", enforce=True)
     ledger.forward(0, 250)  # 100 + 3 x 250 = 850 fits

@@ -40,19 +40,26 @@ def dilate(started: float, emulated_s: float | None, speed: float, abort: Callab
     return time.time()
 
 
+#: A link's burst: what it carries in this long, at most ``MAX_BURST_BYTES`` (a slow link gets a small burst,
+#: so that a whole stream of small tensors cannot slip through in the first burst).
+BURST_S = 0.01
+MAX_BURST_BYTES = 64 * 1024
+
+
 class TokenBucket:
     """Paces a link at ``rate_bps`` bytes/s with bursts of at most ``burst_bytes``.
 
     :meth:`consume` blocks the sender until the link could have carried the
     bytes: back-to-back transfers of n bytes take n / rate each, like the cost
-    model's FIFO channel.
+    model's FIFO channel. The default burst is ``BURST_S`` of the link's rate,
+    at most ``MAX_BURST_BYTES``.
     """
 
-    def __init__(self, rate_bps: float, burst_bytes: int = 64 * 1024):
+    def __init__(self, rate_bps: float, burst_bytes: int | None = None):
         if not rate_bps > 0:
             raise ValueError(f"link rate must be positive, got {rate_bps}")
         self.rate = rate_bps
-        self.burst = burst_bytes
+        self.burst = burst_bytes if burst_bytes is not None else int(min(MAX_BURST_BYTES, rate_bps * BURST_S))
         self._tokens = float(burst_bytes)
         self._stamp = time.time()
         self._lock = threading.Lock()
