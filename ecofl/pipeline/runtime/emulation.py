@@ -60,7 +60,7 @@ class TokenBucket:
             raise ValueError(f"link rate must be positive, got {rate_bps}")
         self.rate = rate_bps
         self.burst = burst_bytes if burst_bytes is not None else int(min(MAX_BURST_BYTES, rate_bps * BURST_S))
-        self._tokens = float(burst_bytes)
+        self._tokens = float(self.burst)
         self._stamp = time.time()
         self._lock = threading.Lock()
 
