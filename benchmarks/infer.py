@@ -161,11 +161,22 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def save(args: argparse.Namespace, runs: dict[str, dict]) -> dict:
+    """Write the runs measured so far to ``args.output``; returns the report."""
+    report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+              "load": " ".join(f"{x:.1f}" for x in os.getloadavg()), "micro_batches": args.micro_batches,
+              "slowdown": args.slowdown, "runs": runs}
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(report, indent=1))
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro-batches", type=int, default=24, help="micro-batches streamed per plan")
     parser.add_argument("--slowdown", type=float, default=0.25, help="every device's speed is multiplied by this")
-    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds a plan's stream may take at least (slow plans get twice their prediction)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "infer.json"))
     args = parser.parse_args(argv)
@@ -177,21 +188,21 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{home}/{model}"
             runs[key] = {}
             for name, plan in plans(profile, pool, args.micro_batches).items():
+                # A slow plan (the even partition over a 0.2 Mbps link) streams for minutes: wait for it.
+                expected_s = plan.micro_batch * args.micro_batches / simulate_stream(
+                    plan, profile, pool, args.micro_batches).throughput
                 try:
                     runs[key][name] = measure(model, granularity, profile, pool, plan, args.micro_batches,
-                                              args.timeout)
+                                              max(args.timeout, 2 * expected_s + 120))
                 except UserError as error:
                     raise SystemExit(f"{key} {name}: {error}")
                 run = runs[key][name]
                 print(f"{key} {name}: {', '.join(run['devices'])}: {run['throughput']:.1f} samples/s "
                       f"(predicted {run['predicted_throughput']:.1f})", flush=True)
-    report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-              "load": " ".join(f"{x:.1f}" for x in os.getloadavg()), "micro_batches": args.micro_batches,
-              "slowdown": args.slowdown, "runs": runs}
+                save(args, runs)  # nothing measured is lost if a later plan fails
+    report = save(args, runs)
     table = markdown(report)
     print(table)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=1))
     if not replace_section(ROOT / "docs" / "inference.md", table):
         print("docs/inference.md has no benchmark section; table not written there", file=sys.stderr)
     return 0
