@@ -27,12 +27,12 @@ What is simulated (choices documented here, not in the papers):
   2(n-1)/n x W_s / (slowest link in the group) (Asteroid eq. 5); then every
   device runs its optimizer step (profiled host time / speed).
 - **Shared cores** (``cores=C``, devices that are processes of one machine,
-  as when a home is run at host speed on this one): at most C forwards,
-  backwards or optimizer steps run at once; an operation whose inputs are
-  ready waits for a free core, in the order operations became ready
-  (non-preemptive list scheduling: the kernel's time slicing shares cores
-  finer, but does the same total work). ``cores=None``: every device is its
-  own machine.
+  as when a home is run at host speed on this one): an operation starts when
+  it is ready, and while n operations run each gets min(1, C/n) of a core
+  (processor sharing, how the kernel's time slices share cores among
+  runnable processes), so operations last longer than their work whenever
+  more devices compute than there are cores. The flush's optimizer steps
+  take a free core each. ``cores=None``: every device is its own machine.
 - **The runtime's own time** (``operation_overhead_s``, host runs): every
   forward and backward costs that much more than its layers' profiled time:
   the runtime's bookkeeping, the CPU its messages cost (framing, sealing,
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -184,7 +184,6 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
         raise ValueError(f"cores must be at least 1, got {cores}")
     if operation_overhead_s < 0:
         raise ValueError(f"operation_overhead_s must not be negative, got {operation_overhead_s}")
-    core_free = [0.0] * cores if cores is not None else None  # a min-heap of when each core is free
     m_count = plan.num_micro_batches
     schedule = plan_schedule(plan)
     bandwidth = pool.bandwidth_bps
@@ -242,34 +241,44 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
         if (t := ready(s, w)) is not None:
             heapq.heappush(heap, (t, s, i, w.position))
 
+    def completed(s: int, i: int, kind: str, m: int, start: float, end: float) -> None:
+        """``w``'s forward or backward ran from ``start`` to ``end``: its sends go out."""
+        w = workers[s][i]
+        w.free = end
+        w.busy += end - start
+        timeline.append(TimelineEvent(w.device, s, kind, m, start, end))
+        send(w, s, w.send_f if kind == "F" else w.send_b, m, end, kind == "F")
+
+    def moved_on(s: int, i: int, kind: str) -> None:
+        """``w`` is done with its action: what it and its receivers can do next."""
+        w = workers[s][i]
+        w.position += 1
+        offer(s, i)
+        for receiver, _ in w.send_f if kind == "F" else w.send_b:
+            offer(receiver.stage, receiver.index)
+
     for s, ws in enumerate(workers):
         for i in range(len(ws)):
             offer(s, i)
-    while heap:
-        at, s, i, position = heapq.heappop(heap)
-        w = workers[s][i]
-        if position != w.position:
-            continue
-        _, kind, m = schedule[s][w.position]
-        seconds = w.forward_s if kind == "F" else w.backward_s
-        start = _take_core(core_free, at, seconds)
-        w.free = start + seconds
-        w.busy += seconds
-        timeline.append(TimelineEvent(w.device, s, kind, m, start, w.free))
-        receivers = w.send_f if kind == "F" else w.send_b
-        send(w, s, receivers, m, w.free, kind == "F")
-        if kind == "B" and w.step_s:  # asynchronous 1F1B: this micro-batch's own weight update, after its send
-            step_start = _take_core(core_free, w.free, w.step_s)
-            w.free = step_start + w.step_s
-            timeline.append(TimelineEvent(w.device, s, "step", m, step_start, w.free))
-        w.position += 1
-        offer(s, i)
-        for receiver, _ in receivers:
-            offer(receiver.stage, receiver.index)
+    if cores is None:
+        while heap:
+            at, s, i, position = heapq.heappop(heap)
+            w = workers[s][i]
+            if position != w.position:
+                continue
+            _, kind, m = schedule[s][w.position]
+            completed(s, i, kind, m, at, at + (w.forward_s if kind == "F" else w.backward_s))
+            if kind == "B" and w.step_s:  # asynchronous 1F1B: this micro-batch's own update, after its send
+                timeline.append(TimelineEvent(w.device, s, "step", m, w.free, w.free + w.step_s))
+                w.free += w.step_s
+            moved_on(s, i, kind)
+    else:
+        _share_cores(cores, workers, schedule, heap, timeline, completed, moved_on)
     stuck = [(s, w.device) for s, ws in enumerate(workers) for w in ws if w.position < len(schedule[s])]
     if stuck:  # cannot happen for the schedules plan_schedule builds; guards the invariant
         raise ScheduleError(f"the schedule deadlocks: stage/device pairs {stuck} wait forever")
 
+    core_free = [0.0] * cores if cores is not None else None  # the flush: a min-heap of when each core is free
     flush_end, flush_s = _flush(plan, profile, pool, workers, timeline, core_free)
     sync_round = max(flush_end)
     busy = [max((w.busy for w in ws), default=0.0) for ws in workers]
@@ -352,6 +361,52 @@ def _take_core(core_free: list[float] | None, ready_at: float, seconds: float) -
     start = max(ready_at, heapq.heappop(core_free))
     heapq.heappush(core_free, start + seconds)
     return start
+
+
+def _share_cores(cores: int, workers: list[list[_Worker]], schedule: Schedule,
+                 heap: list[tuple[float, int, int, int]], timeline: list[TimelineEvent],
+                 completed: Callable[[int, int, str, int, float, float], None],
+                 moved_on: Callable[[int, int, str], None]) -> None:
+    """Run the ready operations on ``cores`` shared cores the way the kernel shares them (processor sharing).
+
+    An operation starts as soon as it is ready; while n operations run, each
+    progresses at min(1, cores / n) of a core, so one lasts longer than its
+    work when more devices compute than there are cores. ``heap`` holds
+    ``(ready time, stage, index, position)`` offers (an offer of a device that
+    is computing, or of an earlier position, is stale).
+    """
+    running: dict[tuple[int, int], list] = {}  # (stage, index) -> [kind, m, start, work left]
+    now = 0.0
+    while heap or running:
+        while heap and (heap[0][3] != workers[heap[0][1]][heap[0][2]].position or heap[0][1:3] in running):
+            heapq.heappop(heap)
+        rate = min(1.0, cores / len(running)) if running else 1.0
+        key = min(running, key=lambda k: running[k][3]) if running else None
+        finish_at = now + running[key][3] / rate if key is not None else float("inf")
+        if heap and heap[0][0] <= finish_at:
+            at, s, i, _ = heapq.heappop(heap)
+            at = max(at, now)
+        else:
+            at, (s, i) = finish_at, key
+        for entry in running.values():
+            entry[3] -= (at - now) * rate
+        now = at
+        w = workers[s][i]
+        if (s, i) not in running:  # an offer taken: the device starts its next action
+            _, kind, m = schedule[s][w.position]
+            running[(s, i)] = [kind, m, now, w.forward_s if kind == "F" else w.backward_s]
+            continue
+        kind, m, start, _ = running.pop((s, i))
+        if kind == "step":
+            timeline.append(TimelineEvent(w.device, s, "step", m, start, now))
+            w.free = now
+            moved_on(s, i, "B")
+            continue
+        completed(s, i, kind, m, start, now)
+        if kind == "B" and w.step_s:  # asynchronous 1F1B: its own update, after its send
+            running[(s, i)] = ["step", m, now, w.step_s]
+            continue
+        moved_on(s, i, kind)
 
 
 def _flush(
