@@ -24,7 +24,7 @@ runtimes differ only as runtimes. Each measurement: one warm-up sync-round,
 then the median of ``--rounds``; the repeats alternate which runtime runs
 first. Targets (issue 13): ours / torch >= 1.0x unshaped, >= 1.15x at 100 Mbps.
 
-    .venv/bin/python benchmarks/versus_pipelining.py [--repeats 3] [--rounds 3] [--batch 64]
+    .venv/bin/python benchmarks/versus_pipelining.py [--repeats 3] [--rounds 3] [--batch 64] [--conditions unshaped,shaped]
 
 writes benchmarks/results/versus_pipelining.json and its section of docs/pipeline.md.
 """
@@ -237,7 +237,7 @@ def _free_port() -> int:
 def measure(plan: Plan, pool: HomePool, profile, profile_path: str, args: argparse.Namespace) -> dict:
     """Every condition x schedule x repeat, ours and torch's back to back (first alternating by repeat)."""
     reason = unavailable_reason()
-    conditions = [c for c in CONDITIONS if c == "unshaped" or reason is None]
+    conditions = [c for c in args.conditions if c == "unshaped" or reason is None]
     results: dict = {c: {s: {"ours": [], "torch": []} for s in SCHEDULES} for c in conditions}
     for repeat in range(args.repeats):
         for condition in conditions:
@@ -304,6 +304,8 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--conditions", default=",".join(CONDITIONS),
+                        help="comma-separated, of unshaped and shaped (each replaces its earlier results)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=None, help="default: the planner's")
@@ -318,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.pipelining_worker:
         pipelining_worker(int(args.pipelining_worker[0]), args.pipelining_worker[1])
         return 0
+    args.conditions = args.conditions.split(",")
+    if set(args.conditions) - set(CONDITIONS):
+        parser.error(f"--conditions: valid ones are {', '.join(CONDITIONS)}")
     torch.set_num_threads(1)
     pool = slowed_pool(PRESETS, args.mbps, args.slowdown)
     if max(d.speed for d in pool.devices) > 0.2:
@@ -335,8 +340,13 @@ def main(argv: list[str] | None = None) -> int:
             "slowdown": args.slowdown, "plan": describe_plan(plan, pool),
             **measure(plan, pool, profile, profile_path, args),
         }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=1))
+    path = Path(args.json)
+    if path.exists():  # conditions measured by an earlier run (--conditions) are kept beside these
+        earlier = json.loads(path.read_text())
+        report["results"] = {**{c: r for c, r in earlier["results"].items() if c not in report["results"]},
+                             **report["results"]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
     table = markdown(report)
     if not replace_section(Path(args.doc), table, "versus-pipelining"):
         print(f"(no versus-pipelining section in {args.doc}: table not written there)", file=sys.stderr)
