@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1, help="runs per plan and mode (modes alternate)")
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--keep-others", action="store_true",
+                        help="keep the earlier results of models not measured now (one model at a time)")
     parser.add_argument("--pools", default=",".join(f"{p}:{planner}" for p, planner in CASES),
                         help="pool:planner pairs, comma-separated")
     parser.add_argument("--timeout", type=float, default=300.0)
@@ -195,8 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             "overhead": operation_overhead_record(cache_dir),
             "models": {model: measure_model(model, args, cache_dir) for model in args.models.split(",")},
         }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
+    path = Path(args.json)
+    if path.exists() and args.keep_others:  # models measured by an earlier run with the same settings
+        earlier = json.loads(path.read_text())
+        results["models"] = {**{m: r for m, r in earlier["models"].items() if m not in results["models"]},
+                             **results["models"]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
     table = markdown(results)
     replace_section(Path(args.doc), table)
     print(table)
