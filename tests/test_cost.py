@@ -150,13 +150,22 @@ def test_plan_must_fit_profile_and_pool():
         simulate(chain_plan(3, 2, 2), synthetic_profile(3), uniform_pool(2))
 
 
-def test_shared_cores_share_what_does_not_fit_and_change_nothing_when_enough():
+@pytest.mark.parametrize("schedule, in_flight", [("1f1b", None), ("gpipe", None), ("async-1f1b", [1, 1, 1])])
+def test_a_core_per_device_changes_nothing(schedule, in_flight):
+    """Processes of one machine with a core each run as if on machines of their own (async steps included)."""
+    profile, pool = synthetic_profile(3, step=0.001), uniform_pool(3)
+    plan = chain_plan(3, 4, 8, schedule, in_flight)
+    alone = simulate(plan, profile, pool)
+    enough = simulate(plan, profile, pool, cores=3)
+    assert enough.sync_round_s == pytest.approx(alone.sync_round_s)
+    assert sorted(enough.timeline) == sorted(alone.timeline)
+
+
+def test_shared_cores_share_what_does_not_fit():
     """Devices that are processes of one machine (a host-speed run) share its cores."""
     profile, pool = synthetic_profile(3), uniform_pool(3)
     plan = chain_plan(3, 4, 8)
     alone = simulate(plan, profile, pool)
-    enough = simulate(plan, profile, pool, cores=3)  # a core per device: the same timeline
-    assert enough.sync_round_s == alone.sync_round_s and sorted(enough.timeline) == sorted(alone.timeline)
     one = simulate(plan, profile, pool, cores=1)
     work = sum(e.end - e.start for e in alone.timeline if e.kind in ("F", "B"))
     assert one.sync_round_s == pytest.approx(work)  # one core never idles while an operation is ready

@@ -175,8 +175,8 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
     """Event simulation of one sync-round of ``plan`` (see the module docstring for the model).
 
     Operations run in the order they become ready (time order); with
-    ``cores`` they also wait for one of that many shared cores. Every
-    forward and backward lasts ``operation_overhead_s`` longer than its layers.
+    ``cores`` they share that many cores (processor sharing). Every forward
+    and backward lasts ``operation_overhead_s`` longer than its layers.
     """
     _check_training(plan)
     check_plan(plan, profile, pool)
@@ -249,11 +249,12 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
         timeline.append(TimelineEvent(w.device, s, kind, m, start, end))
         send(w, s, w.send_f if kind == "F" else w.send_b, m, end, kind == "F")
 
-    def moved_on(s: int, i: int, kind: str) -> None:
-        """``w`` is done with its action: what it and its receivers can do next."""
+    def moved_on(s: int, i: int, kind: str, done: bool = True) -> None:
+        """What ``w``'s receivers can do now it has sent, and (``done``: its action is over) what ``w`` can."""
         w = workers[s][i]
-        w.position += 1
-        offer(s, i)
+        if done:
+            w.position += 1
+            offer(s, i)
         for receiver, _ in w.send_f if kind == "F" else w.send_b:
             offer(receiver.stage, receiver.index)
 
@@ -366,7 +367,7 @@ def _take_core(core_free: list[float] | None, ready_at: float, seconds: float) -
 def _share_cores(cores: int, workers: list[list[_Worker]], schedule: Schedule,
                  heap: list[tuple[float, int, int, int]], timeline: list[TimelineEvent],
                  completed: Callable[[int, int, str, int, float, float], None],
-                 moved_on: Callable[[int, int, str], None]) -> None:
+                 moved_on: Callable[..., None]) -> None:
     """Run the ready operations on ``cores`` shared cores the way the kernel shares them (processor sharing).
 
     An operation starts as soon as it is ready; while n operations run, each
@@ -382,7 +383,7 @@ def _share_cores(cores: int, workers: list[list[_Worker]], schedule: Schedule,
             heapq.heappop(heap)
         rate = min(1.0, cores / len(running)) if running else 1.0
         key = min(running, key=lambda k: running[k][3]) if running else None
-        finish_at = now + running[key][3] / rate if key is not None else float("inf")
+        finish_at = now + max(0.0, running[key][3]) / rate if key is not None else float("inf")
         if heap and heap[0][0] <= finish_at:
             at, s, i, _ = heapq.heappop(heap)
             at = max(at, now)
@@ -405,6 +406,7 @@ def _share_cores(cores: int, workers: list[list[_Worker]], schedule: Schedule,
         completed(s, i, kind, m, start, now)
         if kind == "B" and w.step_s:  # asynchronous 1F1B: its own update, after its send
             running[(s, i)] = ["step", m, now, w.step_s]
+            moved_on(s, i, kind, done=False)  # the gradient it sent is on its way already
             continue
         moved_on(s, i, kind)
 
