@@ -49,7 +49,9 @@ def test_inference_json_has_throughput_latency_and_busy_fractions(planner, cache
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["objective"] == "inference" and report["schedule"] == "stream" and report["planner"] == planner
-    assert report["throughput"] > 0 and report["latency_s"] >= report["first_latency_s"] > 0
+    assert report["throughput"] > 0 and report["first_latency_s"] > 0
+    # a loaded pipeline is never faster per sample than an empty one (up to the rounding of a mean of equal floats)
+    assert report["latency_s"] >= report["first_latency_s"] * (1 - 1e-9)
     assert report["throughput"] * report["period_s"] == pytest.approx(report["micro_batch"])
     assert "sync_round_s" not in report
     for st in report["stages"]:
