@@ -191,6 +191,22 @@ def test_a_chain_plans_bottleneck_is_the_simulated_period(planner):
     assert compared >= 15
 
 
+@pytest.mark.parametrize("planner", ["ecofl", "hpp", "pipeedge"])
+def test_a_short_stream_is_never_faster_than_its_slowest_device_or_link(planner):
+    """Every device computes its share of every micro-batch and every channel carries it: a period below
+    the slowest of them would be the fill of a short stream mistaken for its steady state."""
+    for rng, profile, pool in instances(17, 30, layers=(3, 8), devices=(2, 5)):
+        try:
+            plan = make_plan(planner, profile, pool, int(rng.choice([8, 24, 48])), objective="inference")
+        except UserError:
+            continue
+        for count in (2, 3, 5, 8):
+            cost = simulate_stream(plan, profile, pool, num_micro_batches=count)
+            slowest = max(max(cost.stage_forward_s), max(cost.stage_send_s))
+            assert cost.period_s >= slowest
+            assert cost.throughput == pytest.approx(plan.micro_batch / cost.period_s)
+
+
 @pytest.mark.parametrize("slow", ["compute", "link"])
 def test_pipeedge_leaves_out_a_device_that_would_lower_throughput(slow):
     """PipeEdge §III-B: choosing the subset beats using every device (ecofl: best order; even: pool order)."""

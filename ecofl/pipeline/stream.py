@@ -25,7 +25,9 @@ training cost model (:mod:`ecofl.pipeline.cost`):
   device receive one micro-batch while it computes another and sends a third.
 
 Predictions (:class:`StreamCost`): the steady-state throughput (the stream is
-long enough that its second half repeats with the bottleneck's period), the
+long enough that its second half repeats with the bottleneck's period, and
+the period is never below the slowest device's forward or the slowest
+channel's transfer of one micro-batch, a short stream's fill aside), the
 per-sample latency (a sample's micro-batch from leaving the portal until its
 result is back there), each stage's steady-state busy fraction, and the
 timeline of every forward and transfer for a Gantt chart.
@@ -175,10 +177,14 @@ def simulate_stream(
 
     half = count // 2
     stream_s = done[-1] - min(admitted)
-    period = (done[-1] - done[half - 1]) / (count - half) if count > 1 else stream_s
-    latencies = [done[m] - admitted[m] for m in range(half, count)]
     forward = [max(d.forward_s for d in devices) for devices in stages]
     send = [max((sec for d in devices for _, sec in d.sends), default=0.0) for devices in stages]
+    # Every device computes its share of every micro-batch and every channel carries it, so the slowest
+    # resource bounds the steady-state period from below; a short stream's second half can still carry
+    # some fill (a late micro-batch from a device that started late), which would make it look faster.
+    measured = (done[-1] - done[half - 1]) / (count - half) if count > 1 else stream_s
+    period = max(measured, *forward, *send)
+    latencies = [done[m] - admitted[m] for m in range(half, count)]
     device_memory = {
         device: stream_stage_memory_bytes(profile, stage.layers, share, stage.in_flight)
         for stage in plan.stages for device, share in zip(stage.devices, stage.shares)
