@@ -25,9 +25,10 @@ training cost model (:mod:`ecofl.pipeline.cost`):
   device receive one micro-batch while it computes another and sends a third.
 
 Predictions (:class:`StreamCost`): the steady-state throughput (the stream is
-long enough that its second half repeats with the bottleneck's period, and
-the period is never below the slowest device's forward or the slowest
-channel's transfer of one micro-batch, a short stream's fill aside), the
+long enough that its second half repeats with the bottleneck's period; the
+period is bounded below by the slowest device's forward and the slowest
+channel's transfer of one micro-batch, which the second half of a short
+stream, still filling, could otherwise undercut), the
 per-sample latency (a sample's micro-batch from leaving the portal until its
 result is back there), each stage's steady-state busy fraction, and the
 timeline of every forward and transfer for a Gantt chart.
