@@ -39,15 +39,14 @@ sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 from benchmarks.markdown_section import replace_section  # noqa: E402
 from client.federation import federation  # noqa: E402
 from ecofl.fl.federation_setup import FederationSetup  # noqa: E402
+from ecofl.fl.baseline_groupings import astraea_mediators, latency_tiers  # noqa: E402
 from ecofl.fl.grouping import (  # noqa: E402
     CostTable,
     Grouping,
-    astraea_mediators,
     derive_rt,
     initial_grouping,
     js_to_uniform,
     kmeans_centres,
-    latency_tiers,
 )
 from ecofl.fl.metrics import group_stats  # noqa: E402
 

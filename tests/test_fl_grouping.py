@@ -4,18 +4,8 @@ import numpy as np
 import pytest
 
 from ecofl.errors import UserError
-from ecofl.fl.grouping import (
-    Grouping,
-    astraea_mediators,
-    derive_rt,
-    initial_grouping,
-    js_to_uniform,
-    kl_to_uniform,
-    latency_tiers,
-    regroup,
-    single_group,
-    singletons,
-)
+from ecofl.fl.baseline_groupings import astraea_mediators, kl_to_uniform, latency_tiers, single_group, singletons
+from ecofl.fl.grouping import Grouping, derive_rt, initial_grouping, js_to_uniform, regroup
 from scipy.spatial.distance import jensenshannon
 
 CLASSES = 10

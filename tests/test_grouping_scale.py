@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from ecofl.fl.grouping import CostTable, _as_arrays, initial_grouping, kmeans_centres
+from ecofl.fl.grouping import CostTable, as_arrays, initial_grouping, kmeans_centres
 
 
 def every_home_each_turn(homes, latencies, label_hists, num_groups, rt, lam, seed):
     """The grouping as §5.2 states it: each group in turn takes the unassigned home of smallest COST."""
-    ids, lat, hists = _as_arrays(homes, latencies, label_hists)
+    ids, lat, hists = as_arrays(homes, latencies, label_hists)
     _, centres = kmeans_centres(lat, num_groups, seed)
     table = CostTable(centres, lat, hists, rt, lam)
     sums = np.zeros((len(centres), hists.shape[1]))

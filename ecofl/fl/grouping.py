@@ -34,7 +34,7 @@ earlier version of this module read it otherwise:
   groups); with lambda -> infinity and RT unbounded they depend on labels
   alone, as Astraea's mediators do, though not identically: the groups take
   turns and measure JS divergence, where Astraea fills one mediator after
-  another by KL divergence (:func:`astraea_mediators`).
+  another by KL divergence (:func:`ecofl.fl.baseline_groupings.astraea_mediators`).
 
 Homes that fit no group (farther than RT from every centre) *wait*: they are
 dropped until re-grouping finds their latency back within range.
@@ -47,7 +47,6 @@ from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy.stats import entropy
 from sklearn.cluster import KMeans
 
 from ecofl.data.stats import js_to_uniform
@@ -161,7 +160,7 @@ class CostTable:
         return np.where(self.feasible[np.ix_(rows, homes)], cost, np.inf)
 
 
-def _as_arrays(
+def as_arrays(
     homes: Sequence[int], latencies: Mapping[int, float], label_hists: Mapping[int, np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ids = np.array(sorted(homes), dtype=int)
@@ -199,7 +198,7 @@ def initial_grouping(
     equal shares of two classes each, but as many as homes when every home's
     counts differ (Dirichlet partitions), where it stays quadratic.
     """
-    ids, lat, hists = _as_arrays(homes, latencies, label_hists)
+    ids, lat, hists = as_arrays(homes, latencies, label_hists)
     _, centres = kmeans_centres(lat, num_groups, seed)
     table = CostTable(centres, lat, hists, rt, lam)
     nearest = _NearestByHistogram(table, hists)
@@ -314,7 +313,7 @@ def regroup(
     K-means centres, which define the groups' latency ranges.
     """
     homes = [h for g in grouping.groups for h in g] + list(grouping.waiting)
-    ids, lat, hists = _as_arrays(homes, latencies, label_hists)
+    ids, lat, hists = as_arrays(homes, latencies, label_hists)
     position = {int(h): i for i, h in enumerate(ids)}
     centres = np.asarray(grouping.centres, dtype=float)
     table = CostTable(centres, lat, hists, rt, lam)
@@ -349,82 +348,4 @@ def regroup(
         groups=tuple(tuple(sorted(m)) for m in members),
         centres=grouping.centres,
         waiting=tuple(sorted(waiting)),
-    )
-
-
-def latency_tiers(homes: Sequence[int], latencies: Mapping[int, float], num_tiers: int, seed: int) -> Grouping:
-    """FedAT's tiers (Chai et al. SC'21, §4 "tiering"): clients grouped by profiled response latency, no data term.
-
-    K-means on latency (Eco-FL §5.2's clustering), every home in its nearest
-    tier; tiers are numbered fastest first, the order FedAT's weights use.
-    """
-    ids = np.array(sorted(homes), dtype=int)
-    lat = np.array([latencies[h] for h in ids], dtype=float)
-    labels, centres = kmeans_centres(lat, num_tiers, seed)
-    return Grouping(
-        groups=tuple(tuple(int(h) for h in ids[labels == t]) for t in range(len(centres))),
-        centres=tuple(float(c) for c in centres),
-        waiting=(),
-    )
-
-
-def kl_to_uniform(hists: np.ndarray) -> np.ndarray:
-    """KL divergence D_KL(P || P_u) (natural log) of each row's label distribution P to the uniform P_u."""
-    hists = np.atleast_2d(np.asarray(hists, dtype=float))
-    uniform = np.ones(hists.shape[-1])
-    return entropy(hists, uniform, axis=-1)
-
-
-def astraea_mediators(
-    homes: Sequence[int],
-    latencies: Mapping[int, float],
-    label_hists: Mapping[int, np.ndarray],
-    capacity: int,
-) -> Grouping:
-    """Astraea's mediators (Duan et al., "Astraea: Self-balancing Federated Learning ...", ICCD'19, and
-    "Self-Balancing Federated Learning With Global Imbalanced Data in Mobile Systems", TPDS'21:
-    mediator-based multi-client rescheduling).
-
-    Greedy, one mediator at a time: an empty mediator m repeatedly takes the
-    unassigned client k that minimises D_KL(P_m + P_k || P_u), the KL divergence
-    of the label distribution of its clients with k added to the uniform
-    distribution, until it holds ``capacity`` (gamma) clients or none is left;
-    then the next mediator starts. No latency term. Ties go to the lower home
-    id. The label histograms are the raw counts each home reports (Astraea's
-    z-score data augmentation, which would change them first, is left out).
-    The centres are the mediators' mean latencies (for reporting and the round
-    deadline only).
-    """
-    if capacity < 1:
-        raise UserError(f"a mediator holds at least one client, got capacity {capacity}")
-    ids, lat, hists = _as_arrays(homes, latencies, label_hists)
-    unassigned = list(range(len(ids)))
-    mediators: list[list[int]] = []
-    while unassigned:
-        members: list[int] = []
-        labels = np.zeros(hists.shape[1])
-        while unassigned and len(members) < capacity:
-            divergence = kl_to_uniform(labels[None, :] + hists[unassigned])
-            index = unassigned.pop(int(np.argmin(divergence)))
-            members.append(index)
-            labels += hists[index]
-        mediators.append(members)
-    return Grouping(
-        groups=tuple(tuple(int(h) for h in sorted(ids[m])) for m in mediators),
-        centres=tuple(float(lat[m].mean()) for m in mediators),
-        waiting=(),
-    )
-
-
-def single_group(homes: Sequence[int], latencies: Mapping[int, float]) -> Grouping:
-    """FedAvg: every home in one group."""
-    ids = tuple(sorted(int(h) for h in homes))
-    return Grouping(groups=(ids,), centres=(float(np.mean([latencies[h] for h in ids])),), waiting=())
-
-
-def singletons(homes: Sequence[int], latencies: Mapping[int, float]) -> Grouping:
-    """FedAsync: every home its own group."""
-    ids = sorted(int(h) for h in homes)
-    return Grouping(
-        groups=tuple((h,) for h in ids), centres=tuple(float(latencies[h]) for h in ids), waiting=()
     )

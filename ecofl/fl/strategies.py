@@ -51,7 +51,7 @@ Notes on the baselines:
   changes bytes on the wire, which the latency models here do not charge.
 * **Astraea** (Duan et al., ICCD'19; TPDS'21): mediators formed greedily by
   KL divergence of their label distribution to the uniform one, each up to
-  gamma clients (:func:`ecofl.fl.grouping.astraea_mediators`), with gamma =
+  gamma clients (:func:`ecofl.fl.baseline_groupings.astraea_mediators`), with gamma =
   ceil(homes / num_groups) so there are as many mediators as the other
   strategies have groups. Astraea reschedules the clients into mediators
   before its synchronisation rounds; with the homes' label histograms fixed
@@ -78,15 +78,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ecofl.fl.aggregation import fedasync_mix, fedat_tier_weights, staleness_factor, weighted_mean
-from ecofl.fl.grouping import (
-    Grouping,
-    astraea_mediators,
-    initial_grouping,
-    latency_tiers,
-    regroup,
-    single_group,
-    singletons,
-)
+from ecofl.fl.baseline_groupings import astraea_mediators, latency_tiers, single_group, singletons
+from ecofl.fl.grouping import Grouping, initial_grouping, regroup
 from ecofl.fl.loop_config import LoopConfig
 from ecofl.weights import Weights
 
