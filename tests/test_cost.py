@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from ecofl.devices import MBPS, DeviceSpec, HomePool
-from ecofl.pipeline.cost import memory_per_stage, simulate, stage_memory_bytes
+from ecofl.pipeline.cost import simulate
+from ecofl.pipeline.memory_model import memory_per_stage, stage_memory_bytes
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import default_in_flight

@@ -10,7 +10,7 @@ import pytest
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pools import load_pool
 from ecofl.errors import UserError
-from ecofl.pipeline.cost import memory_per_stage, resident_forwards, stage_memory_bytes
+from ecofl.pipeline.memory_model import memory_per_stage, resident_forwards, stage_memory_bytes
 from ecofl.pipeline.planners import PLANNERS, make_plan
 from ecofl.pipeline.planners.allocation import RangeTimes, allocate, proportional
 from ecofl.pipeline.planners.baselines import even_cuts

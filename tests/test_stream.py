@@ -11,7 +11,8 @@ import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
-from ecofl.pipeline.cost import memory_per_stage, plan_schedule, simulate, stage_memory_bytes
+from ecofl.pipeline.cost import plan_schedule, simulate
+from ecofl.pipeline.memory_model import memory_per_stage, stage_memory_bytes
 from ecofl.pipeline.plan import STREAM_IN_FLIGHT, Plan, StagePlan
 from ecofl.pipeline.planners import PLANNERS, make_plan
 from ecofl.pipeline.planners.chain import chain_bottleneck

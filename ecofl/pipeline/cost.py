@@ -41,11 +41,8 @@ What is simulated (choices documented here, not in the papers):
   :mod:`ecofl.pipeline.runtime.host_overhead` on a model whose layers cost
   next to nothing; an emulated device's operations sleep to the cost model's
   time, which hides it (0 there).
-- **Memory.** Asteroid eq. 3: Mem_p(beta) = MOD + OPT + K_p x ACT_p(beta), with
-  MOD = weights + accumulated gradients (2 x weight bytes, as Asteroid §3.2
-  counts them), OPT = optimizer state, ACT_p(beta) = stashed bytes per sample
-  of the stage's layers x beta, and K_p the most forward tasks resident at
-  once under the schedule (min(K_0..K_p, M) for 1F1B-Sync, M for GPipe).
+- **Memory.** Each device's peak by Asteroid eq. 3, with the forward tasks
+  the schedule keeps resident (:mod:`ecofl.pipeline.memory_model`).
 """
 
 from __future__ import annotations
@@ -57,9 +54,10 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ecofl.devices import DeviceSpec, HomePool
-from ecofl.pipeline.plan import Plan, StagePlan
+from ecofl.pipeline.memory_model import peak_memory
+from ecofl.pipeline.plan import Plan, StagePlan, require_training
 from ecofl.pipeline.profile import ModelProfile, device_times
-from ecofl.pipeline.schedule import Schedule, ScheduleError, async_one_f_one_b, gpipe, one_f_one_b, warmup_forwards
+from ecofl.pipeline.schedule import Schedule, ScheduleError, async_one_f_one_b, gpipe, one_f_one_b
 
 
 class TimelineEvent(NamedTuple):
@@ -99,48 +97,9 @@ def stage_compute_s(
     return float(forward[first : last + 1].sum()), float(backward[first : last + 1].sum())
 
 
-def stage_memory_bytes(profile: ModelProfile, layers: tuple[int, int], samples: int, resident: int) -> int:
-    """Asteroid eq. 3 for one device: 2 x weights + optimizer state + resident x stash x samples."""
-    first, last = layers
-    span = slice(first, last + 1)
-    model = 2 * int(profile.weight_bytes[span].sum())
-    optimizer = int(profile.optimizer_bytes[span].sum())
-    activations = int(profile.stash_bytes[span].sum()) * samples
-    return model + optimizer + resident * activations
-
-
-def resident_forwards(plan: Plan, stage: int) -> int:
-    """Forward tasks a stage holds at most: min(K_0..K_s, M) under 1F1B-Sync, M under GPipe, min(S - s, M)
-    under asynchronous 1F1B."""
-    _check_training(plan)
-    if plan.schedule == "gpipe":
-        return plan.num_micro_batches
-    if plan.schedule == "async-1f1b":
-        return min(len(plan.stages) - stage, plan.num_micro_batches)
-    return warmup_forwards([st.in_flight for st in plan.stages], stage, plan.num_micro_batches)
-
-
-def memory_per_stage(plan: Plan, profile: ModelProfile) -> list[int]:
-    """Peak bytes of each stage's most loaded device (Asteroid eq. 3), without simulating."""
-    return [
-        stage_memory_bytes(profile, stage.layers, max(stage.shares), resident_forwards(plan, s))
-        + weight_versions_bytes(plan, profile, s)
-        for s, stage in enumerate(plan.stages)
-    ]
-
-
-def weight_versions_bytes(plan: Plan, profile: ModelProfile, stage: int) -> int:
-    """Asynchronous 1F1B's extra weights on a stage: its S - s in-flight versions (weight stashing) and its
-    last S - s versions (FTPipeHD's aggregation averages them); 0 for the synchronous schedules."""
-    if plan.schedule != "async-1f1b":
-        return 0
-    first, last = plan.stages[stage].layers
-    return 2 * (len(plan.stages) - stage) * int(profile.weight_bytes[first : last + 1].sum())
-
-
 def plan_schedule(plan: Plan) -> Schedule:
     """The action lists a plan runs: 1F1B-Sync with each stage's K_s, GPipe, or asynchronous 1F1B (K_s = S - s)."""
-    _check_training(plan)
+    require_training(plan)
     if plan.schedule == "gpipe":
         return gpipe(len(plan.stages), plan.num_micro_batches)
     if plan.schedule == "async-1f1b":
@@ -178,7 +137,7 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
     ``cores`` they share that many cores (processor sharing). Every forward
     and backward lasts ``operation_overhead_s`` longer than its layers.
     """
-    _check_training(plan)
+    require_training(plan)
     check_plan(plan, profile, pool)
     if cores is not None and cores < 1:
         raise ValueError(f"cores must be at least 1, got {cores}")
@@ -284,7 +243,7 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
     sync_round = max(flush_end)
     busy = [max((w.busy for w in ws), default=0.0) for ws in workers]
     ssb = _static_bubble(workers)
-    stage_memory, device_memory = _peak_memory(plan, profile, schedule)
+    stage_memory, device_memory = peak_memory(plan, profile, schedule)
     return SyncRoundCost(
         sync_round_s=sync_round,
         throughput=plan.batch_size / sync_round if sync_round > 0 else float("inf"),
@@ -298,14 +257,6 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
         device_busy_s={w.device: w.busy for ws in workers for w in ws},
         timeline=tuple(timeline),
     )
-
-
-def _check_training(plan: Plan) -> None:
-    if plan.objective != "training":
-        raise ValueError(
-            f"a {plan.schedule!r} plan is for {plan.objective}: it has no sync-round "
-            "(ecofl.pipeline.stream.simulate_stream predicts it)"
-        )
 
 
 def check_plan(plan: Plan, profile: ModelProfile, pool: HomePool) -> None:
@@ -466,19 +417,3 @@ def _static_bubble(workers: list[list[_Worker]]) -> float:
         total += max((sec for w in workers[s] for _, sec in w.send_f), default=0.0)
         total += max((sec for w in workers[s + 1] for _, sec in w.send_b), default=0.0)
     return total
-
-
-def _peak_memory(plan: Plan, profile: ModelProfile, schedule: Schedule) -> tuple[list[int], dict[int, int]]:
-    """Asteroid eq. 3 per device with the most forward tasks the schedule keeps resident (plus asynchronous
-    1F1B's weight versions, :func:`weight_versions_bytes`)."""
-    stage_peak, device_peak = [], {}
-    for s, (stage, actions) in enumerate(zip(plan.stages, schedule)):
-        resident = most = 0
-        for action in actions:
-            resident += 1 if action.kind == "F" else -1
-            most = max(most, resident)
-        for device, share in zip(stage.devices, stage.shares):
-            device_peak[device] = (stage_memory_bytes(profile, stage.layers, share, most)
-                                   + weight_versions_bytes(plan, profile, s))
-        stage_peak.append(max(device_peak[d] for d in stage.devices))
-    return stage_peak, device_peak

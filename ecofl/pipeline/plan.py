@@ -95,3 +95,12 @@ class Plan:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def require_training(plan: Plan) -> None:
+    """ValueError unless ``plan`` is a training plan (only those have a sync-round and a flush)."""
+    if plan.objective != "training":
+        raise ValueError(
+            f"a {plan.schedule!r} plan is for {plan.objective}: it has no sync-round "
+            "(ecofl.pipeline.stream.simulate_stream predicts it)"
+        )

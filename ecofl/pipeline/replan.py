@@ -35,7 +35,8 @@ import numpy as np
 
 from ecofl.devices import HomePool
 from ecofl.errors import UserError
-from ecofl.pipeline.cost import stage_compute_s, stage_memory_bytes
+from ecofl.pipeline.cost import stage_compute_s
+from ecofl.pipeline.memory_model import stage_memory_bytes
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import ModelProfile

@@ -11,7 +11,7 @@ A stage covering layers ``i .. j-1`` (half-open, ``0 <= i < j <= L``) costs
 Two objectives fill them differently:
 
 - ``"training"`` (1F1B-Sync): forward + backward time; memory is Asteroid
-  eq. 3 exactly as :func:`ecofl.pipeline.cost.stage_memory_bytes` counts it
+  eq. 3 exactly as :func:`ecofl.pipeline.memory_model.stage_memory_bytes` counts it
   (static = MOD + OPT = 2 x weights, parameters + accumulated gradients, plus
   optimizer state; a resident forward task keeps the stage's stashed bytes;
   no transient); a cut carries the activation of layer j-1 forward plus the

@@ -87,5 +87,5 @@ class WeightVersions:
 
     def nbytes(self) -> int:
         """The memory this keeps beside the stage's own weights, at most: ``keep`` stashed and ``keep`` recent
-        versions (the cost model's :func:`ecofl.pipeline.cost.weight_versions_bytes`)."""
+        versions (the cost model's :func:`ecofl.pipeline.memory_model.weight_versions_bytes`)."""
         return 2 * self.keep * sum(p.numel() * p.element_size() for p in self.params)
