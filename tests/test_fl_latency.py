@@ -1,6 +1,5 @@
 """Clocks and latency models (Eco-FL §6.1: collaborative degree, dynamic setting)."""
 
-import numpy as np
 import pytest
 
 from ecofl.errors import UserError
