@@ -42,6 +42,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ecofl.data import load_dataset  # noqa: E402
+from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
@@ -292,4 +293,5 @@ def write_report(results: dict, command: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with sigterm_as_interrupt():  # `kill` unwinds as Ctrl-C: workers and namespaces are cleaned up
+        main()

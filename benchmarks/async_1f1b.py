@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 
 from benchmarks.markdown_section import replace_section  # noqa: E402
 from ecofl.data import load_dataset  # noqa: E402
+from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.models import build_model  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
@@ -141,4 +142,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with sigterm_as_interrupt():  # `kill` unwinds as Ctrl-C: workers and namespaces are cleaned up
+        sys.exit(main())

@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 from benchmarks.markdown_section import replace_section  # noqa: E402
 from ecofl.devices import MBPS, HomePool  # noqa: E402
 from ecofl.errors import UserError  # noqa: E402
+from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.pipeline.plan import STREAM_IN_FLIGHT, Plan, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
@@ -209,4 +210,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with sigterm_as_interrupt():  # `kill` unwinds as Ctrl-C: workers and namespaces are cleaned up
+        sys.exit(main())

@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 from benchmarks.home_runs import run_plan  # noqa: E402
 from benchmarks.markdown_section import cell, replace_section  # noqa: E402
 from ecofl.devices import host_cores, host_pool  # noqa: E402
+from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.pipeline.cost import simulate  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
@@ -211,4 +212,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with sigterm_as_interrupt():  # `kill` unwinds as Ctrl-C: workers and namespaces are cleaned up
+        sys.exit(main())

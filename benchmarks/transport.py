@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 
 from benchmarks.markdown_section import replace_section  # noqa: E402
+from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 
 SIZES = (4 << 10, 256 << 10, 4 << 20, 16 << 20)
 TRANSPORTS = ("gloo", "sealed", "plain TCP")
@@ -347,4 +348,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with sigterm_as_interrupt():  # `kill` unwinds as Ctrl-C: workers and namespaces are cleaned up
+        sys.exit(main())

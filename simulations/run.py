@@ -34,6 +34,7 @@ from ecofl.data.partition import check_partition
 from ecofl.errors import UserError
 from ecofl.fl.stop_rules import STOPPED
 from ecofl.fl.transport import RunStopped
+from ecofl.interrupt import INTERRUPTED_EXIT
 from server.config import Experiment, experiment
 from server.linkstate_index import index_messages_by_node
 from server.server_app import make_server_app
@@ -41,10 +42,6 @@ from simulations.plot import plot_run
 from simulations.ray_cluster import check_reachable
 
 log = logging.getLogger(__name__)
-
-
-#: Exit status of a run stopped with Ctrl-C (128 + SIGINT, as shells report it).
-INTERRUPTED_EXIT = 130
 
 
 @contextmanager

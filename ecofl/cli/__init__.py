@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from ecofl.errors import UserError
+from ecofl.interrupt import INTERRUPTED_EXIT, sigterm_as_interrupt
 
 # Sub-command modules, in the order ``ecofl --help`` lists them.
 COMMAND_MODULES = ("data", "train", "plan", "home", "device")
@@ -34,10 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with sigterm_as_interrupt():  # `kill` stops a run as Ctrl-C does: its workers and namespaces are cleaned up
+            return int(args.func(args) or 0)
     except UserError as error:
         print(f"ecofl: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as interrupted:  # Ctrl-C or SIGTERM, after every `with` block has cleaned up
+        print(f"ecofl: interrupted{f' ({interrupted})' if str(interrupted) else ''}", file=sys.stderr)
+        return INTERRUPTED_EXIT
 
 
 if __name__ == "__main__":

@@ -1,0 +1,105 @@
+"""SIGTERM unwinds as Ctrl-C: what a stopped command started is stopped and deleted (ecofl/interrupt.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ecofl.pipeline.runtime.netns import unavailable_reason
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER_MODULE = "ecofl.pipeline.runtime.worker"
+
+
+def children_running(parent: int, text: str) -> list[int]:
+    """Pids of ``parent``'s children whose command line holds ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == parent and text.encode() in command:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_sigterm_to_ecofl_home_train_stops_its_workers_and_says_so(tmp_path):
+    command = [sys.executable, "-m", "ecofl.cli", "home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn",
+               "--dataset", "digits", "--batch", "16", "--rounds", "100000", "--cache-dir", str(tmp_path)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        workers: list[int] = []
+        while len(workers) < 2 and time.time() < deadline and process.poll() is None:
+            time.sleep(0.5)
+            workers = children_running(process.pid, WORKER_MODULE)
+        assert len(workers) == 2, f"the home's two workers never started (exit {process.poll()})"
+        time.sleep(2)  # into its sync-rounds
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, stderr
+    assert "ecofl: interrupted (stopped by SIGTERM)" in stderr
+    deadline = time.time() + 30
+    while any(alive(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in workers)
+
+
+NETWORK_SCRIPT = textwrap.dedent("""
+    import time
+    from ecofl.devices import DeviceSpec, HomePool
+    from ecofl.interrupt import sigterm_as_interrupt
+    from ecofl.pipeline.runtime.netns import HomeNetwork
+
+    pool = HomePool("t", tuple(DeviceSpec(f"dev{i}", 1.0, 1 << 30, 1e6) for i in range(2)))
+    with sigterm_as_interrupt():
+        with HomeNetwork(pool, [0, 1]) as network:
+            print(network.hub, network.namespace(0), network.namespace(1), flush=True)
+            time.sleep(600)
+""")
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+def test_sigterm_inside_a_shaped_home_network_deletes_its_namespaces():
+    process = subprocess.Popen([sys.executable, "-c", NETWORK_SCRIPT], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        namespaces = process.stdout.readline().split()
+        assert len(namespaces) == 3, process.stderr.read() if process.poll() is not None else "no namespaces"
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert all(ns in listed for ns in namespaces)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode != 0  # stopped, as by Ctrl-C
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(ns in listed for ns in namespaces)
