@@ -25,7 +25,7 @@ then the median of ``--rounds``; the repeats alternate which runtime runs
 first. Targets (issue 13): ours / torch >= 1.0x unshaped, >= 1.15x at 100 Mbps.
 
 Shaped rows also carry the cost model's predicted ratio of the two 1F1B
-schedules (:func:`predicted_schedule_ratio`): with compute emulated on both
+schedules (:func:`schedule_predictions`): with compute emulated on both
 sides, the schedule is the only thing the prediction sees, so a measured
 ratio near it says the runtimes differ by schedule and nothing else. Rows are
 kept per bandwidth, so ``--mbps 25`` adds rows beside the 100 Mbps ones.
@@ -136,19 +136,18 @@ def schedule1f1b_plan(plan: Plan) -> Plan:
         dataclasses.replace(stage, in_flight=num_stages - s) for s, stage in enumerate(plan.stages)))
 
 
-def schedule_bound_s(plan: Plan, profile, pool: HomePool) -> float:
-    """The least a sync-round of ``plan``'s partition can take under any schedule: its busiest device's
-    forwards and backwards plus its stage's flush (cost model, emulated devices)."""
-    cost = simulate(dataclasses.replace(plan, schedule="1f1b"), profile, pool)
-    return max(busy + flush for busy, flush in zip(cost.stage_busy_s, cost.flush_s))
+def schedule_predictions(plan: Plan, profile, pool: HomePool) -> dict[str, float]:
+    """What the cost model says of ``plan``'s partition on emulated devices (Eco-FL eq. 3: the deeper warm-up
+    hides each link's transfer, and gains the more, the longer transfers are against a stage's compute).
 
-
-def predicted_schedule_ratio(plan: Plan, profile, pool: HomePool) -> float:
-    """The cost model's sync-round of ``Schedule1F1B``'s warm-up over 1F1B-Sync's on ``plan`` (Eco-FL eq. 3:
-    the deeper warm-up hides each link's transfer, and gains the more, the longer transfers are against a
-    stage's compute)."""
-    ours = simulate(dataclasses.replace(plan, schedule="1f1b"), profile, pool).sync_round_s
-    return simulate(schedule1f1b_plan(plan), profile, pool).sync_round_s / ours
+    ``predicted_ratio``: the sync-round with ``Schedule1F1B``'s warm-up over 1F1B-Sync's. ``bound_s``: the
+    least a sync-round can take under any schedule, the busiest device's forwards and backwards plus its
+    stage's flush.
+    """
+    ours = simulate(dataclasses.replace(plan, schedule="1f1b"), profile, pool)
+    theirs = simulate(schedule1f1b_plan(plan), profile, pool)
+    return {"predicted_ratio": theirs.sync_round_s / ours.sync_round_s,
+            "bound_s": max(busy + flush for busy, flush in zip(ours.stage_busy_s, ours.flush_s))}
 
 
 def pipelining_worker(rank: int, setup_path: str) -> None:
@@ -291,9 +290,7 @@ def measure(plan: Plan, pool: HomePool, profile, profile_path: str, args: argpar
     for c, by_schedule in results.items():
         row = {"condition": c, "plan": plan_name, **by_schedule}
         if c == "shaped":
-            row |= {"mbps": args.mbps, "slowdown": args.slowdown,
-                    "predicted_ratio": predicted_schedule_ratio(plan, profile, pool),
-                    "bound_s": schedule_bound_s(plan, profile, pool)}
+            row |= {"mbps": args.mbps, "slowdown": args.slowdown, **schedule_predictions(plan, profile, pool)}
         keyed[f"{c}{f' {args.mbps:g}Mbps' if c == 'shaped' else ''} {plan.num_micro_batches}x{plan.micro_batch}"] = row
     return {"results": keyed, "shaped_skipped": reason}
 

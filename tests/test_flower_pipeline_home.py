@@ -60,8 +60,9 @@ def train(setup: str, home: int, config: dict) -> Message:
     return app(request(protocol.train_content(WEIGHTS, train_config, config.get("virtual_time", 0.0), setup)), context)
 
 
-def worker_processes() -> list[int]:
-    """Pids of pipeline workers that are children of this process."""
+def worker_processes(parent: int | None = None) -> list[int]:
+    """Pids of pipeline workers that are children of ``parent`` (default: this process)."""
+    parent = os.getpid() if parent is None else parent
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -69,7 +70,7 @@ def worker_processes() -> list[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == os.getpid() and b"ecofl.pipeline.runtime.worker" in cmdline:
+        if ppid == parent and b"ecofl.pipeline.runtime.worker" in cmdline:
             pids.append(int(stat.parent.name))
     return pids
 

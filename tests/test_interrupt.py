@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,36 +12,19 @@ from pathlib import Path
 import pytest
 
 from ecofl.pipeline.runtime.netns import unavailable_reason
+from tests.test_flower_pipeline_home import worker_processes
 
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKER_MODULE = "ecofl.pipeline.runtime.worker"
-
-
-def children_running(parent: int, text: str) -> list[int]:
-    """Pids of ``parent``'s children whose command line holds ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        if ppid == parent and text.encode() in command:
-            found.append(int(entry.name))
-    return found
 
 
 def alive(pid: int) -> bool:
+    """Running, not a zombie waiting for whoever inherited it to reap it."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
         return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_sigterm_to_ecofl_home_train_stops_its_workers_and_says_so(tmp_path):
@@ -54,7 +36,7 @@ def test_sigterm_to_ecofl_home_train_stops_its_workers_and_says_so(tmp_path):
         workers: list[int] = []
         while len(workers) < 2 and time.time() < deadline and process.poll() is None:
             time.sleep(0.5)
-            workers = children_running(process.pid, WORKER_MODULE)
+            workers = worker_processes(process.pid)
         assert len(workers) == 2, f"the home's two workers never started (exit {process.poll()})"
         time.sleep(2)  # into its sync-rounds
         process.send_signal(signal.SIGTERM)
