@@ -32,7 +32,8 @@ What is simulated (choices documented here, not in the papers):
   (processor sharing, how the kernel's time slices share cores among
   runnable processes), so operations last longer than their work whenever
   more devices compute than there are cores. The flush's optimizer steps
-  take a free core each. ``cores=None``: every device is its own machine.
+  take a free core each (:mod:`ecofl.pipeline.core_sharing`). ``cores=None``:
+  every device is its own machine.
 - **The runtime's own time** (``operation_overhead_s``, host runs): every
   forward and backward costs that much more than its layers' profiled time:
   the runtime's bookkeeping, the CPU its messages cost (framing, sealing,
@@ -49,24 +50,16 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ecofl.devices import DeviceSpec, HomePool
+from ecofl.pipeline.core_sharing import share_cores, take_core
 from ecofl.pipeline.memory_model import peak_memory
 from ecofl.pipeline.plan import Plan, StagePlan, require_training
 from ecofl.pipeline.profile import ModelProfile, device_times
 from ecofl.pipeline.schedule import Schedule, ScheduleError, async_one_f_one_b, gpipe, one_f_one_b
-
-
-class TimelineEvent(NamedTuple):
-    device: int
-    stage: int  # the stage the device works for; -1 for the portal's input transfer
-    kind: str  # "F", "B", "send", "recv", "allreduce", "step"
-    micro_batch: int  # -1 for flush events
-    start: float
-    end: float
+from ecofl.pipeline.timeline import TimelineEvent
 
 
 @dataclass(frozen=True)
@@ -233,7 +226,7 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
                 w.free += w.step_s
             moved_on(s, i, kind)
     else:
-        _share_cores(cores, workers, schedule, heap, timeline, completed, moved_on)
+        share_cores(cores, workers, schedule, heap, timeline, completed, moved_on)
     stuck = [(s, w.device) for s, ws in enumerate(workers) for w in ws if w.position < len(schedule[s])]
     if stuck:  # cannot happen for the schedules plan_schedule builds; guards the invariant
         raise ScheduleError(f"the schedule deadlocks: stage/device pairs {stuck} wait forever")
@@ -306,62 +299,6 @@ def _connect(plan: Plan, profile: ModelProfile, bandwidth: np.ndarray, workers: 
                 a.pending_b = [x + 1 for x in a.pending_b]
 
 
-def _take_core(core_free: list[float] | None, ready_at: float, seconds: float) -> float:
-    """Start of an operation ready at ``ready_at`` that lasts ``seconds``: at once, or when a shared core frees."""
-    if core_free is None:
-        return ready_at
-    start = max(ready_at, heapq.heappop(core_free))
-    heapq.heappush(core_free, start + seconds)
-    return start
-
-
-def _share_cores(cores: int, workers: list[list[_Worker]], schedule: Schedule,
-                 heap: list[tuple[float, int, int, int]], timeline: list[TimelineEvent],
-                 completed: Callable[[int, int, str, int, float, float], None],
-                 moved_on: Callable[..., None]) -> None:
-    """Run the ready operations on ``cores`` shared cores the way the kernel shares them (processor sharing).
-
-    An operation starts as soon as it is ready; while n operations run, each
-    progresses at min(1, cores / n) of a core, so one lasts longer than its
-    work when more devices compute than there are cores. ``heap`` holds
-    ``(ready time, stage, index, position)`` offers (an offer of a device that
-    is computing, or of an earlier position, is stale).
-    """
-    running: dict[tuple[int, int], list] = {}  # (stage, index) -> [kind, m, start, work left]
-    now = 0.0
-    while heap or running:
-        while heap and (heap[0][3] != workers[heap[0][1]][heap[0][2]].position or heap[0][1:3] in running):
-            heapq.heappop(heap)
-        rate = min(1.0, cores / len(running)) if running else 1.0
-        key = min(running, key=lambda k: running[k][3]) if running else None
-        finish_at = now + max(0.0, running[key][3]) / rate if key is not None else float("inf")
-        if heap and heap[0][0] <= finish_at:
-            at, s, i, _ = heapq.heappop(heap)
-            at = max(at, now)
-        else:
-            at, (s, i) = finish_at, key
-        for entry in running.values():
-            entry[3] -= (at - now) * rate
-        now = at
-        w = workers[s][i]
-        if (s, i) not in running:  # an offer taken: the device starts its next action
-            _, kind, m = schedule[s][w.position]
-            running[(s, i)] = [kind, m, now, w.forward_s if kind == "F" else w.backward_s]
-            continue
-        kind, m, start, _ = running.pop((s, i))
-        if kind == "step":
-            timeline.append(TimelineEvent(w.device, s, "step", m, start, now))
-            w.free = now
-            moved_on(s, i, "B")
-            continue
-        completed(s, i, kind, m, start, now)
-        if kind == "B" and w.step_s:  # asynchronous 1F1B: its own update, after its send
-            running[(s, i)] = ["step", m, now, w.step_s]
-            moved_on(s, i, kind, done=False)  # the gradient it sent is on its way already
-            continue
-        moved_on(s, i, kind)
-
-
 def _flush(
     plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[list[_Worker]], timeline: list[TimelineEvent],
     core_free: list[float] | None,
@@ -393,7 +330,7 @@ def _flush(
         for d in stage.devices:
             t0 = start + allreduce if n > 1 else finished.get(d, 0.0)
             step = host_step / pool.devices[d].speed
-            t0 = _take_core(core_free, t0, step) if step > 0 else t0
+            t0 = take_core(core_free, t0, step) if step > 0 else t0
             if step > 0:
                 timeline.append(TimelineEvent(d, s, "step", -1, t0, t0 + step))
             end, slowest_step = max(end, t0 + step), max(slowest_step, step)

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from matplotlib.patches import Patch  # noqa: E402
 
-from ecofl.pipeline.cost import TimelineEvent  # noqa: E402
+from ecofl.pipeline.timeline import TimelineEvent  # noqa: E402
 
 COLOURS = {
     "F": "#4c72b0",

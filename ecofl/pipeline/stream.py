@@ -52,9 +52,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.cost import TimelineEvent, check_plan, sample_ranges, stage_compute_s
+from ecofl.pipeline.cost import check_plan, sample_ranges, stage_compute_s
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
+from ecofl.pipeline.timeline import TimelineEvent
 
 #: The simulated stream is at least this many micro-batches per stage, so that
 #: its second half is in the steady state (each stage fills within K of them).

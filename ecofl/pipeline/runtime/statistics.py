@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ecofl.pipeline.cost import TimelineEvent
+from ecofl.pipeline.timeline import TimelineEvent
 from ecofl.weights import Weights
 
 
