@@ -1,7 +1,10 @@
 """Which layers move where when a pipeline is re-planned, as plain data (Asteroid §3.4, FTPipeHD Algorithm 1).
 
 After re-planning, a device needs the layers of its new stage that it did
-not hold. :func:`layer_moves` fetches each one from where it already is, as
+not hold. :func:`moves_from_holders` fetches each one from where it already
+is; :func:`restore_point` says, after a failure, from which version and
+which holders (the survivors report the committed copies they really hold).
+:func:`layer_moves` is the same rule with the holders read off a plan, as
 FTPipeHD's weight redistribution (Algorithm 1) and Asteroid's concurrent
 layer migration between adjacent stages do: from a surviving device that
 held the layer, else from the backup device of the lost device that held it
@@ -18,7 +21,7 @@ A move carries the layer's weights and optimizer state
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from ecofl.pipeline.plan import Plan
@@ -46,6 +49,58 @@ def layer_owners(plan: Plan) -> dict[int, tuple[int, ...]]:
     return {layer: stage.devices for stage in plan.stages for layer in range(stage.layers[0], stage.layers[1] + 1)}
 
 
+#: ``{layer: devices holding a committed copy of it}`` at one version.
+Holders = Mapping[int, Collection[int]]
+#: ``{device: {version: layers it holds a committed copy of}}``, as the survivors report it.
+Holdings = Mapping[int, Mapping[int, Iterable[int]]]
+
+
+def moves_from_holders(new: Plan, holders: Holders, profile: ModelProfile,
+                       owners: Mapping[int, Collection[int]] | None = None) -> list[LayerMove]:
+    """The moves that give every device of ``new`` the layers it does not own, from a holder.
+
+    A device that owns a layer already (``owners``, default: its holders)
+    keeps it; a device that holds a copy restores it locally (a move with
+    ``source == target``); otherwise the layer comes from its first holder,
+    or from :data:`GLOBAL_COPY` when nobody holds it.
+    """
+    owners = holders if owners is None else owners
+    moves = []
+    for layer, targets in sorted(layer_owners(new).items()):
+        held = sorted(holders.get(layer, ()))
+        nbytes = stage_state_bytes(profile, (layer, layer))
+        for target in targets:
+            if target in owners.get(layer, ()):
+                continue
+            source = target if target in held else held[0] if held else GLOBAL_COPY
+            moves.append(LayerMove(layer, source, target, nbytes))
+    return moves
+
+
+def restore_point(holdings: Holdings, layers: Iterable[int], newest: int, global_version: int,
+                  ) -> tuple[int, dict[int, list[int]]]:
+    """The newest version in [``global_version``, ``newest``] at which every layer of ``layers`` has a surviving
+    copy, and who holds each layer then; else ``global_version`` (the portal's global copy fills the gaps).
+
+    In a synchronous pipeline a layer has one state per version, so any
+    holder's copy serves: the device's own snapshot, a stage peer's or a
+    backup's replica (Asteroid §3.4). Replaying from the version found gives
+    the failure-free result; the rounds after it are computed again.
+    """
+    layers = list(layers)
+    held = {d: {int(v): set(ls) for v, ls in by_version.items()} for d, by_version in holdings.items()}
+
+    def holders_at(version: int) -> dict[int, list[int]]:
+        return {layer: sorted(d for d, h in held.items() if layer in h.get(version, ())) for layer in layers}
+
+    versions = sorted({v for h in held.values() for v in h if global_version <= v <= newest}, reverse=True)
+    for version in versions:
+        holders = holders_at(version)
+        if all(holders.values()):
+            return version, holders
+    return global_version, holders_at(global_version)
+
+
 def layer_moves(
     old: Plan, new: Plan, profile: ModelProfile, lost: Collection[int] = (), backups: Mapping[int, int] | None = None,
 ) -> list[LayerMove]:
@@ -57,18 +112,13 @@ def layer_moves(
     ``old``), or from :data:`GLOBAL_COPY`. A backup device that becomes the
     layer's owner restores it locally (a move with ``source == target``).
     """
-    lost = set(lost)
     backups = dict(backups or {})
-    owners = layer_owners(old)
-    moves = []
-    for layer, targets in sorted(layer_owners(new).items()):
-        holders = [d for d in owners[layer] if d not in lost]
-        nbytes = stage_state_bytes(profile, (layer, layer))
-        for target in targets:
-            if target in holders:
-                continue
-            moves.append(LayerMove(layer, _source(old, layer, owners, holders, target, lost, backups), target, nbytes))
-    return moves
+    owners, holders = {}, {}
+    for layer, devices in layer_owners(old).items():
+        owners[layer] = [d for d in devices if d not in lost]
+        source = restore_source(old, devices[0], lost, backups)
+        holders[layer] = [] if source is None else owners[layer] or [source]
+    return moves_from_holders(new, holders, profile, owners)
 
 
 def heavy_moves(

@@ -8,10 +8,21 @@ a failure rolls the pipeline back to its last committed sync-round and
 replays from there.
 
 Injections reproduce the papers' experiments on emulated homes:
-``kill:D@R`` (``kill -9`` of device D's worker at sync-round R),
+``kill:D@R`` (``kill -9`` of device D's worker as sync-round R starts),
 ``freeze:D@R`` (``SIGSTOP``), ``slow:D*F@R`` (device D computes F times
 slower from sync-round R on), ``join:D@R`` (device D, not in the plan, joins
 before sync-round R).
+
+A kill or freeze can also be aimed at a phase of the device's work:
+``kill:D@R:PHASE[:K]`` makes device D kill (or freeze) itself when it
+reaches its K-th (default 1st) PHASE from sync-round R on
+(:mod:`.traps`): ``forward``, ``backward``, ``send`` (right after posting a
+send), ``allreduce`` (entering a replicated stage's all-reduce), ``step``
+(right after its optimizer step, before the portal hears of it),
+``replicate`` (mid-copy to its backup), ``global-copy`` (while the portal
+collects the global copy), ``migrate`` (mid layer migration of a re-plan)
+or ``recover`` (as it starts re-configuring for a recovery: a second
+failure while recovering from a first).
 """
 
 from __future__ import annotations
@@ -23,8 +34,11 @@ from ecofl.errors import UserError
 from ecofl.pipeline.replan import REPLAN_KINDS
 from ecofl.pipeline.runtime.liveness import LivenessSettings
 
+from ecofl.pipeline.runtime.traps import PHASES
+
 INJECTION_KINDS = ("kill", "freeze", "slow", "join")
-_INJECTION = re.compile(r"^(kill|freeze|join):(\d+)@(\d+)$|^slow:(\d+)\*([0-9.]+)@(\d+)$")
+INJECTION_SYNTAX = "kill:D@R[:PHASE[:K]], freeze:D@R[:PHASE[:K]], slow:D*F@R or join:D@R"
+_INJECTION = re.compile(r"^(kill|freeze|join):(\d+)@(\d+)(?::([a-z-]+)(?::(\d+))?)?$|^slow:(\d+)\*([0-9.]+)@(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -63,25 +77,33 @@ class FaultTolerance:
 
 @dataclass(frozen=True)
 class Injection:
-    """An event injected into an emulated home at the start of sync-round ``round``."""
+    """An event injected into an emulated home at the start of sync-round ``round`` (or, with a ``phase``,
+    at the ``count``-th time device ``device`` reaches that phase from sync-round ``round`` on)."""
 
     kind: str  # kill | freeze | slow | join
     device: int
     round: int
     factor: float = 1.0  # slow: the device's times are multiplied by this
+    phase: str | None = None  # kill / freeze: one of traps.PHASES (None: as the sync-round starts)
+    count: int = 1
 
     @classmethod
     def parse(cls, text: str) -> "Injection":
-        """``kill:D@R``, ``freeze:D@R``, ``slow:D*F@R`` or ``join:D@R``; anything else is a UserError."""
+        """One of :data:`INJECTION_SYNTAX`; anything else is a UserError."""
         match = _INJECTION.match(text.strip())
         if match is None:
-            raise UserError(f"bad event {text!r}: expected kill:D@R, freeze:D@R, slow:D*F@R or join:D@R")
-        if match.group(1):
-            return cls(match.group(1), int(match.group(2)), int(match.group(3)))
-        factor = float(match.group(5))
+            raise UserError(f"bad event {text!r}: expected {INJECTION_SYNTAX}")
+        kind, device, round_, phase, count = match.group(1, 2, 3, 4, 5)
+        if kind:
+            if phase is not None and (kind == "join" or phase not in PHASES):
+                raise UserError(f"bad event {text!r}: a kill or freeze may name a phase, one of {', '.join(PHASES)}")
+            if count is not None and int(count) < 1:
+                raise UserError(f"bad event {text!r}: K counts from 1")
+            return cls(kind, int(device), int(round_), phase=phase, count=int(count or 1))
+        factor = float(match.group(7))
         if not factor > 0:
             raise UserError(f"bad event {text!r}: the slow-down factor must be positive")
-        return cls("slow", int(match.group(4)), int(match.group(6)), factor)
+        return cls("slow", int(match.group(6)), int(match.group(8)), factor)
 
 
 @dataclass
@@ -96,12 +118,16 @@ class FaultEvent:
     kind: str  # kill | freeze | slow | join | failure (found, not injected)
     device: int
     round: int
+    phase: str | None = None  # where an aimed kill or freeze struck (traps.PHASES)
     detected_after_s: float | None = None
     recovered_after_s: float | None = None  # until the first sync-round completed after the recovery
     replan: str | None = None  # lightweight | full | heavy
     rescheduling_s: float | None = None  # re-planning and migrating, until every device is reconfigured
     bytes_moved: int = 0
     lost_rounds: int = 0  # completed sync-rounds computed again (restored from an older version)
+    # where the lost device's layers were restored from: [{"layers": [first, last], "source": "peer" | "backup"
+    # | "global copy", "device": the holder (None: the portal), "version": v}]
+    restored_from: list[dict] = field(default_factory=list)
     throughput_before: float | None = None
     throughput_after: float | None = None
 

@@ -103,13 +103,15 @@ class DataListener:
             self._admitted[(epoch, admitted.device, to_rank)] = admitted.channel
             self._arrived.notify_all()
 
-    def claim(self, epoch: int, from_rank: int, to_rank: int, deadline: float) -> SealedSocket:
+    def claim(self, epoch: int, from_rank: int, to_rank: int, deadline: float,
+              abort: AbortCheck = never_aborted) -> SealedSocket:
         """The link ``from_rank`` opened to ``to_rank`` for ``epoch``; PeerLost if none by ``deadline`` (monotonic)."""
         with self._arrived:
             while (epoch, from_rank, to_rank) not in self._admitted:
                 if time.monotonic() > deadline:
                     raise PeerLost(f"rank {from_rank} did not open its link of epoch {epoch}")
                 self._arrived.wait(POLL_S)
+                abort()
             return self._admitted.pop((epoch, from_rank, to_rank))
 
     def forget_before(self, epoch: int) -> None:
@@ -139,17 +141,18 @@ class EpochMesh:
     """The tensor links of one pipeline epoch: this worker (``rank``) to every other rank of ``addresses``."""
 
     def __init__(self, listener: DataListener, secret: bytes, epoch: int, rank: int,
-                 addresses: list[tuple[str, int]], timeout_s: float):
+                 addresses: list[tuple[str, int]], timeout_s: float, abort: AbortCheck = never_aborted):
+        """Link to every rank (``abort`` is checked while a peer is awaited: a peer that died never comes)."""
         self.epoch, self.rank, self.timeout_s = epoch, rank, timeout_s
         self.links: dict[int, PeerLink] = {}
         listener.forget_before(epoch)
         deadline = time.monotonic() + timeout_s
         try:
             for peer in range(rank):  # I open the links to lower ranks ...
-                channel = _connect(tuple(addresses[peer]), secret, rank, data_purpose(epoch, peer), deadline)
+                channel = _connect(tuple(addresses[peer]), secret, rank, data_purpose(epoch, peer), deadline, abort)
                 self.links[peer] = PeerLink(channel, peer)
             for peer in range(rank + 1, len(addresses)):  # ... and higher ranks open theirs to me
-                self.links[peer] = PeerLink(listener.claim(epoch, peer, rank, deadline), peer)
+                self.links[peer] = PeerLink(listener.claim(epoch, peer, rank, deadline, abort), peer)
         except BaseException:
             self.close()
             raise
@@ -201,7 +204,8 @@ class EpochMesh:
             link.close()
 
 
-def _connect(address: tuple[str, int], secret: bytes, rank: int, purpose: str, deadline: float) -> SealedSocket:
+def _connect(address: tuple[str, int], secret: bytes, rank: int, purpose: str, deadline: float,
+             abort: AbortCheck = never_aborted) -> SealedSocket:
     """Connect to a peer's data listener and prove the secret as ``rank`` for ``purpose``; retry until ``deadline``."""
     while True:
         try:
@@ -210,6 +214,7 @@ def _connect(address: tuple[str, int], secret: bytes, rank: int, purpose: str, d
             if time.monotonic() > deadline:
                 raise PeerLost(f"cannot reach the data port {address[0]}:{address[1]}: {error}") from None
             time.sleep(POLL_S * 5)
+            abort()
             continue
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

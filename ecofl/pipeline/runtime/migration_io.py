@@ -13,9 +13,12 @@ With a link rate the sender paces its bytes like the pipeline's own sends
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ecofl.pipeline.runtime.emulation import TokenBucket
+from ecofl.pipeline.runtime.links import AbortCheck, never_aborted
 from ecofl.pipeline.runtime.mesh import EpochMesh
 
 
@@ -25,24 +28,30 @@ def exchange_states(
     receives: list[tuple[int, list[torch.Tensor]]],
     tag: int,
     rate_bps: float | None = None,
+    abort: AbortCheck = never_aborted,
+    posted: Callable[[], None] = lambda: None,
 ) -> int:
     """Post every send (to a rank), fill every receive (from a rank, into the given buffers); wait for all.
 
     Returns the bytes received. A received tensor whose shape or dtype
     differs from its buffer's is an error (the two ends disagree on the plan).
+    Every wait checks ``abort``; ``posted()`` is called once the sends are
+    posted (a phase point, :mod:`.traps`). Buffers of an exchange that did
+    not finish hold partial data: the caller keeps them only on success.
     """
     bucket = TokenBucket(rate_bps) if rate_bps else None
     tickets = [mesh.send(dst, tensor, tag, bucket) for dst, tensors in sends for tensor in tensors]
+    posted()
     for src, buffers in receives:
         for buffer in buffers:
-            received = mesh.recv(src, tag)
+            received = mesh.recv(src, tag, abort=abort)
             if received.shape != buffer.shape or received.dtype != buffer.dtype:
                 raise ValueError(f"rank {src} sent a {received.dtype} {tuple(received.shape)} tensor where "
                                  f"{buffer.dtype} {tuple(buffer.shape)} was expected")
             with torch.no_grad():
                 buffer.copy_(received)
     for ticket in tickets:
-        ticket.wait(mesh.timeout_s, what="moving stage state between devices")
+        ticket.wait(mesh.timeout_s, abort, "moving stage state between devices")
     return sum(b.numel() * b.element_size() for _, buffers in receives for b in buffers)
 
 

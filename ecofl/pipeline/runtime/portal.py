@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -116,6 +116,7 @@ class HomePipeline:
         self.connections: dict[int, SealedSocket] = {}
         self.data_ports: dict[int, tuple[str, int]] = {}  # device -> its worker's DataListener
         self.refused: list[str] = []  # why each peer that failed the handshake was turned away
+        self.trapped: dict[int, float] = {}  # device -> when its phase-targeted trap fired (:mod:`.traps`)
         self.monitor: HeartbeatMonitor | None = None
         self.listener: socket.socket | None = None
         self._closed = False
@@ -138,7 +139,11 @@ class HomePipeline:
         return None if self.profile is None else simulate(self.plan, self.profile, self.pool).sync_round_s
 
     def keys_of(self, layers: tuple[int, int]) -> list[str]:
-        return [k for keys in self.layer_keys[layers[0] : layers[1] + 1] for k in keys]
+        """The state keys of the layers ``layers[0]`` .. ``layers[1]``."""
+        return self.keys_of_layers(range(layers[0], layers[1] + 1))
+
+    def keys_of_layers(self, layers: Iterable[int]) -> list[str]:
+        return [k for layer in sorted(layers) for k in self.layer_keys[layer]]
 
     # -- lifetime ------------------------------------------------------------------
 
@@ -320,6 +325,9 @@ class HomePipeline:
                                [elapsed], origin)
 
     def _train(self, start_weights, ref, x, y, sync_rounds, optimization, progress, inject) -> PipelineResult:
+        """Sync-rounds 0 .. sync_rounds - 1, then the weights; a device lost at any moment of it (setting up, a
+        round, replication, the global copy, a re-plan, collecting) is recovered from, and the rounds since the
+        version restored are replayed."""
         mu = optimization["mu"]
         recovery = Recovery(self, ref if mu > 0 else {}, inject, optimization)
         recovery.global_copy = (0, {k: np.asarray(v) for k, v in start_weights.items()})  # the portal has version 0
@@ -332,24 +340,26 @@ class HomePipeline:
         round_s: dict[int, float] = {}
         origin = time.time()
         r = 0
-        while r < sync_rounds:
+        while True:
             try:
+                if r == sync_rounds:
+                    self._collect_weights()
+                    break
                 recovery.before_round(r)
                 started = time.time()
-                self._send_round(r, x_np, y_np, recovery.slowdowns, self.plan.num_micro_batches)
+                self._send_round(r, x_np, y_np, recovery.slowdowns, self.plan.num_micro_batches,
+                                 recovery.kept_versions(r))
                 recovery.after_send(r)
                 replies = self.gather("done")
+                stage_of = {role.device: role.stage for role in self.roles}
+                rounds[r] = {d: {**reply, "stage": stage_of[d]} for d, reply in replies.items()}
+                round_s[r] = time.time() - started
+                r += 1
+                recovery.after_round(r - 1, replies, round_s[r - 1])
+                if progress is not None:
+                    progress(r - 1, round_s[r - 1])
             except DevicesLost as lost:
                 r = recovery.recover(lost, r)
-                continue
-            stage_of = {role.device: role.stage for role in self.roles}
-            rounds[r] = {d: {**reply, "stage": stage_of[d]} for d, reply in replies.items()}
-            round_s[r] = time.time() - started
-            recovery.after_round(r, replies, round_s[r])
-            if progress is not None:
-                progress(r, round_s[r])
-            r += 1
-        self._collect_weights()
         ordered = sorted(rounds)
         return pipeline_result(
             self.weights, self.plan.batch_size, len(self.plan.stages), [rounds[i] for i in ordered],
@@ -416,9 +426,10 @@ class HomePipeline:
                              f"objective={'training' if training else 'inference'!r}")
 
     def _send_round(self, r: int, x_np: np.ndarray, y_np: np.ndarray, slowdowns: dict[int, float],
-                    m_count: int) -> None:
+                    m_count: int, keep: Sequence[int] = ()) -> None:
         """Sync-round r's ``m_count`` micro-batches: inputs to stage 0, labels to the last stage (an asynchronous
-        pass: all of the call's micro-batches, each its own update)."""
+        pass: all of the call's micro-batches, each its own update). ``keep``: the committed versions besides r
+        the workers keep copies of."""
         plan = self.plan
         micro = plan.micro_batch
         index = (r * plan.batch_size + np.arange(m_count * micro)) % len(x_np)
@@ -433,7 +444,7 @@ class HomePipeline:
             if role.stage == last:
                 arrays["labels"] = yb[:, role.lo : role.hi]
             header = {"type": "round", "batch_size": micro if asynchronous else plan.batch_size, "version": r,
-                      "slowdown": slowdowns.get(role.device, 1.0), "num_micro_batches": m_count}
+                      "slowdown": slowdowns.get(role.device, 1.0), "num_micro_batches": m_count, "keep": list(keep)}
             try:
                 send_message(self.connections[role.device], header, arrays)
             except OSError:

@@ -4,14 +4,18 @@ One mechanism with two triggers (Eco-FL §4.4; Asteroid §3.4; FTPipeHD
 §III-D to III-F):
 
 - **a device is gone** (:class:`~ecofl.pipeline.runtime.errors.DevicesLost`:
-  a closed channel, or heartbeat silence and an unanswered probe). The portal
-  aborts the sync-round on the survivors, kills what is left of the lost
-  workers, picks the newest version every stage can be restored at (the
-  interrupted round's start, from the survivors' snapshots, stage peers and
-  backups; else the backups' version; else the portal's global copy),
-  re-plans on the survivors (lightweight, full or heavy), migrates only the
-  layers that change owner and replays from that version, so the result is
-  that of a run without the failure;
+  a closed channel, or heartbeat silence and an unanswered probe), at any
+  moment: in a sync-round, a replication, the global copy, a re-plan or a
+  recovery. The portal aborts whatever the survivors are doing and each
+  answers with the committed copies it holds (its own stage's, its stage
+  peers' are the same, the replicas it backs up); it kills what is left of
+  the lost workers, picks the newest version every layer has a surviving
+  copy of (else the portal's global copy,
+  :func:`~ecofl.pipeline.migration.restore_point`), re-plans on the
+  survivors (lightweight, full or heavy), rolls every survivor back to that
+  version, migrates only the layers that change owner and replays from it,
+  so the result is that of a run without the failure. A device lost while
+  this happens starts it again with the survivors left;
 - **a device is slow**: its measured compute time per micro-batch stays
   ``slowdown_ratio`` above the plan's expectation for ``slowdown_rounds``
   sync-rounds; its speed is re-estimated (FTPipeHD eqs. 1-3) and the pipeline
@@ -33,7 +37,7 @@ import numpy as np
 
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import stage_compute_s
-from ecofl.pipeline.migration import GLOBAL_COPY, layer_moves, layer_owners
+from ecofl.pipeline.migration import GLOBAL_COPY, Holders, moves_from_holders, restore_point
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.replan import full_replan, lightweight_replan, measured_speeds, with_speeds
 from ecofl.pipeline.replication import backup_targets
@@ -41,7 +45,9 @@ from ecofl.pipeline.runtime.admission import admit_devices
 from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
 from ecofl.pipeline.runtime.faults import FaultEvent, Injection
 from ecofl.pipeline.runtime.migration_io import pace
-from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
+from ecofl.pipeline.runtime.round_protocol import interrupt
+from ecofl.pipeline.runtime.stage_state import MOMENTUM
+from ecofl.pipeline.runtime.wire import send_message
 
 if TYPE_CHECKING:
     from ecofl.pipeline.runtime.portal import HomePipeline
@@ -63,8 +69,8 @@ class Recovery:
         self._waiting: list[FaultEvent] = []  # recovered, waiting for their first completed sync-round
         self.completed: list[tuple[float, float]] = []  # (end wall time, seconds) of every completed round
         self.epoch = 0
-        self.replica_version: int | None = None
-        self.replica_backups: dict[int, int] = {}
+        self.replica_version: int | None = None  # the version every backup holds (None: replicate before a round)
+        self.stateful = [layer for layer, keys in enumerate(pipeline.layer_keys) if keys]
         self.global_copy: tuple[int, dict[str, np.ndarray]] | None = None
         self.lost_rounds = 0
         self._slow: dict[int, int] = {}
@@ -75,6 +81,11 @@ class Recovery:
     def before_round(self, r: int) -> None:
         if self.ft is None:
             return
+        for event in self._due(r, ("kill", "freeze"), aimed=True):
+            send_message(self.p.connections[event.device], {"type": "arm", "signal": event.kind,
+                                                            "phase": event.phase, "count": event.count})
+            self.p.gather("armed", devices=[event.device])
+            self.events.append(FaultEvent(event.kind, event.device, r, phase=event.phase))  # timed when it strikes
         for event in self._due(r, ("slow",)):
             self.slowdowns[event.device] = event.factor
             self._record(FaultEvent("slow", event.device, r))
@@ -87,15 +98,20 @@ class Recovery:
         if copy_every and r % copy_every == 0 and (self.global_copy is None or self.global_copy[0] != r):
             self.global_copy = (r, self.collect())
 
+    def kept_versions(self, r: int) -> list[int]:
+        """The committed versions besides ``r`` that the workers keep copies of during sync-round ``r``."""
+        return [] if self.replica_version is None or self.replica_version == r else [self.replica_version]
+
     def after_send(self, r: int) -> None:
-        """Injected failures strike while sync-round ``r`` runs."""
+        """Injected failures not aimed at a phase strike as sync-round ``r`` starts."""
         for event in self._due(r, ("kill", "freeze")):
             self.p.devices.signal(event.device, signal.SIGKILL if event.kind == "kill" else signal.SIGSTOP)
             self._record(FaultEvent(event.kind, event.device, r))
 
-    def _due(self, r: int, kinds: tuple[str, ...]) -> list[Injection]:
-        """The injections of ``kinds`` at sync-round ``r``, each fired once (a replayed round fires none)."""
-        due = [e for e in self.injections if e.round == r and e.kind in kinds]
+    def _due(self, r: int, kinds: tuple[str, ...], aimed: bool = False) -> list[Injection]:
+        """The injections of ``kinds`` (``aimed``: at a phase) at sync-round ``r``, each fired once (a replayed
+        round fires none)."""
+        due = [e for e in self.injections if e.round == r and e.kind in kinds and (e.phase is not None) == aimed]
         self.injections = [e for e in self.injections if e not in due]
         return due
 
@@ -132,7 +148,7 @@ class Recovery:
         started = time.time()
         self.speeds.update(measured_speeds(p.plan, profile, with_speeds(p.pool, self.speeds), measured))
         kind = self.ft.adapt_replan
-        new = self._replan(kind, lost=set())
+        new = self._replan(kind)
         event = next((e for e in reversed(self.events) if e.kind == "slow" and e.device in slow), None)
         if event is None:
             event = FaultEvent("slow", slow[0], r)
@@ -140,7 +156,7 @@ class Recovery:
             self.events.append(event)
         event.detected_after_s = started - self._started[id(event)]
         event.replan = kind
-        event.bytes_moved = self._reconfigure(new, r + 1, set(), heavy=False)
+        event.bytes_moved = self._reconfigure(new, r + 1, self._plan_holders())
         event.rescheduling_s = time.time() - started
         self._slow.clear()
         self._waiting.append(event)
@@ -161,7 +177,7 @@ class Recovery:
         event.detected_after_s = time.time() - self._started[id(event)]
         event.replan = "full"
         started = time.time()
-        event.bytes_moved = self._reconfigure(self._replan("full", lost=set()), r, set(), heavy=False)
+        event.bytes_moved = self._reconfigure(self._replan("full"), r, self._plan_holders())
         event.rescheduling_s = time.time() - started
         self._waiting.append(event)
 
@@ -180,7 +196,7 @@ class Recovery:
             send_message(p.connections[role.device], {"type": "replicate", "version": version, "to": to,
                                                       "from": sources, "link_bps": self._link(role.device)})
         p.gather("replicated")
-        self.replica_version, self.replica_backups = version, backups
+        self.replica_version = version
 
     def collect(self) -> dict[str, np.ndarray]:
         """The whole model's state (weights and momentum) at the portal: FTPipeHD's global replication."""
@@ -194,99 +210,84 @@ class Recovery:
     # -- failures ------------------------------------------------------------------------
 
     def recover(self, lost: DevicesLost, r: int) -> int:
-        """Recover from losing ``lost`` during sync-round ``r``; the sync-round to continue from."""
-        p = self.p
+        """Recover from losing ``lost`` while at sync-round ``r`` (in it, or before it); the sync-round to
+        continue from. A device lost during the recovery itself starts it again with the survivors left."""
         if self.ft is None:
             raise lost
-        detected = time.time()
-        failed = set(lost.failures)
+        p = self.p
+        plan = p.plan  # the plan the lost devices served in
+        found = dict.fromkeys(lost.failures, time.time())  # device -> when its loss was detected
+        while True:
+            holdings = self._settle(found)
+            version, holders = restore_point(holdings, self.stateful, r, self.global_copy[0])
+            kind = self.ft.replan
+            rescheduling = time.time()
+            try:
+                moved = self._reconfigure(self._replan(kind), version, holders, heavy=kind == "heavy", recovery=True)
+            except DevicesLost as again:  # lost while recovering: once more, without it
+                found.update(dict.fromkeys(set(again.failures) - set(found), time.time()))
+                continue
+            break
+        rescheduling = time.time() - rescheduling
+        self.lost_rounds += r - version
+        for device, detected in sorted(found.items()):
+            event = self._event_of(device, r)
+            event.detected_after_s = detected - self._started[id(event)]
+            event.replan, event.bytes_moved, event.lost_rounds = kind, moved, r - version
+            event.rescheduling_s = rescheduling
+            event.restored_from = restored_from(plan, device, holders, version, self.stateful)
+            self._waiting.append(event)
+        return version
+
+    def _event_of(self, device: int, r: int) -> FaultEvent:
+        """The injected event that took ``device`` (timed from when it struck), or a new one for a failure
+        found without injection (timed from the device's last sign of life)."""
+        p = self.p
+        event = next((e for e in self.events if e.device == device and e.kind in ("kill", "freeze")
+                      and e.detected_after_s is None), None)
+        if event is not None and event.phase is not None:
+            event.round = r
+            self._started[id(event)] = p.trapped.pop(device, time.time())
+        if event is None:
+            event = FaultEvent("failure", device, r)
+            self.events.append(event)
+            found = p.monitor.failures().get(device) if p.monitor else None
+            silent_for = time.monotonic() - found.last_seen if found is not None else 0.0
+            self._started[id(event)] = time.time() - silent_for
+        return event
+
+    def _settle(self, found: dict[int, float]) -> dict[int, dict[int, list[int]]]:
+        """Stop every survivor where it is, remove the lost devices (adding to ``found`` whoever cannot answer);
+        what each survivor holds: ``{device: {version: layers}}``."""
+        p = self.p
         while True:  # several devices may fail at once: whoever cannot be aborted is lost too
-            failed |= set(p.monitor.failures()) & set(p.connections) if p.monitor else set()
+            failed = set(found)
+            if p.monitor is not None:
+                failed |= set(p.monitor.failures()) & set(p.connections)
             failed |= {d for d, code in p.devices.exited().items() if code != 0 and d in p.connections}
+            found.update(dict.fromkeys(failed - set(found), time.time()))
             survivors = sorted(set(p.connections) - failed)
             if not survivors:
-                raise HomePipelineError(f"every device of the home is lost ({lost})")
-            unreachable = self._abort(survivors)
+                raise HomePipelineError(f"every device of the home is lost ({', '.join(map(str, sorted(found)))})")
+            self._token += 1
+            replies, unreachable = interrupt(p, survivors, self._token)
             if not unreachable:
                 break
-            failed |= unreachable
-        for device in failed:
+            found.update(dict.fromkeys(unreachable, time.time()))
+        for device in set(found) & set(p.connections):
             p.devices.kill(device)
             p.connections.pop(device).close()
             if p.monitor is not None:
                 p.monitor.forget(device)
-        version, source = self._restore_version(failed, r)
-        kind = self.ft.replan
-        rescheduling = time.time()
-        new = self._replan(kind, lost=failed)
-        moved = self._reconfigure(new, version, failed, heavy=kind == "heavy", from_global=source == "global")
-        rescheduling = time.time() - rescheduling
-        self.lost_rounds += r - version
-        for device in sorted(failed):
-            event = next((e for e in self.events if e.device == device and e.kind in ("kill", "freeze")
-                          and e.detected_after_s is None), None)
-            if event is None:  # found, not injected: timed from its last sign of life
-                event = FaultEvent("failure", device, r)
-                self.events.append(event)
-                found = p.monitor.failures().get(device) if p.monitor else None
-                silent_for = time.monotonic() - found.last_seen if found is not None else 0.0
-                self._started[id(event)] = detected - silent_for
-            event.detected_after_s = detected - self._started[id(event)]
-            event.replan, event.bytes_moved, event.lost_rounds = kind, moved, r - version
-            event.rescheduling_s = rescheduling
-            self._waiting.append(event)
-        return version
-
-    def _abort(self, survivors: list[int]) -> set[int]:
-        """Interrupt the sync-round on every survivor and wait until each says so; those that cannot answer."""
-        self._token += 1
-        unreachable = set()
-        for device in survivors:
-            try:
-                send_message(self.p.connections[device], {"type": "abort", "token": self._token})
-            except OSError:
-                unreachable.add(device)
-        for device in sorted(set(survivors) - unreachable):
-            sock = self.p.connections[device]
-            sock.settimeout(self.p.timeout_s)
-            try:
-                while True:
-                    header, _ = recv_message(sock)
-                    if header.get("type") == "interrupted" and header.get("token") == self._token:
-                        break
-                    if header.get("type") == "error":
-                        raise self.p.failure(device, header, "recovering")
-            except (ChannelClosed, OSError):
-                unreachable.add(device)
-            finally:
-                sock.settimeout(None)
-        return unreachable
-
-    def _restore_version(self, failed: set[int], r: int) -> tuple[int, str]:
-        """The newest version every stage can be restored at, and from where (snapshots, backups, global)."""
-        needs_backup = needs_global = False
-        for stage in self.p.plan.stages:
-            if not set(stage.devices) & failed or set(stage.devices) - failed:
-                continue  # untouched, or a surviving peer holds the stage
-            backup = self.replica_backups.get(stage.devices[0])
-            if backup is not None and backup not in failed and self.replica_version is not None:
-                needs_backup = True
-            else:
-                needs_global = True
-        if needs_global:
-            if self.global_copy is None:
-                raise HomePipelineError(
-                    f"device(s) {sorted(failed)} and their backups are lost and no global copy exists")
-            return self.global_copy[0], "global"
-        if needs_backup:
-            return self.replica_version, "backup"
-        return r, "snapshot"
+        return {d: {int(v): layers for v, layers in reply.get("holdings", {}).items()} for d, reply in replies.items()}
 
     # -- re-planning and migration -------------------------------------------------------
 
-    def _replan(self, kind: str, lost: set[int]) -> Plan:
+    def _replan(self, kind: str) -> Plan:
+        """A plan for the devices connected now (lightweight: the current plan's cut points shifted)."""
         p = self.p
-        alive = set(p.connections) - lost
+        alive = set(p.connections)
+        lost = {d for stage in p.plan.stages for d in stage.devices} - alive
         if kind == "lightweight":
             try:
                 return lightweight_replan(p.plan, p.profile, p.pool, lost=lost, speeds=self.speeds)
@@ -294,69 +295,76 @@ class Recovery:
                 pass  # the shifted partition does not fit: plan afresh
         return full_replan(self.ft.planner, p.profile, p.pool, alive, p.plan.batch_size, speeds=self.speeds)
 
-    def _reconfigure(self, new: Plan, version: int, lost: set[int], heavy: bool, from_global: bool = False) -> int:
-        """Enter a new epoch running ``new`` from ``version``; the bytes that crossed a link (as received)."""
+    def _plan_holders(self) -> Holders:
+        """Between sync-rounds every device holds its stage at the current version."""
+        return {layer: list(stage.devices) for stage in self.p.plan.stages
+                for layer in range(stage.layers[0], stage.layers[1] + 1) if layer in self.stateful}
+
+    def _reconfigure(self, new: Plan, version: int, holders: Holders, heavy: bool = False,
+                     recovery: bool = False) -> int:
+        """Enter a new epoch running ``new`` from ``version``, each layer from its ``holders`` (none: the global
+        copy); the bytes that crossed a link (as received). ``heavy``: everything through the portal."""
         p = self.p
-        old = p.plan
-        owners = layer_owners(old)
         portal_state: dict[str, np.ndarray] = {}
-        moves: list[list[Any]] = []
+        moves = []
         moved = 0
-        if from_global:
-            portal_state = self.global_copy[1]
-        elif heavy:
-            portal_state, moved = self._gather_state(old, version, lost)
+        if heavy:
+            portal_state, moved = self._gather_state(version, holders)
         else:
-            for move in layer_moves(old, new, p.profile, lost=lost, backups=self.replica_backups):
-                if move.source == GLOBAL_COPY:
-                    raise HomePipelineError(f"layer {move.layer} has no surviving copy")
-                replica_of = None if move.source in owners[move.layer] else owners[move.layer][0]
-                moves.append([move.layer, move.source, move.target, replica_of])
+            moves = [m for m in moves_from_holders(new, holders, p.profile) if m.layer in holders]
+            global_layers = {m.layer for m in moves if m.source == GLOBAL_COPY}
+            if global_layers:
+                if self.global_copy[0] != version:
+                    raise HomePipelineError(f"layers {sorted(global_layers)} have no copy at version {version}")
+                portal_state = _subset(self.global_copy[1], p.keys_of_layers(global_layers))
         self.epoch += 1
         p.use_plan(new)
         used = [role.device for role in p.roles]
         world = used + sorted(set(p.connections) - set(used))
         rank_of = {d: i for i, d in enumerate(world)}
         role_of = {role.device: role for role in p.roles}
-        ranked = [[layer, rank_of[src], rank_of[dst], replica_of] for layer, src, dst, replica_of in moves]
+        ranked = [[m.layer, rank_of[m.source], rank_of[m.target]] for m in moves if m.source != GLOBAL_COPY]
+        from_portal = {m.target: set() for m in moves}
+        for m in moves:
+            if m.source == GLOBAL_COPY:
+                from_portal[m.target].add(m.layer)
         for device in world:
             role = role_of.get(device)
             arrays = {}
             if role is not None:
-                keys = p.stage_keys[role.stage]
-                if portal_state:
-                    arrays.update({k: v for k, v in portal_state.items()
-                                   if k in keys or (k.startswith("momentum/") and k[len("momentum/"):] in keys)})
-                    moved += sum(v.nbytes for v in arrays.values())
-                arrays.update({f"reference/{k}": self.reference[k] for k in keys if k in self.reference})
+                keys = p.stage_keys[role.stage] if heavy else p.keys_of_layers(from_portal.get(device, ()))
+                arrays.update(_subset(portal_state, keys))
+                moved += sum(v.nbytes for v in arrays.values())
+                arrays.update({f"reference/{k}": self.reference[k] for k in p.stage_keys[role.stage]
+                               if k in self.reference})
             header = {**p.epoch_message(self.epoch, device, world), "type": "reconfigure",
                       "restore": version, "moves": ranked, "optimization": self.optimization,
-                      "link_bps": self._link(device)}
+                      "link_bps": self._link(device), "recovery": recovery}
             pace(sum(a.nbytes for a in arrays.values() if not isinstance(a, float)), self._link(0))
             send_message(p.connections[device], header, arrays)
         replies = p.gather("reconfigured", devices=world)
         self.replica_version = None  # the new plan's backups are filled before the next sync-round
         return moved + sum(int(reply["bytes"]) for reply in replies.values())
 
-    def _gather_state(self, old: Plan, version: int, lost: set[int]) -> tuple[dict[str, np.ndarray], int]:
-        """Heavy rescheduling's first half: every layer's state at ``version`` to the portal."""
+    def _gather_state(self, version: int, holders: Holders) -> tuple[dict[str, np.ndarray], int]:
+        """Heavy rescheduling's first half: every layer's state at ``version`` to the portal (from its first
+        holder; a layer nobody holds, from the global copy)."""
         p = self.p
-        requests: dict[int, dict[str, Any]] = {}
-        for stage in old.stages:
-            holders = [d for d in stage.devices if d not in lost]
-            layers = list(range(stage.layers[0], stage.layers[1] + 1))
-            if holders:
-                requests.setdefault(holders[0], {"layers": [], "replica_of": None})["layers"] += layers
-            else:
-                backup = self.replica_backups[stage.devices[0]]
-                requests[backup] = {"layers": layers, "replica_of": stage.devices[0]}
+        requests: dict[int, list[int]] = {}
+        for layer, devices in holders.items():
+            if devices:
+                requests.setdefault(sorted(devices)[0], []).append(layer)
+        for device, layers in requests.items():
+            send_message(p.connections[device], {"type": "state", "version": version, "layers": layers,
+                                                 "link_bps": self._link(device)})
         state: dict[str, np.ndarray] = {}
-        for device, request in requests.items():
-            send_message(p.connections[device], {"type": "state", "version": version, "link_bps": self._link(device),
-                                                 **request})
         for reply in p.gather("state", with_arrays=True, devices=list(requests)).values():
             state.update({k: np.array(v) for k, v in reply["arrays"].items()})
-        return state, sum(v.nbytes for v in state.values())
+        moved = sum(v.nbytes for v in state.values())
+        missing = [layer for layer, devices in holders.items() if not devices]
+        if missing:
+            state.update(_subset(self.global_copy[1], p.keys_of_layers(missing)))
+        return state, moved
 
     def _link(self, device: int) -> float | None:
         """Device ``device``'s emulated link rate (bytes/s) for moving state; None when links are not paced."""
@@ -382,3 +390,28 @@ class Recovery:
             event.throughput_before = batch / float(np.mean(before)) if before else None
             event.throughput_after = batch / float(np.mean(after)) if after else None
         return self.events
+
+
+def _subset(state: dict[str, np.ndarray], keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """The entries of ``state`` for ``keys``, with their momentum buffers."""
+    keys = set(keys)
+    return {k: v for k, v in state.items() if k in keys or (k.startswith(MOMENTUM) and k[len(MOMENTUM):] in keys)}
+
+
+def restored_from(plan: Plan, device: int, holders: Holders, version: int, stateful: Sequence[int]) -> list[dict]:
+    """Where lost ``device``'s layers (of ``plan``) came back from: runs of layers with one source each."""
+    stage = next((s for s in plan.stages if device in s.devices), None)
+    if stage is None:
+        return []
+    runs: list[dict] = []
+    for layer in range(stage.layers[0], stage.layers[1] + 1):
+        if layer not in stateful:
+            continue
+        devices = sorted(holders.get(layer, ()))
+        holder = devices[0] if devices else None
+        source = "global copy" if holder is None else "peer" if holder in stage.devices else "backup"
+        if runs and runs[-1]["device"] == holder and runs[-1]["source"] == source:
+            runs[-1]["layers"][1] = layer
+        else:
+            runs.append({"layers": [layer, layer], "source": source, "device": holder, "version": version})
+    return runs

@@ -7,7 +7,12 @@ worker process that exited. With fault tolerance these become
 :class:`~ecofl.pipeline.runtime.errors.DevicesLost` (the pipeline recovers);
 without, the root cause of the failure (:mod:`.failures`). A worker whose
 sync-round was interrupted by a lost peer answers ``interrupted`` and is
-simply waited past: the failure that caused it is about to be detected.
+simply waited past: the failure that caused it is about to be detected. A
+device whose phase-targeted trap fires says ``trapped`` first
+(:mod:`.traps`); the portal notes when, and waits on.
+
+:func:`interrupt` is a recovery's first step: every survivor stops whatever
+it is doing and answers with the committed copies it holds.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ecofl.pipeline.runtime.errors import DevicesLost, WorkerFailed, WorkerTimeout
-from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message
+from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
 
 if TYPE_CHECKING:
     from ecofl.pipeline.runtime.portal import HomePipeline
@@ -52,6 +57,9 @@ def gather(
                 finally:
                     sock.settimeout(None)
                 kind = header.get("type")
+                if kind == "trapped":
+                    pipeline.trapped[device] = float(header["time"])
+                    continue
                 if kind == "error":
                     raise pipeline.failure(device, header, f"waiting for {expected!r}")
                 if kind == "interrupted":
@@ -76,3 +84,53 @@ def check_lost(pipeline: "HomePipeline", during: str) -> None:
     for device, code in pipeline.devices.exited().items():
         if code != 0 and device in pipeline.connections:
             raise pipeline.failure(device, None, during)
+
+
+def interrupt(pipeline: "HomePipeline", devices: Sequence[int], token: int
+              ) -> tuple[dict[int, dict[str, Any]], set[int]]:
+    """Send ``abort`` (``token``) to ``devices`` and wait until each answers it: their ``interrupted`` replies
+    (with their holdings), and the devices that cannot answer (a closed channel, a process that exited, failed
+    heartbeats, no answer within the timeout). Replies sent before the abort are passed over."""
+    unreachable: set[int] = set()
+    for device in devices:
+        try:
+            send_message(pipeline.connections[device], {"type": "abort", "token": token})
+        except OSError:
+            unreachable.add(device)
+    waiting = set(devices) - unreachable
+    replies: dict[int, dict[str, Any]] = {}
+    deadline = time.time() + pipeline.timeout_s
+    with selectors.DefaultSelector() as selector:
+        for device in waiting:
+            selector.register(pipeline.connections[device], selectors.EVENT_READ, device)
+        while waiting:
+            gone = set(pipeline.monitor.failures()) if pipeline.monitor is not None else set()
+            gone |= {d for d, code in pipeline.devices.exited().items() if code != 0}
+            if time.time() > deadline:
+                gone |= waiting
+            for device in gone & waiting:
+                selector.unregister(pipeline.connections[device])
+                waiting.discard(device)
+                unreachable.add(device)
+            for key, _ in selector.select(timeout=0.05) if waiting else ():
+                device = key.data
+                sock = pipeline.connections[device]
+                sock.settimeout(max(1.0, deadline - time.time()))
+                try:
+                    header, _ = recv_message(sock)
+                except (ChannelClosed, OSError):
+                    header = None
+                finally:
+                    sock.settimeout(None)
+                if header is not None and header.get("type") == "trapped":
+                    pipeline.trapped[device] = float(header["time"])
+                    continue
+                if header is None or header.get("type") == "error":
+                    unreachable.add(device)
+                elif header.get("type") == "interrupted" and header.get("token") == token:
+                    replies[device] = header
+                else:
+                    continue  # an answer to a request from before the abort
+                selector.unregister(sock)
+                waiting.discard(device)
+    return replies, unreachable

@@ -24,6 +24,7 @@ S - s versions.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -86,6 +87,7 @@ class StageExecutor:
         self.slowdown = 1.0  # an injected load: every operation takes this many times as long
         self.reserved_bytes = 0  # replicas of other stages this device keeps (memory beside its own stage)
         self.abort: AbortCheck = never_aborted
+        self.reached: Callable[[str], None] = lambda phase: None  # a phase point (:mod:`.traps`)
         self.optimizer: torch.optim.Optimizer | None = None
         self.settings: Optimization | None = None
         # The first optimizer pulls in torch's lazy compiler machinery (~2 s here): do it now,
@@ -131,12 +133,16 @@ class StageExecutor:
         """One sync-round: the role's program (or ``program``: an asynchronous pass's), instruction by instruction.
         ``inputs`` / ``labels``: [M, samples, ...]; each sample's loss is scaled by 1 / ``batch_size``.
 
-        ``abort`` is checked in every wait; an aborted round leaves gradients
-        half accumulated, so the caller restores the stage from its snapshot.
+        Gradients accumulate from zero: whatever an interrupted round left
+        in ``.grad`` is dropped first. ``abort`` is checked in every wait; an
+        aborted round leaves weights, buffers and gradients half updated, so
+        the caller restores the stage from a committed copy.
         """
         role = self.role
         self.abort = abort
         assert self.settings is not None, "configure() first"
+        for p in self.params:
+            p.grad = None
         stats = RoundStats(fixed_bytes=self.fixed_bytes())
         ledger = MemoryLedger(f"{role.device} ({role.device_name})", role.stage, role.memory_bytes, stats.fixed_bytes,
                               role.resident_bound, role.schedule, enforce=role.emulate)
@@ -168,6 +174,7 @@ class StageExecutor:
     def _forward(self, r: "_SyncRound", m: int) -> None:
         role = self.role
         x = r.received.pop(m)
+        self.reached("forward")
         start = time.time()
         weights = self.params + (self.versions.current() if self.versions is not None else [])
         with saved_bytes(weights) as nbytes:  # what the forward saves for backward, weights not counted
@@ -186,6 +193,7 @@ class StageExecutor:
         for p in self.role.destinations:
             part = out[p.lo - self.role.lo : p.hi - self.role.lo]
             r.sends.append((m, self.mesh.send(p.rank, part, m, self.links[p.rank])))
+            self.reached("send")
 
     def _recv_grad(self, r: "_SyncRound", m: int) -> None:
         r.output_grads[m] = torch.cat([self.mesh.recv(p.rank, m, self.timeout_s, self.abort)
@@ -193,6 +201,7 @@ class StageExecutor:
 
     def _backward(self, r: "_SyncRound", m: int) -> None:
         x, out = r.stash.pop(m)
+        self.reached("backward")
         start = time.time()
         out.backward(r.output_grads.pop(m, None))  # the last stage's output is the scaled loss
         if self.versions is not None:  # at the version the forward used, for this micro-batch's own step
@@ -207,10 +216,12 @@ class StageExecutor:
         for p in self.role.sources:
             part = grad[p.lo - self.role.lo : p.hi - self.role.lo]
             r.sends.append((m, self.mesh.send(p.rank, part, m, self.links[p.rank])))
+            self.reached("send")
 
     def _reduce_grads(self, r: "_SyncRound", m: int) -> None:
         """Sum gradients over the stage's replicas, average float buffers by share (Asteroid §4)."""
         role = self.role
+        self.reached("allreduce")
         start = time.time()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = self.mesh.all_reduce(_flatten_dense_tensors(grads), role.replicas, ALLREDUCE_TAG, self.abort)
@@ -243,6 +254,7 @@ class StageExecutor:
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        self.reached("step")
         if self.versions is not None:
             self.versions.stepped()
         r.stats.events.append(("step", m, start, self._end(start, self.role.step_s)))

@@ -1,4 +1,4 @@
-"""What a worker holds of the model: its layers' tensors, their committed snapshots and others' replicas.
+"""What a worker holds of the model: its layers' live tensors, and committed copies of layers by version.
 
 A worker builds the whole model (every layer's tensors exist in it), so a
 layer that migrates to it only needs its values copied in. Per layer the
@@ -8,13 +8,15 @@ re-planned optimizer continues exactly (FTPipeHD §III-E replicates weights,
 Asteroid §3.4 stage models; both need the optimizer state for an exact
 replay).
 
-- A **snapshot** is the state of the worker's layers at a committed version
-  (the number of completed sync-rounds). A sync-round interrupted by a
-  failure is rolled back to the snapshot it started from, so it is never
-  half applied. The worker keeps the snapshot of the current version and of
-  the version its backup holds (:mod:`ecofl.pipeline.replication`).
-- A **replica** is another device's stage state at a version, kept for it by
-  this backup device.
+A **version** is a number of completed sync-rounds, and a synchronous
+pipeline has exactly one state of each layer at each version. So a worker's
+committed copies are one store, ``copies[version]``, holding whatever layers
+it has at that version: its own stage (captured when the version is
+committed, at the end of a sync-round) and the stages it backs up for others
+(replicas, :mod:`ecofl.pipeline.replication`). A sync-round interrupted by a
+failure is rolled back to a committed copy, so it is never half applied; the
+portal restores a lost device's layers from whichever survivor holds them
+at the version it resumes from (:meth:`StageState.holdings`).
 """
 
 from __future__ import annotations
@@ -33,15 +35,14 @@ State = dict[str, torch.Tensor]
 
 
 class StageState:
-    """The model's tensors by key, grouped by layer; snapshots of this worker's layers; replicas of others'."""
+    """The model's tensors by key, grouped by layer, and committed copies of layers by version."""
 
     def __init__(self, model: nn.Module, layers: list[nn.Module]):
         self.model = model
         self.layer_keys = layer_state_keys(model, layers)
         self.tensors: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
         self.parameter_keys = {k for k, _ in model.named_parameters()}
-        self.snapshots: dict[int, State] = {}
-        self.replicas: dict[int, tuple[int, State]] = {}  # source device -> (version, state)
+        self.copies: dict[int, State] = {}  # version -> the state of every layer held at that version
 
     def keys(self, layers: Iterable[int]) -> list[str]:
         return [key for layer in layers for key in self.layer_keys[layer]]
@@ -61,6 +62,15 @@ class StageState:
                 state[MOMENTUM + key] = buffer.detach().clone() if buffer is not None else torch.zeros_like(state[key])
         return state
 
+    def hold(self, version: int, state: State) -> None:
+        """Keep ``state`` (layers' tensors) as committed at ``version``."""
+        self.copies.setdefault(version, {}).update(state)
+
+    def holdings(self) -> dict[int, list[int]]:
+        """``{version: layers held at it}`` (layers with state only)."""
+        return {version: [layer for layer, keys in enumerate(self.layer_keys) if keys and all(k in held for k in keys)]
+                for version, held in self.copies.items()}
+
     def restore(self, state: State) -> dict[str, torch.Tensor]:
         """Copy ``state``'s tensors into the model; return its momentum buffers by parameter key."""
         momentum = {}
@@ -72,20 +82,18 @@ class StageState:
                     self.tensors[key].copy_(value)
         return momentum
 
-    def keep_snapshots(self, versions: set[int]) -> None:
-        for version in set(self.snapshots) - versions:
-            del self.snapshots[version]
+    def keep(self, versions: set[int]) -> None:
+        """Drop the copies of every other version."""
+        for version in set(self.copies) - versions:
+            del self.copies[version]
 
-    def layer_state(self, layer: int, version: int, source: int | None = None) -> State:
-        """Layer ``layer`` at ``version`` from this worker's snapshot, or from ``source``'s replica."""
-        if source is None:
-            state = self.snapshots[version]
-        else:
-            held, state = self.replicas[source]
-            if held != version:
-                raise RuntimeError(f"replica of device {source} is at version {held}, not {version}")
+    def layer_state(self, layer: int, version: int) -> State:
+        """Layer ``layer``'s committed state at ``version``; RuntimeError if this worker does not hold it."""
+        held = self.copies.get(version, {})
         keys = self.keys([layer])
-        return {k: v for k, v in state.items() if k in keys or (k.startswith(MOMENTUM) and k[len(MOMENTUM):] in keys)}
+        if not all(k in held for k in keys):
+            raise RuntimeError(f"layer {layer} at version {version} is not held here (held: {self.holdings()})")
+        return {k: v for k, v in held.items() if k in keys or (k.startswith(MOMENTUM) and k[len(MOMENTUM):] in keys)}
 
     def empty_like_layer(self, layer: int, with_momentum: bool) -> State:
         """Receive buffers for layer ``layer``'s state (shapes and dtypes from the model)."""
@@ -96,8 +104,11 @@ class StageState:
                 state[MOMENTUM + key] = torch.empty_like(self.tensors[key].detach())
         return state
 
-    def replica_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for _, state in self.replicas.values() for t in state.values())
+    def held_bytes(self, own: Iterable[str]) -> int:
+        """Bytes of the copies of layers other than ``own`` keys (the replicas a backup keeps for others)."""
+        own = set(own)
+        return sum(t.numel() * t.element_size() for held in self.copies.values() for k, t in held.items()
+                   if k not in own and (not k.startswith(MOMENTUM) or k[len(MOMENTUM):] not in own))
 
 
 def as_arrays(state: State) -> dict[str, np.ndarray]:

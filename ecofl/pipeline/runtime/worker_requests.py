@@ -9,17 +9,22 @@ epoch and that role's executor, and serves the portal's requests::
     infer        stage 0: inputs [M, share, ...]; stream M micro-batches       -> inferred + events (+ outputs)
     state        layers' state at a version (heavy rescheduling's gather)      -> state
     round        stage 0: inputs [M, share, ...]; last stage: labels           -> done + measurements
-    abort        (while in a round, or idle)                                   -> interrupted
+    abort        (while in a round, replication or re-configuration; or idle)  -> interrupted + holdings
     replicate    send my committed stage to my backup / keep others' replicas  -> replicated
     collect      my stage's weights (+ momentum)                               -> weights
     reconfigure  a new epoch: role, roll back to a version, migrate layers     -> reconfigured
+    arm          a phase-targeted failure of this device (:mod:`.traps`)       -> armed
     stop                                                                       -> (session over)
 
-A sync-round that cannot finish (a peer died or froze, the portal aborted)
-answers ``interrupted`` and the worker waits for a ``reconfigure``: its stage
-is rolled back to the snapshot of a committed version, so a half-done round
-is never applied (Asteroid §3.4's pipeline replay). With ``heartbeat`` in its
-config a thread of its own beats to the portal (:mod:`.heartbeat`).
+A sync-round, a replication or a re-configuration that cannot finish (a peer
+died or froze, the portal aborted) answers ``interrupted`` and the worker
+waits: the live tensors are then *dirty* (half a round applied), and only a
+``reconfigure`` that rolls them back to a committed copy makes them usable
+again, so a half-done round is never applied (Asteroid §3.4's pipeline
+replay). An abort's answer lists the worker's committed copies
+(:meth:`.stage_state.StageState.holdings`): the portal restores from what
+the survivors really hold. With ``heartbeat`` in its config a thread of its
+own beats to the portal (:mod:`.heartbeat`).
 The process around it (joining, sessions) is :mod:`.worker`.
 """
 
@@ -44,6 +49,7 @@ from ecofl.pipeline.runtime.stage import Optimization, StageExecutor
 from ecofl.pipeline.runtime.stage_state import StageState, as_arrays, from_arrays
 from ecofl.pipeline.runtime.stream_stage import StreamExecutor
 from ecofl.pipeline.runtime.topology import WorkerRole
+from ecofl.pipeline.runtime.traps import Trap, Traps
 from ecofl.pipeline.runtime.wire import recv_message, send_message
 from ecofl.pipeline.schedule import async_one_f_one_b
 
@@ -66,8 +72,9 @@ class Worker:
         self.state = StageState(self.model, self.layers)
         self.settings: Optimization | None = None
         self.reference: dict[str, torch.Tensor] = {}
-        self.version = 0
-        self.replica_version: int | None = None
+        self.version = 0  # committed sync-rounds of the live tensors
+        self.clean = True  # False: an interrupted round or re-configuration left the live tensors half updated
+        self.traps = Traps(lambda message: send_message(self.sock, message))
         self.executor: StageExecutor | None = None  # a training role's
         self.stream: StreamExecutor | None = None  # an inference role's
         self.heartbeat = None
@@ -87,7 +94,7 @@ class Worker:
             self.mesh = None
         addresses = [tuple(a) for a in header["addresses"]]
         self.mesh = EpochMesh(self.listener, self.secret, int(header["epoch"]), int(header["rank"]), addresses,
-                              self.timeout_s)
+                              self.timeout_s, self._abort_check)
         role = header.get("role")
         self.executor, self.stream, self.role = None, None, None
         if role is None:
@@ -102,6 +109,7 @@ class Worker:
             self.stream = StreamExecutor(self.role, module, self.mesh, self.timeout_s)
             return
         self.executor = StageExecutor(self.role, module, self.mesh, self.timeout_s)
+        self.executor.reached = self.traps.reached
         if [id(p) for p in self.executor.params] != [id(self.state.tensors[k]) for k in self.parameter_keys]:
             raise RuntimeError("stage parameters are not in state_dict order")
 
@@ -119,15 +127,24 @@ class Worker:
         reference = [self.reference[k] for k in self.parameter_keys] if self.settings.mu else []
         self.executor.configure(self.settings, reference, [momentum.get(k) for k in self.parameter_keys])
 
-    def _snapshot(self) -> None:
-        """Keep the committed state of ``version`` (and of the version the backup holds)."""
-        if not self.keeps_snapshots or self.executor is None:
-            return
-        if self.version not in self.state.snapshots:
-            self.state.snapshots[self.version] = self.state.capture(self.stage_layers, self._momentum(),
-                                                                    self._with_momentum())
-        keep = {self.version} | ({self.replica_version} if self.replica_version is not None else set())
-        self.state.keep_snapshots(keep)
+    def _commit(self, version: int) -> None:
+        """The live tensors are the committed state of ``version``: keep a copy of my stage at it (fault tolerance)."""
+        self.version, self.clean = version, True
+        if self.keeps_snapshots and self.executor is not None:
+            self.state.hold(version, self.state.capture(self.stage_layers, self._momentum(), self._with_momentum()))
+
+    def _require_clean(self, what: str) -> None:
+        if not self.clean:
+            raise RuntimeError(f"asked to {what} while the live state is half updated (roll back first)")
+
+    def _interrupted(self, error: BaseException) -> None:
+        """Answer that the current request cannot finish: why, the abort's token, what I hold committed."""
+        token = error.args[0] if isinstance(error, RoundAborted) and error.args else None
+        send_message(self.sock, {"type": "interrupted", "reason": f"{type(error).__name__}: {error}",
+                                 "token": token, "holdings": self._holdings()})
+
+    def _holdings(self) -> dict[str, list[int]]:
+        return {str(version): layers for version, layers in self.state.holdings().items()}
 
     # -- serving ---------------------------------------------------------------------
 
@@ -149,8 +166,7 @@ class Worker:
             elif kind == "round":
                 self._round(header, arrays)
             elif kind == "abort":
-                send_message(self.sock, {"type": "interrupted", "reason": "aborted while idle",
-                                         "token": header.get("token")})
+                self._interrupted(RoundAborted(header.get("token"), "aborted while idle"))
             elif kind == "state":
                 self._send_state(header)
             elif kind == "replicate":
@@ -159,6 +175,9 @@ class Worker:
                 self._collect(header)
             elif kind == "reconfigure":
                 self._reconfigure(header, arrays)
+            elif kind == "arm":
+                self.traps.arm(Trap(str(header["signal"]), str(header["phase"]), int(header["count"])))
+                send_message(self.sock, {"type": "armed"})
             elif kind == "stop":
                 return
             else:
@@ -182,29 +201,34 @@ class Worker:
         self.settings = Optimization(**header["optimization"])
         self.reference = {k[len("reference/"):]: torch.from_numpy(np.array(v))
                           for k, v in arrays.items() if k.startswith("reference/")}
-        self.version, self.replica_version = 0, None
-        self.state.snapshots.clear()
-        self.state.replicas.clear()
+        self.state.copies.clear()
         self._configure({})
+        self._commit(0)
 
     def _round(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        self.version = int(header.get("version", self.version))
-        self._snapshot()
+        """Sync-round ``version``: from the committed state of that version; commits ``version + 1``.
+
+        ``keep``: the versions the portal may still restore from; copies of others are dropped.
+        """
+        version = int(header["version"])
+        self._require_clean(f"run sync-round {version}")
+        if version != self.version:
+            raise RuntimeError(f"asked for sync-round {version}, but my state is at version {self.version}")
+        self.state.keep({version, *(int(v) for v in header.get("keep", ()))})
         executor = self.executor
         executor.slowdown = float(header.get("slowdown", 1.0))
-        executor.reserved_bytes = self.state.replica_bytes()
+        executor.reserved_bytes = self.state.held_bytes(self.stage_keys)
         inputs = torch.from_numpy(arrays["inputs"]) if "inputs" in arrays else None
         labels = torch.from_numpy(arrays["labels"]) if "labels" in arrays else None
         reset_peak()
+        self.clean = False
         try:
             stats = executor.run_round(inputs, labels, int(header["batch_size"]), self._abort_check,
                                        self._pass_program(int(header["num_micro_batches"])))
         except INTERRUPTIONS as error:
-            token = error.args[0] if isinstance(error, RoundAborted) and error.args else None
-            send_message(self.sock, {"type": "interrupted", "reason": f"{type(error).__name__}: {error}",
-                                     "token": token})
+            self._interrupted(error)
             return
-        self.version += 1
+        self._commit(version + 1)
         send_message(self.sock, {
             "type": "done",
             "events": stats.events,
@@ -234,7 +258,7 @@ class Worker:
         try:
             stats = self.stream.run(inputs, int(header["num_micro_batches"]), self._abort_check)
         except INTERRUPTIONS as error:
-            send_message(self.sock, {"type": "interrupted", "reason": f"{type(error).__name__}: {error}"})
+            self._interrupted(error)
             return
         outputs = {} if stats.outputs is None else {"outputs": stats.outputs.numpy()}
         send_message(self.sock, {"type": "inferred", "events": stats.events, "peak_held": stats.peak_held,
@@ -242,30 +266,42 @@ class Worker:
                      outputs)
 
     def _replicate(self, header: dict[str, Any]) -> None:
-        """Send my stage at ``version`` to my backup; keep the stages my peers send me (Asteroid §3.4)."""
+        """Send my stage at ``version`` to my backup; keep the stages my peers send me (Asteroid §3.4).
+
+        A replica is kept only once all of it arrived; an interrupted copy
+        leaves the copies held before untouched.
+        """
         version = int(header["version"])
-        self.version = version
-        self._snapshot()
+        self._require_clean("replicate")
+        if version != self.version:
+            raise RuntimeError(f"asked to replicate version {version}, but my state is at version {self.version}")
         with_momentum = self._with_momentum()
         sends = []
         if header.get("to") is not None:
-            state = self.state.snapshots[version]
+            state = {k: v for layer in self.stage_layers for k, v in self.state.layer_state(layer, version).items()}
             sends = [(int(header["to"]), [state[k] for k in sorted(state)])]
-        receives = {}
-        for source, rank, first, last in header.get("from", []):
+        receives = []
+        for _source, rank, first, last in header.get("from", []):
             buffers = {}
             for layer in range(first, last + 1):
                 buffers.update(self.state.empty_like_layer(layer, with_momentum))
-            receives[(int(source), int(rank))] = buffers
+            receives.append((int(rank), buffers))
         started = time.time()
-        received = exchange_states(self.mesh, sends, [(rank, [b[k] for k in sorted(b)])
-                                                         for (_, rank), b in receives.items()],
-                                   tag=REPLICA_TAG, rate_bps=header.get("link_bps"))
-        self.state.replicas = {source: (version, buffers) for (source, _), buffers in receives.items()}
-        self.replica_version = version
+        try:
+            received = exchange_states(self.mesh, sends, [(rank, [b[k] for k in sorted(b)]) for rank, b in receives],
+                                       tag=REPLICA_TAG, rate_bps=header.get("link_bps"), abort=self._abort_check,
+                                       posted=lambda: self.traps.reached("replicate"))
+        except INTERRUPTIONS as error:
+            self._interrupted(error)
+            return
+        for _, buffers in receives:
+            self.state.hold(version, buffers)
         send_message(self.sock, {"type": "replicated", "bytes": received, "seconds": time.time() - started})
 
     def _collect(self, header: dict[str, Any]) -> None:
+        """My stage's live weights (+ momentum), from the first replica of a stage only."""
+        self.traps.reached("global-copy")
+        self._require_clean("send my weights")
         first_replica = self.role is not None and self.role.rank == self.role.replicas[0]
         state = {}
         if first_replica:
@@ -274,48 +310,56 @@ class Worker:
         send_message(self.sock, {"type": "weights", "version": self.version}, state)
 
     def _reconfigure(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        """Enter a new epoch: roll back to ``restore``, take the new role, migrate the layers it lacks."""
+        """Enter a new epoch at committed version ``restore``: roll back, take the new role, migrate the layers.
+
+        Every layer held at that version is restored from my copies; the
+        ``moves`` ([layer, from rank, to rank]) bring the rest from the ranks
+        that hold them, and the portal's arrays (its global copy, or a heavy
+        re-schedule) come last. Interrupted, the live state stays dirty and
+        the copies untouched: the portal recovers again.
+        """
         started = time.time()
+        if header.get("recovery"):
+            self.traps.reached("recover")
         version = int(header["restore"])
         if header.get("optimization") and self.settings is None:  # a device that joined a running pipeline
             self.settings = Optimization(**header["optimization"])
-            self.version = version
-        if version == self.version:
-            self._snapshot()  # re-planned between sync-rounds: the current state is the one to keep
-        momentum = self.state.restore(self.state.snapshots[version]) if version in self.state.snapshots else {}
+        self.clean = False
+        momentum = self.state.restore(self.state.copies.get(version, {}))
         self.reference.update({k[len("reference/"):]: torch.from_numpy(np.array(v))
                                for k, v in arrays.items() if k.startswith("reference/")})
         from_portal = {k: v for k, v in arrays.items() if not k.startswith("reference/")}
-        momentum.update(self.state.restore(from_arrays(from_portal)))
-        self._enter_epoch(header)
-        sends, receives, targets = [], [], []
-        with_momentum = self._with_momentum()
-        for layer, source_rank, target_rank, replica_of in header.get("moves", []):
-            if source_rank == self.mesh.rank and target_rank == self.mesh.rank:  # from the replica I hold
-                momentum.update(self.state.restore(self.state.layer_state(layer, version, replica_of)))
-            elif source_rank == self.mesh.rank:
-                state = self.state.layer_state(layer, version, replica_of)
-                sends.append((target_rank, [state[k] for k in sorted(state)]))
-            elif target_rank == self.mesh.rank:
-                buffers = self.state.empty_like_layer(layer, with_momentum)
-                receives.append((source_rank, [buffers[k] for k in sorted(buffers)]))
-                targets.append(buffers)
-        received = exchange_states(self.mesh, sends, receives, tag=MIGRATION_TAG, rate_bps=header.get("link_bps"))
-        for buffers in targets:
+        try:
+            self._enter_epoch(header)
+            sends, receives = [], []
+            with_momentum = self._with_momentum()
+            for layer, source_rank, target_rank in header.get("moves", []):
+                if source_rank == target_rank:
+                    continue  # restored from my own copy above
+                if source_rank == self.mesh.rank:
+                    state = self.state.layer_state(layer, version)
+                    sends.append((target_rank, [state[k] for k in sorted(state)]))
+                elif target_rank == self.mesh.rank:
+                    receives.append((source_rank, self.state.empty_like_layer(layer, with_momentum)))
+            received = exchange_states(self.mesh, sends, [(rank, [b[k] for k in sorted(b)]) for rank, b in receives],
+                                       tag=MIGRATION_TAG, rate_bps=header.get("link_bps"), abort=self._abort_check,
+                                       posted=lambda: self.traps.reached("migrate"))
+        except INTERRUPTIONS as error:
+            self._interrupted(error)
+            return
+        for _, buffers in receives:
             momentum.update(self.state.restore(buffers))
-        self.version, self.replica_version = version, None
-        self.state.snapshots.clear()
-        self.state.replicas.clear()
+        momentum.update(self.state.restore(from_arrays(from_portal)))
         self._configure(momentum)
-        self._snapshot()
+        self._commit(version)
         send_message(self.sock, {"type": "reconfigured", "bytes": received, "seconds": time.time() - started})
 
     def _send_state(self, header: dict[str, Any]) -> None:
-        """Layers' state at a version, from my snapshot or a replica I hold (heavy rescheduling's gather)."""
-        version, replica_of = int(header["version"]), header.get("replica_of")
+        """Layers' committed state at a version, from my copies (heavy rescheduling's gather)."""
+        version = int(header["version"])
         state = {}
         for layer in header["layers"]:
-            state.update(self.state.layer_state(int(layer), version, replica_of))
+            state.update(self.state.layer_state(int(layer), version))
         arrays = as_arrays(state)
         pace(sum(a.nbytes for a in arrays.values()), header.get("link_bps"))
         send_message(self.sock, {"type": "state"}, arrays)
