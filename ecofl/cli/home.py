@@ -39,7 +39,8 @@ from ecofl.pipeline.plan import TRAINING_SCHEDULES, Plan
 from ecofl.pipeline.planners import PLANNERS, check_planner, make_plan
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.replan import REPLAN_KINDS
-from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
+from ecofl.pipeline.runtime.faults import INJECTION_SYNTAX, FaultTolerance, Injection
+from ecofl.pipeline.runtime.traps import PHASES
 from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.host_overhead import host_operation_overhead_s
 
@@ -72,7 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--timeline", default=None, metavar="FILE", help="write the measured timeline as PNG")
     parser.add_argument("--inject", action="append", default=[], metavar="EVENT",
-                        help="kill:D@R, freeze:D@R, slow:D*F@R or join:D@R (repeatable; turns fault tolerance on)")
+                        help=f"{INJECTION_SYNTAX} (repeatable; turns fault tolerance on). A kill or freeze strikes as "
+                             f"sync-round R starts, or, with a PHASE, when device D reaches its K-th (default 1st) "
+                             f"PHASE from sync-round R on: {', '.join(PHASES)}")
     parser.add_argument("--fault-tolerance", action="store_true",
                         help="heartbeats, replication and re-planning even without injected events")
     parser.add_argument("--replan", choices=REPLAN_KINDS, default="lightweight", help="re-planning after a failure")
@@ -134,7 +137,8 @@ def _event_line(event: dict) -> str:
     return (f"event {event['kind']} device {event['device']} at sync-round {event['round']}: detected after "
             f"{seconds(event['detected_after_s'])}, recovered after {seconds(event['recovered_after_s'])} "
             f"({event['replan'] or 'no'} re-plan, {event['bytes_moved'] / 2**20:.2f} MiB moved, "
-            f"{event['lost_rounds']} rounds replayed); samples/s {rate(event['throughput_before'])} -> "
+            f"{event['lost_rounds']} rounds replayed, resumed after {seconds(event['resumed_after_s'])}); "
+            f"samples/s {rate(event['throughput_before'])} -> "
             f"{rate(event['throughput_after'])}")
 
 
@@ -166,16 +170,19 @@ def predict(plan: Plan, profile, pool, emulate: bool, rounds: int = 1, cache_dir
 
 def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult, emulated: bool = True,
              rounds: int = 1) -> dict:
-    """Measured against predicted, as one JSON-ready object (sync-round: median over rounds).
+    """Measured against predicted, as one JSON-ready object (sync-round: median over the final plan's rounds).
 
     ``plan`` is the one the pipeline ran last (a re-planned pipeline reports
-    its final stages); ``events`` are the injected or detected events with
-    their detection and recovery times (:class:`~ecofl.pipeline.runtime.faults.FaultEvent`).
+    its final stages, and its measured sync-round and throughput are those of
+    the rounds that plan ran, beside its prediction; ``throughput_all_rounds``
+    covers every round); ``events`` are the injected or detected events with
+    their detection and recovery times and the throughput before and after
+    each (:class:`~ecofl.pipeline.runtime.faults.FaultEvent`).
     An asynchronous 1F1B pass of ``rounds`` x M micro-batches has no sync-rounds: its time per M
     micro-batches (pass / ``rounds``) stands in for one, measured and predicted alike.
     """
     per_pass = rounds if plan.schedule == "async-1f1b" else 1
-    measured = statistics.median(result.sync_round_s) / per_pass
+    measured = statistics.median(result.final_plan_round_s) / per_pass
     stages = []
     for s, stage in enumerate(plan.stages):
         stages.append({
@@ -205,6 +212,8 @@ def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,
         "num_micro_batches": plan.num_micro_batches,
         "throughput": plan.batch_size / measured,
         "predicted_throughput": predicted.throughput,
+        "throughput_all_rounds": result.throughput,
+        "final_plan_rounds": len(result.final_plan_round_s),
         "sync_round_s": measured,
         "predicted_sync_round_s": predicted.sync_round_s / per_pass,
         "sync_rounds_s": list(result.sync_round_s),
@@ -254,5 +263,7 @@ def table(report: dict) -> str:
         f"{report['num_micro_batches']} x {report['micro_batch']}, mean loss {report['loss']:.4f}; {how}",
         *lines,
         f"sync-round {report['sync_round_s']:.3f} s measured (median), {report['predicted_sync_round_s']:.3f} s "
-        f"predicted (error {100 * error:.1f}%); throughput {report['throughput']:.2f} samples/s",
+        f"predicted (error {100 * error:.1f}%); throughput {report['throughput']:.2f} samples/s"
+        + (f" (final plan's {report['final_plan_rounds']} rounds; all rounds {report['throughput_all_rounds']:.2f})"
+           if report["final_plan_rounds"] < report["rounds_completed"] else ""),
     ])

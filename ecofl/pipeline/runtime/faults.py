@@ -120,6 +120,7 @@ class FaultEvent:
     round: int
     phase: str | None = None  # where an aimed kill or freeze struck (traps.PHASES)
     detected_after_s: float | None = None
+    resumed_after_s: float | None = None  # until the first sync-round after the recovery started (FTPipeHD's)
     recovered_after_s: float | None = None  # until the first sync-round completed after the recovery
     replan: str | None = None  # lightweight | full | heavy
     rescheduling_s: float | None = None  # re-planning and migrating, until every device is reconfigured

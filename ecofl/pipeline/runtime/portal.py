@@ -338,6 +338,7 @@ class HomePipeline:
         x_np, y_np = x.detach().cpu().numpy(), y.detach().cpu().numpy()
         rounds: dict[int, dict[int, dict[str, Any]]] = {}
         round_s: dict[int, float] = {}
+        epochs: dict[int, int] = {}  # sync-round -> the pipeline epoch it ran in
         origin = time.time()
         r = 0
         while True:
@@ -354,6 +355,7 @@ class HomePipeline:
                 stage_of = {role.device: role.stage for role in self.roles}
                 rounds[r] = {d: {**reply, "stage": stage_of[d]} for d, reply in replies.items()}
                 round_s[r] = time.time() - started
+                epochs[r] = recovery.epoch
                 r += 1
                 recovery.after_round(r - 1, replies, round_s[r - 1])
                 if progress is not None:
@@ -364,7 +366,7 @@ class HomePipeline:
         return pipeline_result(
             self.weights, self.plan.batch_size, len(self.plan.stages), [rounds[i] for i in ordered],
             [round_s[i] for i in ordered], origin, tuple(e.to_dict() for e in recovery.finish(round_s)),
-            recovery.lost_rounds,
+            recovery.lost_rounds, tuple(epochs[i] for i in ordered),
         )
 
     # -- inference ---------------------------------------------------------------------

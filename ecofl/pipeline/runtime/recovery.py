@@ -103,7 +103,12 @@ class Recovery:
         return [] if self.replica_version is None or self.replica_version == r else [self.replica_version]
 
     def after_send(self, r: int) -> None:
-        """Injected failures not aimed at a phase strike as sync-round ``r`` starts."""
+        """Sync-round ``r`` has started: the events recovered from have resumed; injected failures not aimed
+        at a phase strike now."""
+        now = time.time()
+        for event in self._waiting:
+            if event.resumed_after_s is None:
+                event.resumed_after_s = now - self._started[id(event)]
         for event in self._due(r, ("kill", "freeze")):
             self.p.devices.signal(event.device, signal.SIGKILL if event.kind == "kill" else signal.SIGSTOP)
             self._record(FaultEvent(event.kind, event.device, r))

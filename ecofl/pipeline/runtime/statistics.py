@@ -36,6 +36,7 @@ class PipelineResult:
     timeline: tuple[TimelineEvent, ...]  # seconds since the first sync-round began
     events: tuple[dict, ...] = ()  # injected or detected failures, slow-downs and joins, and their recovery
     lost_rounds: int = 0  # sync-rounds computed again after recoveries (restored from an older version)
+    round_epochs: tuple[int, ...] = ()  # the pipeline epoch (plan) each sync-round ran in; () : one plan throughout
     # asynchronous 1F1B, per device: (micro-batch, the weight version its forward and backward used,
     # the stage's version at its backward): the staleness of every update
     weight_versions: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
@@ -46,6 +47,14 @@ class PipelineResult:
         return self.batch_size * len(self.sync_round_s) / sum(self.sync_round_s)
 
     @property
+    def final_plan_round_s(self) -> tuple[float, ...]:
+        """The sync-rounds run by the final plan (after the last re-plan): what its prediction is for."""
+        if not self.round_epochs:
+            return self.sync_round_s
+        last = self.round_epochs[-1]
+        return tuple(s for s, epoch in zip(self.sync_round_s, self.round_epochs) if epoch == last)
+
+    @property
     def rounds_completed(self) -> int:
         return len(self.sync_round_s)
 
@@ -53,6 +62,7 @@ class PipelineResult:
 def pipeline_result(
     weights: Weights, batch_size: int, num_stages: int, rounds: list[dict[int, dict[str, Any]]],
     round_s: list[float], origin: float, events: tuple[dict, ...] = (), lost_rounds: int = 0,
+    round_epochs: tuple[int, ...] = (),
 ) -> PipelineResult:
     """Reduce per-round worker reports (``rounds[r][device]``, each with its ``stage``) into a result.
 
@@ -110,6 +120,7 @@ def pipeline_result(
         timeline=tuple(sorted(timeline, key=lambda e: (e.start, e.device))),
         events=events,
         lost_rounds=lost_rounds,
+        round_epochs=tuple(round_epochs),
         weight_versions={d: tuple(v) for d, v in versions.items() if v},
     )
 
