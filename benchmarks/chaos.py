@@ -171,17 +171,33 @@ def run_trial(trial: Trial, profile, x, y, expected: dict[str, list[np.ndarray]]
         for timer in timers:
             timer.cancel()
     difference = max(float(np.max(np.abs(a - b))) for a, b in zip(expected[trial.plan], result.weights))
+    events = [_timed_from_the_signal(e, trial.failures) for e in result.events]
     record.update(
         completed=result.rounds_completed == ROUNDS, max_abs_difference=difference, exact=difference <= ATOL,
-        lost_rounds=result.lost_rounds, events=list(result.events), wall_s=time.time() - began,
-        restored_from=sorted({r["source"] for e in result.events for r in e.get("restored_from", [])}),
+        lost_rounds=result.lost_rounds, events=events, wall_s=time.time() - began,
+        restored_from=sorted({r["source"] for e in events for r in e.get("restored_from", [])}),
     )
     return record
+
+
+def _timed_from_the_signal(event: dict, failures: list[dict]) -> dict:
+    """A failure the portal found (not injected) timed from when this benchmark really signalled the device,
+    not from its last heartbeat: detection, resumption and recovery after the kill."""
+    sent = next((f.get("sent_at") for f in failures if f["device"] == event["device"] and "after_s" in f), None)
+    if event["kind"] != "failure" or sent is None or event.get("struck_at") is None:
+        return event
+    shift = event["struck_at"] - sent
+    timed = {**event, "struck_at": sent}
+    for key in ("detected_after_s", "resumed_after_s", "recovered_after_s"):
+        if timed.get(key) is not None:
+            timed[key] = timed[key] + shift
+    return timed
 
 
 def _timed_failure(pid: int, failure: dict) -> list[threading.Timer]:
     """Timers that signal ``pid`` from outside: kill -9, SIGSTOP, or SIGSTOP then SIGCONT (a pause)."""
     def send(signum: int) -> None:
+        failure.setdefault("sent_at", time.time())
         try:
             os.kill(pid, signum)
         except ProcessLookupError:
@@ -256,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "chaos.json"))
     parser.add_argument("--doc", default=str(ROOT / "docs" / "chaos.md"))
     args = parser.parse_args(argv)
-    sigterm_as_interrupt()
+    with sigterm_as_interrupt():  # `kill` unwinds as Ctrl-C: the trial's workers are stopped
+        return run(args, argv)
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     torch.manual_seed(0)
     _, layers = MLP.build()
     profile = profile_model(layers, (6,), name="chaos-mlp")

@@ -67,3 +67,31 @@ def test_home_train_at_host_speed_reports_real_memory_and_a_host_prediction(tmp_
     assert report["predicted_sync_round_s"] == pytest.approx(host.sync_round_s)
     assert 0 < overhead < 0.1
     assert simulate(plan, profile, pool).sync_round_s > 3 * simulate(plan, profile, host_pool(pool)).sync_round_s
+
+
+def test_home_train_aimed_kill_reports_the_final_plan_apart_from_all_rounds(tmp_path, capsys):
+    """A kill aimed mid-backward: the event says where it struck and where the layers came from; throughput and
+    sync_round_s are the final plan's rounds (what predicted_throughput is for), every round apart."""
+    code = main([
+        "home", "train", "--model", "cnn", "--pool", "nano-10w,nano-10w,tx2-maxn", "--dataset", "digits",
+        "--batch", "16", "--rounds", "4", "--json", "--no-emulate", "--cache-dir", str(tmp_path),
+        "--inject", "kill:1@2:backward:1",
+    ])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    [event] = report["events"]
+    assert (event["kind"], event["device"], event["phase"]) == ("kill", 1, "backward")
+    assert event["restored_from"] and event["resumed_after_s"] <= event["recovered_after_s"]
+    assert report["rounds_completed"] == 4 and report["final_plan_rounds"] == 2  # rounds 2 (replayed) and 3
+    final = report["sync_rounds_s"][2:]
+    assert report["sync_round_s"] == pytest.approx(sorted(final)[len(final) // 2] if len(final) % 2 else
+                                                   sum(final) / 2)
+    assert report["throughput_all_rounds"] == pytest.approx(16 * 4 / sum(report["sync_rounds_s"]))
+    assert 1 not in {d for stage in report["stages"] for d in stage["devices"]}
+
+
+def test_home_train_help_documents_aimed_failures(capsys):
+    with pytest.raises(SystemExit):
+        main(["home", "train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "kill:D@R[:PHASE[:K]]" in text and "backward" in text and "recover" in text

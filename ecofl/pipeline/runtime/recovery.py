@@ -65,7 +65,6 @@ class Recovery:
         self.slowdowns: dict[int, float] = {}
         self.speeds = {d: spec.speed for d, spec in enumerate(pipeline.pool.devices)}
         self.events: list[FaultEvent] = []
-        self._started: dict[int, float] = {}  # id(event) -> wall time of the event
         self._waiting: list[FaultEvent] = []  # recovered, waiting for their first completed sync-round
         self.completed: list[tuple[float, float]] = []  # (end wall time, seconds) of every completed round
         self.epoch = 0
@@ -108,7 +107,7 @@ class Recovery:
         now = time.time()
         for event in self._waiting:
             if event.resumed_after_s is None:
-                event.resumed_after_s = now - self._started[id(event)]
+                event.resumed_after_s = now - event.struck_at
         for event in self._due(r, ("kill", "freeze")):
             self.p.devices.signal(event.device, signal.SIGKILL if event.kind == "kill" else signal.SIGSTOP)
             self._record(FaultEvent(event.kind, event.device, r))
@@ -124,7 +123,7 @@ class Recovery:
         now = time.time()
         self.completed.append((now, seconds))
         for event in self._waiting:
-            event.recovered_after_s = now - self._started[id(event)]
+            event.recovered_after_s = now - event.struck_at
         self._waiting.clear()
         if self.ft is not None and self.ft.adapt and self.p.emulate:
             self._watch_speeds(r, replies)
@@ -157,9 +156,9 @@ class Recovery:
         event = next((e for e in reversed(self.events) if e.kind == "slow" and e.device in slow), None)
         if event is None:
             event = FaultEvent("slow", slow[0], r)
-            self._started[id(event)] = started
+            event.struck_at = started
             self.events.append(event)
-        event.detected_after_s = started - self._started[id(event)]
+        event.detected_after_s = started - event.struck_at
         event.replan = kind
         event.bytes_moved = self._reconfigure(new, r + 1, self._plan_holders())
         event.rescheduling_s = time.time() - started
@@ -179,7 +178,7 @@ class Recovery:
         p.connections.update(admit_devices(p.listener, p.secret, {device: p.name(device)}, p.timeout_s,
                                            refused=p.refused))
         p.configure_joined([device])
-        event.detected_after_s = time.time() - self._started[id(event)]
+        event.detected_after_s = time.time() - event.struck_at
         event.replan = "full"
         started = time.time()
         event.bytes_moved = self._reconfigure(self._replan("full"), r, self._plan_holders())
@@ -236,29 +235,29 @@ class Recovery:
         rescheduling = time.time() - rescheduling
         self.lost_rounds += r - version
         for device, detected in sorted(found.items()):
-            event = self._event_of(device, r)
-            event.detected_after_s = detected - self._started[id(event)]
+            event = self._event_of(device, r, detected)
+            event.detected_after_s = detected - event.struck_at
             event.replan, event.bytes_moved, event.lost_rounds = kind, moved, r - version
             event.rescheduling_s = rescheduling
             event.restored_from = restored_from(plan, device, holders, version, self.stateful)
             self._waiting.append(event)
         return version
 
-    def _event_of(self, device: int, r: int) -> FaultEvent:
+    def _event_of(self, device: int, r: int, detected: float) -> FaultEvent:
         """The injected event that took ``device`` (timed from when it struck), or a new one for a failure
-        found without injection (timed from the device's last sign of life)."""
+        found without injection (timed from the device's last sign of life before ``detected``)."""
         p = self.p
         event = next((e for e in self.events if e.device == device and e.kind in ("kill", "freeze")
                       and e.detected_after_s is None), None)
         if event is not None and event.phase is not None:
             event.round = r
-            self._started[id(event)] = p.trapped.pop(device, time.time())
+            event.struck_at = p.trapped.pop(device, detected)
         if event is None:
             event = FaultEvent("failure", device, r)
             self.events.append(event)
             found = p.monitor.failures().get(device) if p.monitor else None
-            silent_for = time.monotonic() - found.last_seen if found is not None else 0.0
-            self._started[id(event)] = time.time() - silent_for
+            silent_for = found.detected_at - found.last_seen if found is not None else 0.0
+            event.struck_at = detected - silent_for
         return event
 
     def _settle(self, found: dict[int, float]) -> dict[int, dict[int, list[int]]]:
@@ -381,14 +380,16 @@ class Recovery:
     # -- outcome -------------------------------------------------------------------------
 
     def _record(self, event: FaultEvent) -> None:
-        self._started[id(event)] = time.time()
+        event.struck_at = time.time()
         self.events.append(event)
 
     def finish(self, round_s: dict[int, float]) -> list[FaultEvent]:
         """The events, with the throughput of the sync-rounds before each and after its recovery."""
         batch = self.p.plan.batch_size
         for event in self.events:
-            at = self._started[id(event)]
+            at = event.struck_at
+            if at is None:  # aimed at a phase the device never reached
+                continue
             before = [s for end, s in self.completed if end <= at][-3:]
             after_start = at + (event.recovered_after_s or 0.0)
             after = [s for end, s in self.completed if end > after_start]
