@@ -2,7 +2,7 @@
 
 Selected homes of a simulation run the round's training as the design's
 "Run" step does: one worker process per device of the home's pool,
-activations and gradients over torch.distributed
+activations and gradients over the home's sealed tensor links
 (:class:`ecofl.pipeline.runtime.HomePipeline`), on emulated devices started
 here for the round and stopped after it (also on failure). The update is the
 one :func:`ecofl.train.train_local` computes for the same message

@@ -70,7 +70,7 @@ for value in "$devices" "$unregistered"; do
 done
 
 python="$root/.venv/bin/python"
-tools="$root/deploy/flower_tools.py"
+tools="$root/scripts/deploy_local/flower_tools.py"
 export PATH="$root/.venv/bin:$PATH"
 # Use the active environment: otherwise Flower builds an environment per run and downloads torch.
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
@@ -196,7 +196,7 @@ if [ "$devices" -gt 0 ] && [ -z "$loopback" ]; then
     why_not=$("$python" -c 'from ecofl.pipeline.runtime.netns import unavailable_reason as u; print(u() or "")')
     if [ -z "$why_not" ]; then
         networks="$work/networks.json"
-        start home-networks "$python" "$root/deploy/home_networks.py" "$homes" "$devices" 100 "$networks"
+        start home-networks "$python" "$root/scripts/deploy_local/home_networks.py" "$homes" "$devices" 100 "$networks"
         for _ in $(seq 300); do [ -f "$networks" ] && break; kill -0 "$last_pid" 2>/dev/null || break; sleep 0.2; done
         [ -f "$networks" ] || die "building the home networks failed: $(tail -n 5 "$logs/home-networks.log")"
         say "home networks: one namespace per device, links shaped by tc tbf at 100 Mbps"

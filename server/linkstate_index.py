@@ -37,6 +37,13 @@ index has undelivered messages for, oldest first. Nothing else of Flower
 changes, and a SuperLink of a deployment (its own process, perhaps
 SQL-backed) is not touched.
 
+The patch is made only on the Flower it was written against: the sources
+of every Flower function it wraps, replaces or calls are fingerprinted
+(:func:`flower_internals`) and compared with the fingerprints of the
+releases it was tested with (:data:`KNOWN_FLOWER_INTERNALS`). On any other
+Flower it patches nothing, says so in one line, and the simulation runs on
+Flower's own code (correct, only slow beyond some 10,000 homes).
+
 Install it before ``run_simulation`` starts the engine
 (:func:`simulations.run.simulate` does; with ``flwr run`` the ServerApp
 installs it when it starts, which is seconds before the engine's Ray is up;
@@ -46,6 +53,9 @@ slow).
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import logging
 import threading
 from functools import wraps
 
@@ -55,6 +65,7 @@ from flwr.app import Message
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 from flwr.supercore.date import now
+from flwr import __version__ as FLOWER_VERSION
 
 #: The per-state index: node id -> ids of messages stored for it (a dict used as an ordered set).
 INDEX_ATTRIBUTE = "_ecofl_messages_by_node"
@@ -62,18 +73,47 @@ INDEX_ATTRIBUTE = "_ecofl_messages_by_node"
 #: Flower's own method, kept for comparison (tests/test_linkstate_index.py).
 FLOWER_GET_MESSAGE_INS = InMemoryLinkState.get_message_ins
 
+#: Flower's internals this module wraps, replaces or relies on, as Flower defines them (taken at import).
+FLOWER_INTERNALS = {
+    "InMemoryLinkState.__init__": InMemoryLinkState.__init__,
+    "InMemoryLinkState.store_message_ins": InMemoryLinkState.store_message_ins,
+    "InMemoryLinkState.get_message_ins": InMemoryLinkState.get_message_ins,
+    "InMemoryLinkState._check_stored_messages": InMemoryLinkState._check_stored_messages,
+    "vce_api.add_messages_to_queue": vce_api.add_messages_to_queue,
+}
+#: The fingerprint of :data:`FLOWER_INTERNALS` in each Flower release the index was tested with.
+KNOWN_FLOWER_INTERNALS = {
+    "1.42.0": "2c77d137b9ed1eecf88b0a18424f5c79e325cad2885793b4266cc1893cafc5b1",
+}
+
 _installed = threading.Lock()
+_log = logging.getLogger(__name__)
 
 
-def index_messages_by_node() -> None:
-    """Install the index on ``InMemoryLinkState`` (idempotent, thread-safe)."""
+def flower_internals() -> str:
+    """A fingerprint (sha256) of the sources of the Flower internals the index depends on."""
+    digest = hashlib.sha256()
+    for name, function in sorted(FLOWER_INTERNALS.items()):
+        digest.update(name.encode() + b"\0" + inspect.getsource(function).encode() + b"\0")
+    return digest.hexdigest()
+
+
+def index_messages_by_node() -> bool:
+    """Install the index on ``InMemoryLinkState`` (idempotent, thread-safe); False, with one line logged,
+    where Flower's internals are not those it was written against (Flower's own code then runs)."""
     with _installed:
         if getattr(InMemoryLinkState, "_ecofl_indexed", False):
-            return
+            return True
+        if flower_internals() not in KNOWN_FLOWER_INTERNALS.values():
+            _log.warning("Flower %s's in-memory LinkState is not the one server/linkstate_index.py was written "
+                         "against (%s): Flower's own message sweep runs, correct but slow beyond ~10,000 homes",
+                         FLOWER_VERSION, ", ".join(KNOWN_FLOWER_INTERNALS))
+            return False
         InMemoryLinkState.store_message_ins = _indexed_store(InMemoryLinkState.store_message_ins)
         InMemoryLinkState.get_message_ins = _indexed_get
         InMemoryLinkState._ecofl_indexed = True
         vce_api.add_messages_to_queue = sweep_nodes_with_messages
+        return True
 
 
 def _index(state: InMemoryLinkState) -> dict[int, dict[str, None]]:

@@ -104,3 +104,38 @@ def test_the_engine_sweep_delivers_every_message_of_the_nodes_it_serves_once_in_
     assert not sweeping.is_alive() and queue.empty()
     assert {node: got[node] for node in served} == {node: expected[node] for node in served}
     assert got[nodes[5]] == [] and len(state.get_message_ins(nodes[5], None)) == len(expected[nodes[5]])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_on_a_flower_with_other_internals_nothing_is_patched_and_the_simulation_runs_on_flowers_code(tmp_path):
+    """Simulated: the fingerprints of the tested releases do not match this Flower's, so the index refuses to
+    patch, says so in one line, and a Hydra simulation still completes on Flower's own sweep."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = "\n".join([
+        "import sys",
+        "import server.linkstate_index as index",
+        "index.KNOWN_FLOWER_INTERNALS = {'0.0.0': 'the fingerprint of a Flower with other internals'}",
+        "from flwr.server.superlink.fleet.vce import vce_api",
+        "flowers_sweep = vce_api.add_messages_to_queue",
+        "from simulations.run import main",
+        f"sys.argv = ['run', '+experiment=smoke', 'homes=12', 'loop.max_updates=2', 'hydra.run.dir={tmp_path}']",
+        "main()",
+        "from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState",
+        "assert InMemoryLinkState.get_message_ins is index.FLOWER_GET_MESSAGE_INS",
+        "assert vce_api.add_messages_to_queue is flowers_sweep",
+        "print('flower-own-code')",
+    ])
+    process = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parent.parent,
+                             capture_output=True, text=True, timeout=280)
+    output = process.stdout + process.stderr
+    assert process.returncode == 0, output[-3000:]
+    assert "flower-own-code" in output
+    [line] = [line for line in output.splitlines() if "is not the one server/linkstate_index.py" in line]
+    assert "Flower's own message sweep runs" in line
+    import json
+
+    assert json.loads((tmp_path / "summary.json").read_text())["updates"] == 2

@@ -81,6 +81,8 @@ class Recovery:
         if self.ft is None:
             return
         for event in self._due(r, ("kill", "freeze"), aimed=True):
+            if event.device not in self.p.connections:
+                raise HomePipelineError(f"cannot aim {event.kind} at device {event.device}: it is not in the home")
             send_message(self.p.connections[event.device], {"type": "arm", "signal": event.kind,
                                                             "phase": event.phase, "count": event.count})
             self.p.gather("armed", devices=[event.device])

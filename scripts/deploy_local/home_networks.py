@@ -1,6 +1,6 @@
 """The shaped home networks of a local deployment (scripts/deploy_local.sh, as root).
 
-``python deploy/home_networks.py HOMES DEVICES MBPS OUT_JSON`` builds, for each
+``python scripts/deploy_local/home_networks.py HOMES DEVICES MBPS OUT_JSON`` builds, for each
 home, a :class:`ecofl.pipeline.runtime.netns.HomeNetwork`: one network
 namespace per device daemon, its link shaped with ``tc tbf`` at MBPS both
 ways, all joined by a bridge to the home's portal address on this machine.

@@ -1,6 +1,6 @@
 """Small helpers for scripts/deploy_local.sh (the Flower side of a local deployment).
 
-Run as ``python deploy/flower_tools.py COMMAND ...``:
+Run as ``python scripts/deploy_local/flower_tools.py COMMAND ...``:
 
 * ``ports N``: N free TCP ports on 127.0.0.1, space separated.
 * ``wait-superlink ADDRESS CA TIMEOUT_S``: wait until the SuperLink at
