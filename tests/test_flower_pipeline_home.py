@@ -152,7 +152,7 @@ def test_a_home_whose_device_dies_recovers_and_still_answers_the_round(monkeypat
     survived = protocol.read_reply(message, 3)
     for expected, actual in zip(in_process.weights, survived.weights):
         np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=0)
-    assert message.content[protocol.METRICS]["pipeline_recoveries"] >= 1
+    assert message.content[protocol.METRICS]["pipeline_failures_recovered"] >= 1
     assert worker_processes() == []
 
 

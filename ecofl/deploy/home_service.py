@@ -95,6 +95,7 @@ class HomeService:
         self.refused = 0
         self.rounds = 0
         self.sessions = 0  # pipeline sessions the devices were asked to join
+        self.sync_rounds = 0  # sync-rounds completed, over every round trained
         self.round_log: list[dict] = []  # per trained task: devices, measured and predicted sync-round
         self._next_id = 1
         self._lock = threading.Lock()
@@ -235,7 +236,7 @@ class HomeService:
 
     def status(self) -> dict:
         return {"type": "status", "name": self.name, "rounds": self.rounds, "sessions": self.sessions,
-                "refused": self.refused,
+                "sync_rounds": self.sync_rounds, "refused": self.refused,
                 "devices": [{"id": m.id, **asdict(m.spec)} for m in self.present()], "round_log": self.round_log}
 
     def train(self, request: dict, arrays: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
@@ -298,5 +299,8 @@ class HomeService:
                                 timeout_s=self.timeout_s, fault_tolerance=FaultTolerance(planner=self.planner),
                                 departed=departed, pace_links=self.pace_links)
 
-        return train_round(open_pipeline, weights, x, y, config, pool.name)
+        def progress(_round: int, _seconds: float) -> None:
+            self.sync_rounds += 1
+
+        return train_round(open_pipeline, weights, x, y, config, pool.name, progress)
 

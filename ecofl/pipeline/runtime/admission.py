@@ -25,8 +25,15 @@ HANDSHAKE_TIMEOUT_S = 10.0
 def admit_devices(
     listener: socket.socket, secret: bytes, expected: dict[int, str], timeout_s: float,
     check: Callable[[], None] = lambda: None, refused: list[str] | None = None,
+    local: set[int] = frozenset(), then_s: float | None = None,
 ) -> dict[int, SealedSocket]:
     """Accept and authenticate every device of ``expected`` (index -> name), or fail by the deadline.
+
+    The deadline is ``timeout_s``; with ``then_s``, the devices not in
+    ``local`` (started elsewhere, invited) have at most ``then_s`` more once
+    every ``local`` device has joined (local workers may take long to start
+    on a loaded machine; a remote device that is not there by then is not
+    coming).
 
     ``check`` runs while waiting (e.g. raising when a local worker already
     exited). A peer that fails the handshake is refused, its reason appended
@@ -40,6 +47,7 @@ def admit_devices(
     connections: dict[int, SealedSocket] = {}
     arrived: queue.Queue[tuple[int, SealedSocket] | str] = queue.Queue()
     deadline = time.time() + timeout_s
+    bound = f"within {timeout_s:.0f} s"
     listener.settimeout(0.05)
     try:
         while len(connections) < len(expected):
@@ -54,6 +62,8 @@ def admit_devices(
                     channel.close()
                     raise HomePipelineError(f"device {device} joined but is not expected by the plan (or twice)")
                 connections[device] = channel
+                if then_s is not None and local <= set(connections) and time.time() + then_s < deadline:
+                    deadline, bound = time.time() + then_s, f"within {then_s:.0f} s of the devices started here"
             if len(connections) == len(expected):
                 break
             if time.time() > deadline:
@@ -61,7 +71,7 @@ def admit_devices(
                 why = f"; refused: {'; '.join(refused)}" if refused else ""
                 raise DeviceUnreachable(
                     f"device(s) {', '.join(f'{d} ({expected[d]})' for d in missing)} did not join the home "
-                    f"within {timeout_s:.0f} s{why}"
+                    f"{bound}{why}"
                 )
             try:
                 sock, _ = listener.accept()

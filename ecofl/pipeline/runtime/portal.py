@@ -69,7 +69,9 @@ class HomePipeline:
     once the control channel listens, to ask the remote devices to join (a
     home service's daemons). ``fault_tolerance`` (needs a ``profile``) turns
     on heartbeats, replication, re-planning and replay. ``departed()`` names remote devices
-    known to have left (a home service's registry), so joining fails fast.
+    known to have left (a home service's registry), so joining fails fast. ``join_timeout_s``:
+    how long the remote devices may take to join once the local ones have (default: ``timeout_s``
+    in all).
     """
 
     def __init__(
@@ -91,12 +93,14 @@ class HomePipeline:
         pace_links: bool | None = None,
         invite: Callable[[tuple[str, int], list[int]], None] | None = None,
         aggregate_every: int = 1,
+        join_timeout_s: float | None = None,
     ):
         if fault_tolerance is not None and profile is None:
             raise ValueError("fault tolerance re-plans from the model's profile: pass profile=")
         self.model, self.pool, self.profile, self.timeout_s = model, pool, profile, timeout_s
         self.emulate, self.network, self.fault_tolerance = emulate, network, fault_tolerance
         self.invite = invite
+        self.join_timeout_s = join_timeout_s
         self.aggregate_every = aggregate_every  # asynchronous 1F1B's weight aggregation (FTPipeHD §III-C)
         self.pace_links = network is None if pace_links is None else pace_links
         self.departed = departed
@@ -176,7 +180,8 @@ class HomePipeline:
                                                           if r.device not in self.local_devices])
         self.connections.update(admit_devices(
             self.listener, self.secret, {r.device: r.device_name for r in self.roles}, self.timeout_s,
-            lambda: self._check_processes("joining the home"), self.refused,
+            lambda: self._check_processes("joining the home"), self.refused, set(self.local_devices),
+            self.join_timeout_s,
         ))
         world = [role.device for role in self.roles]
         self.configure_joined(world)

@@ -51,6 +51,7 @@ class PipelineTraining:
     sync_round_s: list[float] = field(default_factory=list)
     micro_batches: int = 1  # of the main plan
     recoveries: int = 0  # devices lost, slowed or joined and recovered from (fault tolerance)
+    failures: int = 0  # of which devices lost (killed, frozen or found failed) and recovered from
     predicted_sync_round_s: float | None = None  # the main plan's, from the cost model
 
     def metrics(self) -> dict[str, float | int]:
@@ -62,6 +63,7 @@ class PipelineTraining:
             "pipeline_sync_round_mean_s": sum(rounds) / len(rounds) if rounds else 0.0,
             "pipeline_micro_batches": self.micro_batches,
             "pipeline_recoveries": self.recoveries,
+            "pipeline_failures_recovered": self.failures,
         }
         if self.predicted_sync_round_s is not None:
             metrics["pipeline_predicted_sync_round_s"] = self.predicted_sync_round_s
@@ -69,8 +71,10 @@ class PipelineTraining:
 
 
 def train_round(open_pipeline: OpenPipeline, weights: Weights, x: torch.Tensor, y: torch.Tensor,
-                config: TrainConfig, pool_name: str) -> PipelineTraining:
-    """``train_local(model, x, y, config)`` from ``weights``, computed by the pipelines ``open_pipeline`` gives."""
+                config: TrainConfig, pool_name: str,
+                progress: Callable[[int, float], None] | None = None) -> PipelineTraining:
+    """``train_local(model, x, y, config)`` from ``weights``, computed by the pipelines ``open_pipeline`` gives;
+    ``progress(r, seconds)`` after each sync-round (:meth:`HomePipeline.train`)."""
     n, batch = len(x), config.batch_size
     full, rest = divmod(n, batch)
     if config.epochs == 0 or n == 0:
@@ -88,7 +92,7 @@ def train_round(open_pipeline: OpenPipeline, weights: Weights, x: torch.Tensor, 
     else:
         segments = [seg for order in orders for seg in ((batch, order[: full * batch], full), (rest, order[full * batch:], 1))]
 
-    loss_sum, seen, round_s, recoveries = 0.0, 0, [], 0
+    loss_sum, seen, round_s, recoveries, failures = 0.0, 0, [], 0, 0
     current = list(weights)
     with ExitStack() as stack:
         started = time.perf_counter()
@@ -97,18 +101,20 @@ def train_round(open_pipeline: OpenPipeline, weights: Weights, x: torch.Tensor, 
         for size, order, rounds in segments:
             result = pipes[size].train(
                 current, x[order], y[order], rounds, lr=config.lr, momentum=config.momentum,
-                weight_decay=config.weight_decay, mu=config.mu, reference=list(weights),
+                weight_decay=config.weight_decay, mu=config.mu, reference=list(weights), progress=progress,
             )
             current = list(result.weights)
             loss_sum += result.loss * size * rounds
             seen += size * rounds
             round_s.extend(result.sync_round_s)
             recoveries += len(result.events)
+            failures += sum(event["kind"] in ("kill", "freeze", "failure") for event in result.events)
         finished = time.perf_counter()
         main = pipes[segments[0][0]]
         predicted = main.predicted_sync_round_s()
     return PipelineTraining(
         weights=current, loss=loss_sum / seen, num_samples=n, steps=len(round_s), pool=pool_name,
         start_s=trained - started, train_s=finished - trained, sync_round_s=round_s,
-        micro_batches=main.plan.num_micro_batches, recoveries=recoveries, predicted_sync_round_s=predicted,
+        micro_batches=main.plan.num_micro_batches, recoveries=recoveries, failures=failures,
+        predicted_sync_round_s=predicted,
     )
