@@ -296,15 +296,20 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     rng = random.Random(args.seed)
     records = []
     began = time.time()
-    for i in range(args.trials):
-        if args.minutes is not None and time.time() - began > 60 * args.minutes:
-            break
-        trial = draw_trial(rng, train_s)
-        record = run_trial(trial, profile, x, y, expected, start)
-        records.append(record)
-        status = ("exact" if record.get("exact") else f"DIFFERS {record.get('max_abs_difference'):.1e}"
-                  if record.get("completed") else f"FAILED {record.get('error')}")
-        print(f"[{i + 1}/{args.trials}] {trial.plan:6s} {trial.label():40s} {status}", flush=True)
+    try:
+        for i in range(args.trials):
+            if args.minutes is not None and time.time() - began > 60 * args.minutes:
+                break
+            trial = draw_trial(rng, train_s)
+            record = run_trial(trial, profile, x, y, expected, start)
+            records.append(record)
+            status = ("exact" if record.get("exact") else f"DIFFERS {record.get('max_abs_difference'):.1e}"
+                      if record.get("completed") else f"FAILED {record.get('error')}")
+            print(f"[{i + 1}/{args.trials}] {trial.plan:6s} {trial.label():40s} {status}", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C or kill: the trials done so far are still reported
+        print(f"interrupted after {len(records)} trials", flush=True)
+    if not records:
+        return 130
     summary = summarize(records)
     meta = {"date": time.strftime("%Y-%m-%d"), "command": "python benchmarks/chaos.py " + " ".join(argv or sys.argv[1:]),
             "minutes": (time.time() - began) / 60, "load": " ".join(f"{v:.1f}" for v in os.getloadavg()),

@@ -37,16 +37,15 @@ import numpy as np
 
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import stage_compute_s
-from ecofl.pipeline.migration import GLOBAL_COPY, Holders, moves_from_holders, restore_point
+from ecofl.pipeline.migration import Holders, restore_point
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.replan import full_replan, lightweight_replan, measured_speeds, with_speeds
 from ecofl.pipeline.replication import backup_targets
 from ecofl.pipeline.runtime.admission import admit_devices
 from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
 from ecofl.pipeline.runtime.faults import FaultEvent, Injection
-from ecofl.pipeline.runtime.migration_io import pace
+from ecofl.pipeline.runtime.reconfiguration import reconfigure, restored_from
 from ecofl.pipeline.runtime.round_protocol import interrupt
-from ecofl.pipeline.runtime.stage_state import MOMENTUM
 from ecofl.pipeline.runtime.wire import send_message
 
 if TYPE_CHECKING:
@@ -308,69 +307,14 @@ class Recovery:
 
     def _reconfigure(self, new: Plan, version: int, holders: Holders, heavy: bool = False,
                      recovery: bool = False) -> int:
-        """Enter a new epoch running ``new`` from ``version``, each layer from its ``holders`` (none: the global
-        copy); the bytes that crossed a link (as received). ``heavy``: everything through the portal."""
-        p = self.p
-        portal_state: dict[str, np.ndarray] = {}
-        moves = []
-        moved = 0
-        if heavy:
-            portal_state, moved = self._gather_state(version, holders)
-        else:
-            moves = [m for m in moves_from_holders(new, holders, p.profile) if m.layer in holders]
-            global_layers = {m.layer for m in moves if m.source == GLOBAL_COPY}
-            if global_layers:
-                if self.global_copy[0] != version:
-                    raise HomePipelineError(f"layers {sorted(global_layers)} have no copy at version {version}")
-                portal_state = _subset(self.global_copy[1], p.keys_of_layers(global_layers))
+        """Enter a new epoch running ``new`` from ``version`` (:func:`.reconfiguration.reconfigure`); the bytes
+        that crossed a link. The new plan's backups are filled before the next sync-round."""
         self.epoch += 1
-        p.use_plan(new)
-        used = [role.device for role in p.roles]
-        world = used + sorted(set(p.connections) - set(used))
-        rank_of = {d: i for i, d in enumerate(world)}
-        role_of = {role.device: role for role in p.roles}
-        ranked = [[m.layer, rank_of[m.source], rank_of[m.target]] for m in moves if m.source != GLOBAL_COPY]
-        from_portal = {m.target: set() for m in moves}
-        for m in moves:
-            if m.source == GLOBAL_COPY:
-                from_portal[m.target].add(m.layer)
-        for device in world:
-            role = role_of.get(device)
-            arrays = {}
-            if role is not None:
-                keys = p.stage_keys[role.stage] if heavy else p.keys_of_layers(from_portal.get(device, ()))
-                arrays.update(_subset(portal_state, keys))
-                moved += sum(v.nbytes for v in arrays.values())
-                arrays.update({f"reference/{k}": self.reference[k] for k in p.stage_keys[role.stage]
-                               if k in self.reference})
-            header = {**p.epoch_message(self.epoch, device, world), "type": "reconfigure",
-                      "restore": version, "moves": ranked, "optimization": self.optimization,
-                      "link_bps": self._link(device), "recovery": recovery}
-            pace(sum(a.nbytes for a in arrays.values() if not isinstance(a, float)), self._link(0))
-            send_message(p.connections[device], header, arrays)
-        replies = p.gather("reconfigured", devices=world)
-        self.replica_version = None  # the new plan's backups are filled before the next sync-round
-        return moved + sum(int(reply["bytes"]) for reply in replies.values())
-
-    def _gather_state(self, version: int, holders: Holders) -> tuple[dict[str, np.ndarray], int]:
-        """Heavy rescheduling's first half: every layer's state at ``version`` to the portal (from its first
-        holder; a layer nobody holds, from the global copy)."""
-        p = self.p
-        requests: dict[int, list[int]] = {}
-        for layer, devices in holders.items():
-            if devices:
-                requests.setdefault(sorted(devices)[0], []).append(layer)
-        for device, layers in requests.items():
-            send_message(p.connections[device], {"type": "state", "version": version, "layers": layers,
-                                                 "link_bps": self._link(device)})
-        state: dict[str, np.ndarray] = {}
-        for reply in p.gather("state", with_arrays=True, devices=list(requests)).values():
-            state.update({k: np.array(v) for k, v in reply["arrays"].items()})
-        moved = sum(v.nbytes for v in state.values())
-        missing = [layer for layer, devices in holders.items() if not devices]
-        if missing:
-            state.update(_subset(self.global_copy[1], p.keys_of_layers(missing)))
-        return state, moved
+        moved = reconfigure(self.p, new, version, holders, epoch=self.epoch, global_copy=self.global_copy,
+                            reference=self.reference, optimization=self.optimization, link=self._link,
+                            heavy=heavy, recovery=recovery)
+        self.replica_version = None
+        return moved
 
     def _link(self, device: int) -> float | None:
         """Device ``device``'s emulated link rate (bytes/s) for moving state; None when links are not paced."""
@@ -399,27 +343,3 @@ class Recovery:
             event.throughput_after = batch / float(np.mean(after)) if after else None
         return self.events
 
-
-def _subset(state: dict[str, np.ndarray], keys: Sequence[str]) -> dict[str, np.ndarray]:
-    """The entries of ``state`` for ``keys``, with their momentum buffers."""
-    keys = set(keys)
-    return {k: v for k, v in state.items() if k in keys or (k.startswith(MOMENTUM) and k[len(MOMENTUM):] in keys)}
-
-
-def restored_from(plan: Plan, device: int, holders: Holders, version: int, stateful: Sequence[int]) -> list[dict]:
-    """Where lost ``device``'s layers (of ``plan``) came back from: runs of layers with one source each."""
-    stage = next((s for s in plan.stages if device in s.devices), None)
-    if stage is None:
-        return []
-    runs: list[dict] = []
-    for layer in range(stage.layers[0], stage.layers[1] + 1):
-        if layer not in stateful:
-            continue
-        devices = sorted(holders.get(layer, ()))
-        holder = devices[0] if devices else None
-        source = "global copy" if holder is None else "peer" if holder in stage.devices else "backup"
-        if runs and runs[-1]["device"] == holder and runs[-1]["source"] == source:
-            runs[-1]["layers"][1] = layer
-        else:
-            runs.append({"layers": [layer, layer], "source": source, "device": holder, "version": version})
-    return runs

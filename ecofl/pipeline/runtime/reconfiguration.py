@@ -1,0 +1,129 @@
+"""Entering a new pipeline epoch from a committed version: roll back, migrate the layers, take the new roles.
+
+The second half of every re-plan (Asteroid §3.4's lightweight rescheduling
+and its heavy baseline; FTPipeHD Algorithm 1's weight redistribution): after
+a failure (:mod:`.recovery` chose the version and who holds each layer at
+it, :func:`ecofl.pipeline.migration.restore_point`), a slow-down or a join.
+Each worker rolls back to its own committed copies of that version, receives
+the layers it lacks from a holder or from the portal's global copy, enters
+the epoch's links and answers ``reconfigured`` (:mod:`.worker_requests`).
+:func:`restored_from` says, for the record, where a lost device's layers
+came from.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from ecofl.pipeline.migration import GLOBAL_COPY, Holders, moves_from_holders
+from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.runtime.errors import HomePipelineError
+from ecofl.pipeline.runtime.migration_io import pace
+from ecofl.pipeline.runtime.stage_state import MOMENTUM
+from ecofl.pipeline.runtime.wire import send_message
+
+if TYPE_CHECKING:
+    from ecofl.pipeline.runtime.portal import HomePipeline
+
+
+def reconfigure(p: "HomePipeline", new: Plan, version: int, holders: Holders, *, epoch: int,
+                global_copy: tuple[int, dict[str, np.ndarray]], reference: dict[str, np.ndarray],
+                optimization: dict[str, float], link: Callable[[int], float | None], heavy: bool = False,
+                recovery: bool = False) -> int:
+    """Enter pipeline epoch ``epoch`` running ``new`` from committed ``version``, each layer from its
+    ``holders`` (none: ``global_copy``); the bytes that crossed a link (as received).
+
+    Every device of the epoch (the new plan's first, then the idle ones)
+    gets its role, the version to roll back to, the layer moves and, from
+    the portal, the layers only the global copy has (``heavy``: every layer,
+    gathered at the portal first, Asteroid's heavy rescheduling) and its
+    FedProx ``reference``; ``link(device)`` is a device's emulated link rate
+    for pacing the portal's sends. ``recovery`` marks a recovery's epoch (a
+    phase point, :mod:`.traps`).
+    """
+    portal_state: dict[str, np.ndarray] = {}
+    moves = []
+    moved = 0
+    if heavy:
+        portal_state, moved = gather_state(p, version, holders, global_copy, link)
+    else:
+        moves = [m for m in moves_from_holders(new, holders, p.profile) if m.layer in holders]
+        global_layers = {m.layer for m in moves if m.source == GLOBAL_COPY}
+        if global_layers:
+            if global_copy[0] != version:
+                raise HomePipelineError(f"layers {sorted(global_layers)} have no copy at version {version}")
+            portal_state = _subset(global_copy[1], p.keys_of_layers(global_layers))
+    p.use_plan(new)
+    used = [role.device for role in p.roles]
+    world = used + sorted(set(p.connections) - set(used))
+    rank_of = {d: i for i, d in enumerate(world)}
+    role_of = {role.device: role for role in p.roles}
+    ranked = [[m.layer, rank_of[m.source], rank_of[m.target]] for m in moves if m.source != GLOBAL_COPY]
+    from_portal: dict[int, set[int]] = {}  # device -> layers only the global copy has
+    for m in moves:
+        if m.source == GLOBAL_COPY:
+            from_portal.setdefault(m.target, set()).add(m.layer)
+    for device in world:
+        role = role_of.get(device)
+        arrays = {}
+        if role is not None:
+            keys = p.stage_keys[role.stage] if heavy else p.keys_of_layers(from_portal.get(device, ()))
+            arrays.update(_subset(portal_state, keys))
+            moved += sum(v.nbytes for v in arrays.values())
+            arrays.update({f"reference/{k}": reference[k] for k in p.stage_keys[role.stage]
+                           if k in reference})
+        header = {**p.epoch_message(epoch, device, world), "type": "reconfigure",
+                  "restore": version, "moves": ranked, "optimization": optimization,
+                  "link_bps": link(device), "recovery": recovery}
+        pace(sum(a.nbytes for a in arrays.values() if not isinstance(a, float)), link(0))
+        send_message(p.connections[device], header, arrays)
+    replies = p.gather("reconfigured", devices=world)
+    return moved + sum(int(reply["bytes"]) for reply in replies.values())
+
+
+def gather_state(p: "HomePipeline", version: int, holders: Holders, global_copy: tuple[int, dict[str, np.ndarray]],
+                 link: Callable[[int], float | None]) -> tuple[dict[str, np.ndarray], int]:
+    """Heavy rescheduling's first half: every layer's state at ``version`` to the portal (from its first
+    holder; a layer nobody holds, from the global copy); the state and the bytes that came over links."""
+    requests: dict[int, list[int]] = {}
+    for layer, devices in holders.items():
+        if devices:
+            requests.setdefault(sorted(devices)[0], []).append(layer)
+    for device, layers in requests.items():
+        send_message(p.connections[device], {"type": "state", "version": version, "layers": layers,
+                                             "link_bps": link(device)})
+    state: dict[str, np.ndarray] = {}
+    for reply in p.gather("state", with_arrays=True, devices=list(requests)).values():
+        state.update({k: np.array(v) for k, v in reply["arrays"].items()})
+    moved = sum(v.nbytes for v in state.values())
+    missing = [layer for layer, devices in holders.items() if not devices]
+    if missing:
+        state.update(_subset(global_copy[1], p.keys_of_layers(missing)))
+    return state, moved
+
+
+def _subset(state: dict[str, np.ndarray], keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """The entries of ``state`` for ``keys``, with their momentum buffers."""
+    keys = set(keys)
+    return {k: v for k, v in state.items() if k in keys or (k.startswith(MOMENTUM) and k[len(MOMENTUM):] in keys)}
+
+
+def restored_from(plan: Plan, device: int, holders: Holders, version: int, stateful: Sequence[int]) -> list[dict]:
+    """Where lost ``device``'s layers (of ``plan``) came back from: runs of layers with one source each."""
+    stage = next((s for s in plan.stages if device in s.devices), None)
+    if stage is None:
+        return []
+    runs: list[dict] = []
+    for layer in range(stage.layers[0], stage.layers[1] + 1):
+        if layer not in stateful:
+            continue
+        devices = sorted(holders.get(layer, ()))
+        holder = devices[0] if devices else None
+        source = "global copy" if holder is None else "peer" if holder in stage.devices else "backup"
+        if runs and runs[-1]["device"] == holder and runs[-1]["source"] == source:
+            runs[-1]["layers"][1] = layer
+        else:
+            runs.append({"layers": [layer, layer], "source": source, "device": holder, "version": version})
+    return runs
