@@ -213,8 +213,11 @@ def _timed_failure(pid: int, failure: dict) -> list[threading.Timer]:
 
 
 def summarize(records: list[dict]) -> dict:
+    def count(rows, key):
+        return sum(bool(r.get(key)) for r in rows)
+
     def fraction(rows, key):
-        return sum(bool(r.get(key)) for r in rows) / len(rows) if rows else None
+        return count(rows, key) / len(rows) if rows else None
 
     def times(key):
         values = [e[key] for r in records for e in r.get("events", []) if e.get(key) is not None
@@ -229,13 +232,17 @@ def summarize(records: list[dict]) -> dict:
         "trials": len(records),
         "completed": fraction(records, "completed"),
         "exact": fraction(records, "exact"),
+        "completed_trials": count(records, "completed"),
+        "exact_trials": count(records, "exact"),
+        "not_completed": [{"trial": i + 1, "label": r["label"], "error": r.get("error")}
+                          for i, r in enumerate(records) if not r.get("completed")],
         "lost_rounds": sum(r.get("lost_rounds", 0) for r in records),
         "trials_with_lost_rounds": sum(1 for r in records if r.get("lost_rounds")),
         "from_global_copy": sum(1 for r in records if "global copy" in r.get("restored_from", [])),
         "detected_after_s": times("detected_after_s"),
         "resumed_after_s": times("resumed_after_s"),
         "recovered_after_s": times("recovered_after_s"),
-        "by_group": {k: {"trials": len(v), "completed": fraction(v, "completed"), "exact": fraction(v, "exact"),
+        "by_group": {k: {"trials": len(v), "completed": count(v, "completed"), "exact": count(v, "exact"),
                          "lost_rounds": sum(r.get("lost_rounds", 0) for r in v)} for k, v in sorted(groups.items())},
     }
 
@@ -251,7 +258,8 @@ def markdown(summary: dict, meta: dict) -> str:
         "| trials | completed | exact (atol 1e-5) | sync-rounds lost (trials) | from the global copy | "
         "detection median / worst | resumed median / worst | first round after median / worst |",
         "|---:|---:|---:|---:|---:|---|---|---|",
-        f"| {summary['trials']} | {summary['completed']:.0%} | {summary['exact']:.0%} | {summary['lost_rounds']} "
+        f"| {summary['trials']} | {summary['completed_trials']} ({summary['completed']:.1%}) | "
+        f"{summary['exact_trials']} ({summary['exact']:.1%}) | {summary['lost_rounds']} "
         f"({summary['trials_with_lost_rounds']}) | {summary['from_global_copy']} | {t(summary['detected_after_s'])} "
         f"| {t(summary['resumed_after_s'])} | {t(summary['recovered_after_s'])} |",
         "",
@@ -259,8 +267,9 @@ def markdown(summary: dict, meta: dict) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for key, group in summary["by_group"].items():
-        lines.append(f"| {key} | {group['trials']} | {group['completed']:.0%} | "
-                     f"{'-' if group['exact'] is None else format(group['exact'], '.0%')} | {group['lost_rounds']} |")
+        lines.append(f"| {key} | {group['trials']} | {group['completed']} | {group['exact']} | {group['lost_rounds']} |")
+    for failure in summary["not_completed"]:
+        lines.append(f"\nTrial {failure['trial']} ({failure['label']}) did not complete: {failure['error']}")
     return "\n".join(lines)
 
 

@@ -22,7 +22,6 @@ slow device makes the pipeline re-plan and continue (:mod:`.recovery`).
 from __future__ import annotations
 
 import socket
-import time
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -41,10 +40,11 @@ from ecofl.pipeline.runtime.heartbeat import HeartbeatMonitor
 from ecofl.pipeline.runtime.launch import LocalDevices
 from ecofl.pipeline.runtime.model_spec import ModelSpec, layer_state_keys
 from ecofl.pipeline.runtime.netns import HomeNetwork
-from ecofl.pipeline.runtime.recovery import Recovery
+from ecofl.pipeline.runtime.pipelined_inference import stream_inference
 from ecofl.pipeline.runtime.round_protocol import gather
 from ecofl.pipeline.runtime.sealed import SealedSocket
-from ecofl.pipeline.runtime.statistics import InferenceResult, PipelineResult, inference_result, pipeline_result
+from ecofl.pipeline.runtime.statistics import InferenceResult, PipelineResult
+from ecofl.pipeline.runtime.sync_training import train_async, train_sync_rounds
 from ecofl.pipeline.runtime.topology import PER_CALL_PROGRAMS, worker_roles
 from ecofl.pipeline.runtime.wire import send_message
 from ecofl.pipeline.schedule import validate
@@ -286,93 +286,11 @@ class HomePipeline:
         optimization = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "mu": mu}
         try:  # from here on a failure leaves the workers in an unknown state: stop them all
             if asynchronous:
-                return self._train_async(start, ref, x, y, sync_rounds, optimization)
-            return self._train(start, ref, x, y, sync_rounds, optimization, progress, inject)
+                return train_async(self, start, ref, x, y, sync_rounds, optimization)
+            return train_sync_rounds(self, start, ref, x, y, sync_rounds, optimization, progress, inject)
         except BaseException:
             self.close()
             raise
-
-    def _set_up_stages(self, start_weights, ref, optimization) -> None:
-        """Every stage gets its starting weights, its FedProx reference and a fresh optimizer."""
-        for role in self.roles:
-            keys = self.stage_keys[role.stage]
-            arrays = {k: np.asarray(start_weights[k]) for k in keys}
-            if optimization["mu"] > 0:
-                arrays.update({f"reference/{k}": np.asarray(ref[k]) for k in keys if k in self.parameter_keys})
-            header = {"type": "setup", "optimization": optimization}
-            try:
-                send_message(self.connections[role.device], header, arrays)
-            except OSError:
-                raise self.failure(role.device, None, "setting up the stages") from None
-        self.gather("ok")
-
-    def _collect_weights(self) -> Weights:
-        """The trained model, stage by stage, in state_dict order."""
-        for role in self.roles:
-            send_message(self.connections[role.device], {"type": "collect"})
-        collected: dict[str, np.ndarray] = {}
-        for reply in self.gather("weights", with_arrays=True).values():
-            collected.update(reply["arrays"])
-        self.weights = [collected[k] for k in self.keys]
-        return self.weights
-
-    def _train_async(self, start_weights, ref, x, y, sync_rounds, optimization) -> PipelineResult:
-        """Asynchronous 1F1B: the call's sync_rounds x M micro-batches as one pass (see :meth:`train`)."""
-        self._set_up_stages(start_weights, ref, optimization)
-        count = sync_rounds * self.plan.num_micro_batches
-        origin = time.time()
-        self._send_round(0, x.detach().cpu().numpy(), y.detach().cpu().numpy(), {}, count)
-        replies = self.gather("done")
-        elapsed = time.time() - origin
-        stage_of = {role.device: role.stage for role in self.roles}
-        rounds = [{d: {**reply, "stage": stage_of[d]} for d, reply in replies.items()}]
-        return pipeline_result(self._collect_weights(), count * self.plan.micro_batch, len(self.plan.stages), rounds,
-                               [elapsed], origin)
-
-    def _train(self, start_weights, ref, x, y, sync_rounds, optimization, progress, inject) -> PipelineResult:
-        """Sync-rounds 0 .. sync_rounds - 1, then the weights; a device lost at any moment of it (setting up, a
-        round, replication, the global copy, a re-plan, collecting) is recovered from, and the rounds since the
-        version restored are replayed."""
-        mu = optimization["mu"]
-        recovery = Recovery(self, ref if mu > 0 else {}, inject, optimization)
-        recovery.global_copy = (0, {k: np.asarray(v) for k, v in start_weights.items()})  # the portal has version 0
-        try:
-            self._set_up_stages(start_weights, ref, optimization)
-        except DevicesLost as lost:
-            recovery.recover(lost, 0)
-        x_np, y_np = x.detach().cpu().numpy(), y.detach().cpu().numpy()
-        rounds: dict[int, dict[int, dict[str, Any]]] = {}
-        round_s: dict[int, float] = {}
-        epochs: dict[int, int] = {}  # sync-round -> the pipeline epoch it ran in
-        origin = time.time()
-        r = 0
-        while True:
-            try:
-                if r == sync_rounds:
-                    self._collect_weights()
-                    break
-                recovery.before_round(r)
-                started = time.time()
-                self._send_round(r, x_np, y_np, recovery.slowdowns, self.plan.num_micro_batches,
-                                 recovery.kept_versions(r))
-                recovery.after_send(r)
-                replies = self.gather("done")
-                stage_of = {role.device: role.stage for role in self.roles}
-                rounds[r] = {d: {**reply, "stage": stage_of[d]} for d, reply in replies.items()}
-                round_s[r] = time.time() - started
-                epochs[r] = recovery.epoch
-                r += 1
-                recovery.after_round(r - 1, replies, round_s[r - 1])
-                if progress is not None:
-                    progress(r - 1, round_s[r - 1])
-            except DevicesLost as lost:
-                r = recovery.recover(lost, r)
-        ordered = sorted(rounds)
-        return pipeline_result(
-            self.weights, self.plan.batch_size, len(self.plan.stages), [rounds[i] for i in ordered],
-            [round_s[i] for i in ordered], origin, tuple(e.to_dict() for e in recovery.finish(round_s)),
-            recovery.lost_rounds, tuple(epochs[i] for i in ordered),
-        )
 
     # -- inference ---------------------------------------------------------------------
 
@@ -389,35 +307,11 @@ class HomePipeline:
         if len(x) == 0:
             raise ValueError("nothing to infer: no samples")
         self.weights = self._checked(self.weights if weights is None else weights)
-        state = dict(zip(self.keys, self.weights))
         try:
-            for role in self.roles:
-                arrays = {k: np.asarray(state[k]) for k in self.stage_keys[role.stage]}
-                send_message(self.connections[role.device], {"type": "weights"}, arrays)
-            self.gather("loaded")
-            b = self.plan.micro_batch
-            count = -(-len(x) // b)
-            x_np = x.detach().cpu().numpy()
-            index = np.minimum(np.arange(count * b), len(x_np) - 1)
-            xb = x_np[index].reshape(count, b, *x_np.shape[1:])
-            for role in self.roles:
-                arrays = {"inputs": xb[:, role.lo : role.hi]} if role.stage == 0 else {}
-                send_message(self.connections[role.device], {"type": "infer", "num_micro_batches": count}, arrays)
-            replies = self.gather("inferred", with_arrays=True)
+            return stream_inference(self, x)
         except BaseException:
             self.close()
             raise
-        last = len(self.plan.stages) - 1
-        logits = None
-        for role in self.roles:
-            replies[role.device]["stage"] = role.stage
-            if role.stage == last and role.samples:
-                outputs = replies[role.device]["arrays"]["outputs"]  # [count, samples of mine, ...]
-                if logits is None:
-                    logits = np.empty((count, b, *outputs.shape[2:]), dtype=outputs.dtype)
-                logits[:, role.lo : role.hi] = outputs
-        logits = logits.reshape(count * b, *logits.shape[2:])[: len(x)]
-        return inference_result(logits, b, count, len(self.plan.stages), replies)
 
     def predicted_stream(self, num_micro_batches: int | None = None):
         """The stream cost model's prediction for the current inference plan (None without a profile)."""
@@ -431,31 +325,6 @@ class HomePipeline:
             kind = "an inference" if training else "a training"
             raise ValueError(f"cannot {what} with {kind} plan ({self.plan.schedule!r}); plan with "
                              f"objective={'training' if training else 'inference'!r}")
-
-    def _send_round(self, r: int, x_np: np.ndarray, y_np: np.ndarray, slowdowns: dict[int, float],
-                    m_count: int, keep: Sequence[int] = ()) -> None:
-        """Sync-round r's ``m_count`` micro-batches: inputs to stage 0, labels to the last stage (an asynchronous
-        pass: all of the call's micro-batches, each its own update). ``keep``: the committed versions besides r
-        the workers keep copies of."""
-        plan = self.plan
-        micro = plan.micro_batch
-        index = (r * plan.batch_size + np.arange(m_count * micro)) % len(x_np)
-        xb = x_np[index].reshape(m_count, micro, *x_np.shape[1:])
-        yb = y_np[index].reshape(m_count, micro)
-        asynchronous = plan.schedule == "async-1f1b"
-        last = len(plan.stages) - 1
-        for role in self.roles:
-            arrays = {}
-            if role.stage == 0:
-                arrays["inputs"] = xb[:, role.lo : role.hi]
-            if role.stage == last:
-                arrays["labels"] = yb[:, role.lo : role.hi]
-            header = {"type": "round", "batch_size": micro if asynchronous else plan.batch_size, "version": r,
-                      "slowdown": slowdowns.get(role.device, 1.0), "num_micro_batches": m_count, "keep": list(keep)}
-            try:
-                send_message(self.connections[role.device], header, arrays)
-            except OSError:
-                raise self.failure(role.device, None, f"sending sync-round {r}") from None
 
     def _checked(self, weights: Weights) -> Weights:
         """``weights`` if they match the model's state (count and shapes), else ValueError."""
