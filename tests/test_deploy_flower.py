@@ -33,7 +33,8 @@ from server.config import experiment_from_run_config
 from server.server_app import measured_latency
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("flower_tools", ROOT / "deploy" / "flower_tools.py")
+_spec = importlib.util.spec_from_file_location("flower_tools",
+                                               ROOT / "scripts" / "deploy_local" / "flower_tools.py")
 flower_tools = importlib.util.module_from_spec(_spec)  # deploy_local.sh's helpers, a script rather than a package
 _spec.loader.exec_module(flower_tools)
 BIN = Path(sys.executable).parent
