@@ -105,6 +105,9 @@ def index_messages_by_node() -> bool:
         if getattr(InMemoryLinkState, "_ecofl_indexed", False):
             return True
         if flower_internals() not in KNOWN_FLOWER_INTERNALS.values():
+            if getattr(InMemoryLinkState, "_ecofl_refused", False):
+                return False  # said once already
+            InMemoryLinkState._ecofl_refused = True
             _log.warning("Flower %s's in-memory LinkState is not the one server/linkstate_index.py was written "
                          "against (%s): Flower's own message sweep runs, correct but slow beyond ~10,000 homes",
                          FLOWER_VERSION, ", ".join(KNOWN_FLOWER_INTERNALS))
