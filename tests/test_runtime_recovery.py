@@ -35,19 +35,22 @@ HYBRID = Plan("hand", (StagePlan((0, 1), (0, 1), (2, 2), 3), StagePlan((2, 4), (
 FAST_HEARTBEAT = LivenessSettings(period_s=0.1, suspect_after_s=3.0, probe_timeout_s=3.0)
 
 
-def run(plan: Plan, events: list[str], devices: int = 3, **settings):
+def run(plan: Plan, events: list[str], devices: int = 3, *, spec=WITHOUT_BATCH_NORM, profile=PROFILE, rounds=8,
+        **settings):
+    """Train ``rounds`` sync-rounds with ``events`` injected; the weights equal one process's, every round
+    completed, no worker left. The result and the final plan."""
     x, y = data()
     ft = FaultTolerance(heartbeat=FAST_HEARTBEAT, **settings)
-    with HomePipeline(WITHOUT_BATCH_NORM, pool(devices), plan, profile=PROFILE, emulate=False, timeout_s=60,
+    with HomePipeline(spec, pool(devices), plan, profile=profile, emulate=False, timeout_s=60,
                       fault_tolerance=ft) as home:
         pids = list(home.worker_pids.values())
         start = home.weights
-        result = home.train(None, x, y, 8, lr=0.1, momentum=0.9, inject=[Injection.parse(e) for e in events])
+        result = home.train(None, x, y, rounds, lr=0.1, momentum=0.9, inject=[Injection.parse(e) for e in events])
         final_plan = home.plan
     assert_gone(pids)
-    expected = single_process(WITHOUT_BATCH_NORM, start, x, y, plan, 8, lr=0.1, momentum=0.9)
+    expected = single_process(spec, start, x, y, plan, rounds, lr=0.1, momentum=0.9)
     assert_same(expected, result.weights)
-    assert result.rounds_completed == 8
+    assert result.rounds_completed == rounds
     return result, final_plan
 
 

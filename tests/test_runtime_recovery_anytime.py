@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 from ecofl.pipeline.plan import Plan, StagePlan
-from ecofl.pipeline.runtime import HomePipeline, LayerList
-from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
+from ecofl.pipeline.runtime import LayerList
+from ecofl.pipeline.runtime.faults import Injection
 from tests.test_planners import random_profile
-from tests.test_runtime_recovery import FAST_HEARTBEAT
-from tests.test_runtime_transparency import assert_gone, assert_same, data, pool, single_process
+from tests.test_runtime_recovery import run as run_exactly
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -39,20 +38,8 @@ ROUNDS = 6
 
 
 def run(plan: Plan, events: list[str], devices: int = 4, **settings):
-    """Train ROUNDS sync-rounds with ``events``; the weights equal one process's, every round completed,
-    no worker left; the result and the final plan."""
-    x, y = data()
-    ft = FaultTolerance(heartbeat=FAST_HEARTBEAT, **settings)
-    with HomePipeline(MLP, pool(devices), plan, profile=PROFILE, emulate=False, timeout_s=60,
-                      fault_tolerance=ft) as home:
-        pids = list(home.worker_pids.values())
-        start = home.weights
-        result = home.train(None, x, y, ROUNDS, lr=0.1, momentum=0.9, inject=[Injection.parse(e) for e in events])
-        final_plan = home.plan
-    assert_gone(pids)
-    assert_same(single_process(MLP, start, x, y, plan, ROUNDS, lr=0.1, momentum=0.9), result.weights)
-    assert result.rounds_completed == ROUNDS
-    return result, final_plan
+    """:func:`tests.test_runtime_recovery.run` on the MLP: exact against one process, every round, no worker left."""
+    return run_exactly(plan, events, devices, spec=MLP, profile=PROFILE, rounds=ROUNDS, **settings)
 
 
 def devices_of(plan: Plan) -> set[int]:

@@ -49,16 +49,12 @@ def gather(
             for key, _ in selector.select(timeout=0.05):
                 device = key.data
                 sock = pipeline.connections[device]
-                sock.settimeout(max(1.0, deadline - time.time()))
-                try:
-                    header, arrays = recv_message(sock)
-                except (ChannelClosed, OSError):
-                    raise pipeline.failure(device, None, f"waiting for {expected!r}") from None
-                finally:
-                    sock.settimeout(None)
+                message = _next_message(pipeline, device, deadline)
+                if message is None:
+                    raise pipeline.failure(device, None, f"waiting for {expected!r}")
+                header, arrays = message
                 kind = header.get("type")
                 if kind == "trapped":
-                    pipeline.trapped[device] = float(header["time"])
                     continue
                 if kind == "error":
                     raise pipeline.failure(device, header, f"waiting for {expected!r}")
@@ -115,15 +111,9 @@ def interrupt(pipeline: "HomePipeline", devices: Sequence[int], token: int
             for key, _ in selector.select(timeout=0.05) if waiting else ():
                 device = key.data
                 sock = pipeline.connections[device]
-                sock.settimeout(max(1.0, deadline - time.time()))
-                try:
-                    header, _ = recv_message(sock)
-                except (ChannelClosed, OSError):
-                    header = None
-                finally:
-                    sock.settimeout(None)
+                message = _next_message(pipeline, device, deadline)
+                header = None if message is None else message[0]
                 if header is not None and header.get("type") == "trapped":
-                    pipeline.trapped[device] = float(header["time"])
                     continue
                 if header is None or header.get("type") == "error":
                     unreachable.add(device)
@@ -134,3 +124,19 @@ def interrupt(pipeline: "HomePipeline", devices: Sequence[int], token: int
                 selector.unregister(sock)
                 waiting.discard(device)
     return replies, unreachable
+
+
+def _next_message(pipeline: "HomePipeline", device: int, deadline: float) -> tuple[dict, dict] | None:
+    """The next message on ``device``'s control channel (None: the channel closed); a trap's notice is noted in
+    ``pipeline.trapped`` (when it struck) and returned as is."""
+    sock = pipeline.connections[device]
+    sock.settimeout(max(1.0, deadline - time.time()))
+    try:
+        header, arrays = recv_message(sock)
+    except (ChannelClosed, OSError):
+        return None
+    finally:
+        sock.settimeout(None)
+    if header.get("type") == "trapped":
+        pipeline.trapped[device] = float(header["time"])
+    return header, arrays
