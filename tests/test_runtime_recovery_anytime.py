@@ -47,7 +47,8 @@ def devices_of(plan: Plan) -> set[int]:
 
 
 def test_a_kill_of_the_first_device_mid_backward_is_exact():
-    """Its 2nd backward of round 3: the survivors hold a round with 1-2 micro-batches' gradients accumulated."""
+    """At its 2nd backward of round 3, when the later stages have accumulated gradients of at least two of the
+    round's micro-batches: those must not count twice in the replay."""
     result, final = run(FOUR_STAGES, ["kill:0@3:backward:2"])
     [event] = result.events
     assert (event["kind"], event["device"], event["phase"], event["round"]) == ("kill", 0, "backward", 3)
