@@ -3,7 +3,7 @@
 Random kills land where they happen to land; recovery must be exact for a
 failure at *any* moment (Asteroid §3.4's replay, FTPipeHD §III-F), so tests
 and the chaos benchmark also aim. The portal arms a worker's :class:`Trap`
-with ``(signal, phase, count)``; the worker calls :meth:`Trap.reached` at
+with ``(signal, phase, count)``; the worker calls :meth:`Traps.reached` at
 each phase point of its work, and at the ``count``-th it tells the portal
 when (one ``trapped`` control message, so detection and recovery are timed
 from the real moment) and sends itself ``SIGKILL`` or ``SIGSTOP``. The kill
