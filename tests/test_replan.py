@@ -7,9 +7,9 @@ import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
-from ecofl.pipeline.cost import plan_schedule, simulate, stage_compute_s
+from ecofl.pipeline.cost import simulate, stage_compute_s
 from ecofl.pipeline.migration import GLOBAL_COPY, PORTAL_DEVICE, bytes_moved, heavy_moves, layer_moves, layer_owners
-from ecofl.pipeline.plan import Plan, StagePlan
+from ecofl.pipeline.plan import Plan, StagePlan, plan_schedule
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.replan import full_replan, lightweight_replan, measured_speeds, with_speeds
 from ecofl.pipeline.replication import backup_bytes, backup_targets, restore_source, stage_state_bytes

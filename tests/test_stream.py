@@ -11,9 +11,9 @@ import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
-from ecofl.pipeline.cost import plan_schedule, simulate
+from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.memory_model import memory_per_stage, stage_memory_bytes
-from ecofl.pipeline.plan import STREAM_IN_FLIGHT, Plan, StagePlan
+from ecofl.pipeline.plan import STREAM_IN_FLIGHT, Plan, StagePlan, plan_schedule
 from ecofl.pipeline.planners import PLANNERS, make_plan
 from ecofl.pipeline.planners.chain import chain_bottleneck
 from ecofl.pipeline.planners.tables import stage_tables

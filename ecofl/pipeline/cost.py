@@ -56,9 +56,9 @@ import numpy as np
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pipeline.core_sharing import share_cores, take_core
 from ecofl.pipeline.memory_model import peak_memory
-from ecofl.pipeline.plan import Plan, StagePlan, require_training
+from ecofl.pipeline.plan import Plan, StagePlan, check_plan, plan_schedule, require_training, sample_ranges
 from ecofl.pipeline.profile import ModelProfile, device_times
-from ecofl.pipeline.schedule import Schedule, ScheduleError, async_one_f_one_b, gpipe, one_f_one_b
+from ecofl.pipeline.schedule import ScheduleError
 from ecofl.pipeline.timeline import TimelineEvent
 
 
@@ -88,16 +88,6 @@ def stage_compute_s(
     forward, backward = device_times(profile, device, samples)
     first, last = layers
     return float(forward[first : last + 1].sum()), float(backward[first : last + 1].sum())
-
-
-def plan_schedule(plan: Plan) -> Schedule:
-    """The action lists a plan runs: 1F1B-Sync with each stage's K_s, GPipe, or asynchronous 1F1B (K_s = S - s)."""
-    require_training(plan)
-    if plan.schedule == "gpipe":
-        return gpipe(len(plan.stages), plan.num_micro_batches)
-    if plan.schedule == "async-1f1b":
-        return async_one_f_one_b(len(plan.stages), plan.num_micro_batches)
-    return one_f_one_b(len(plan.stages), plan.num_micro_batches, [st.in_flight for st in plan.stages])
 
 
 class _Worker:
@@ -250,27 +240,6 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
         device_busy_s={w.device: w.busy for ws in workers for w in ws},
         timeline=tuple(timeline),
     )
-
-
-def check_plan(plan: Plan, profile: ModelProfile, pool: HomePool) -> None:
-    """ValueError unless the plan covers the profile's layers and uses each pool device in one stage at most."""
-    if plan.num_layers != profile.num_layers:
-        raise ValueError(f"plan covers {plan.num_layers} layers, profile {profile.model!r} has {profile.num_layers}")
-    used = [d for stage in plan.stages for d in stage.devices]
-    if len(set(used)) != len(used):
-        raise ValueError(f"a device may serve one stage only: {used}")
-    if any(not 0 <= d < len(pool) for d in used):
-        raise ValueError(f"plan uses devices {used}, pool {pool.name!r} has {len(pool)}")
-
-
-def sample_ranges(stage: StagePlan) -> list[tuple[int, int, int]]:
-    """``(device, lo, hi)``: the samples lo..hi-1 of each micro-batch that each device of a stage with a share computes."""
-    ranges, lo = [], 0
-    for device, share in zip(stage.devices, stage.shares):
-        if share:
-            ranges.append((device, lo, lo + share))
-        lo += share
-    return ranges
 
 
 def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: HomePool, m_count: int,

@@ -2,6 +2,9 @@
 
 Every planner (ecofl, hpp, pipeedge, even, dp) returns a :class:`Plan`; the
 cost model simulates it, the runtime executes it, tests inspect it.
+:func:`check_plan` fits a plan to a profile and a pool, :func:`sample_ranges`
+says which samples each device of a stage computes, and :func:`plan_schedule`
+gives the action lists a training plan runs (:mod:`ecofl.pipeline.schedule`).
 
 A stage is a contiguous range of layers replicated over one or more devices
 (Asteroid's hybrid pipeline parallelism: data parallel inside a stage,
@@ -26,6 +29,10 @@ The ``schedule`` says how the stages run and so what the plan is for:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+from ecofl.devices import HomePool
+from ecofl.pipeline.profile import ModelProfile
+from ecofl.pipeline.schedule import Schedule, async_one_f_one_b, gpipe, one_f_one_b
 
 TRAINING_SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "async-1f1b")
 SCHEDULES: tuple[str, ...] = (*TRAINING_SCHEDULES, "stream")
@@ -104,3 +111,34 @@ def require_training(plan: Plan) -> None:
             f"a {plan.schedule!r} plan is for {plan.objective}: it has no sync-round "
             "(ecofl.pipeline.stream.simulate_stream predicts it)"
         )
+
+
+def plan_schedule(plan: Plan) -> Schedule:
+    """The action lists a plan runs: 1F1B-Sync with each stage's K_s, GPipe, or asynchronous 1F1B (K_s = S - s)."""
+    require_training(plan)
+    if plan.schedule == "gpipe":
+        return gpipe(len(plan.stages), plan.num_micro_batches)
+    if plan.schedule == "async-1f1b":
+        return async_one_f_one_b(len(plan.stages), plan.num_micro_batches)
+    return one_f_one_b(len(plan.stages), plan.num_micro_batches, [st.in_flight for st in plan.stages])
+
+
+def check_plan(plan: Plan, profile: ModelProfile, pool: HomePool) -> None:
+    """ValueError unless the plan covers the profile's layers and uses each pool device in one stage at most."""
+    if plan.num_layers != profile.num_layers:
+        raise ValueError(f"plan covers {plan.num_layers} layers, profile {profile.model!r} has {profile.num_layers}")
+    used = [d for stage in plan.stages for d in stage.devices]
+    if len(set(used)) != len(used):
+        raise ValueError(f"a device may serve one stage only: {used}")
+    if any(not 0 <= d < len(pool) for d in used):
+        raise ValueError(f"plan uses devices {used}, pool {pool.name!r} has {len(pool)}")
+
+
+def sample_ranges(stage: StagePlan) -> list[tuple[int, int, int]]:
+    """``(device, lo, hi)``: samples lo..hi-1 of each micro-batch, for each device of a stage with a share."""
+    ranges, lo = [], 0
+    for device, share in zip(stage.devices, stage.shares):
+        if share:
+            ranges.append((device, lo, lo + share))
+        lo += share
+    return ranges

@@ -52,8 +52,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.cost import check_plan, sample_ranges, stage_compute_s
-from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.cost import stage_compute_s
+from ecofl.pipeline.plan import Plan, check_plan, sample_ranges
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.timeline import TimelineEvent
 

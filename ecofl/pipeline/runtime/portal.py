@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.cost import plan_schedule, simulate
-from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.cost import simulate
+from ecofl.pipeline.plan import Plan, plan_schedule
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime.admission import admit_devices
 from ecofl.pipeline.runtime.auth import new_secret

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.cost import plan_schedule, stage_compute_s
+from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.instructions import (
     Backward,
     Forward,
@@ -38,7 +38,7 @@ from ecofl.pipeline.instructions import (
     device_program,
     program_from_json,
 )
-from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.plan import Plan, plan_schedule
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import Schedule
 
@@ -123,7 +123,7 @@ def worker_roles(
 ) -> list[WorkerRole]:
     """One role per device the plan uses, in rank order, each with its stage's actions of ``schedule``.
 
-    ``schedule`` defaults to the plan's (:func:`ecofl.pipeline.cost.plan_schedule`); the portal passes
+    ``schedule`` defaults to the plan's (:func:`ecofl.pipeline.plan.plan_schedule`); the portal passes
     the one it validated. ``pace_links=False`` leaves link rates to the kernel
     (:mod:`ecofl.pipeline.runtime.netns`).
     """
