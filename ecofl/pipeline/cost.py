@@ -32,8 +32,8 @@ What is simulated (choices documented here, not in the papers):
   (processor sharing, how the kernel's time slices share cores among
   runnable processes), so operations last longer than their work whenever
   more devices compute than there are cores. The flush's optimizer steps
-  take a free core each (:mod:`ecofl.pipeline.core_sharing`). ``cores=None``:
-  every device is its own machine.
+  take a free core each. ``cores=None``: every device is its own machine.
+  (The two dispatch rules of :mod:`ecofl.pipeline.event_simulation`.)
 - **The runtime's own time** (``operation_overhead_s``, host runs): every
   forward and backward costs that much more than its layers' profiled time:
   the runtime's bookkeeping, the CPU its messages cost (framing, sealing,
@@ -48,17 +48,15 @@ What is simulated (choices documented here, not in the papers):
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
 
 from ecofl.devices import DeviceSpec, HomePool
-from ecofl.pipeline.core_sharing import share_cores, take_core
+from ecofl.pipeline.event_simulation import DispatchRule, Fifo, ProcessorSharing, Worker, run
 from ecofl.pipeline.memory_model import peak_memory
 from ecofl.pipeline.plan import Plan, StagePlan, check_plan, plan_schedule, require_training, sample_ranges
 from ecofl.pipeline.profile import ModelProfile, device_times
-from ecofl.pipeline.schedule import ScheduleError
 from ecofl.pipeline.timeline import TimelineEvent
 
 
@@ -90,28 +88,6 @@ def stage_compute_s(
     return float(forward[first : last + 1].sum()), float(backward[first : last + 1].sum())
 
 
-class _Worker:
-    """One device's part of one stage during the simulation."""
-
-    __slots__ = ("device", "stage", "index", "speed", "lo", "hi", "forward_s", "backward_s", "step_s", "free",
-                 "busy", "position", "pending_f", "pending_b", "arrive_f", "arrive_b", "send_f", "send_b")
-
-    def __init__(self, device: int, stage: int, index: int, lo: int, hi: int, forward_s: float, backward_s: float,
-                 m: int):
-        self.device, self.stage, self.index, self.lo, self.hi = device, stage, index, lo, hi
-        self.forward_s, self.backward_s = forward_s, backward_s
-        self.step_s = 0.0  # asynchronous 1F1B: the weight update after each backward
-        self.free = 0.0
-        self.busy = 0.0
-        self.position = 0
-        self.pending_f = [0] * m
-        self.pending_b = [0] * m
-        self.arrive_f = [0.0] * m
-        self.arrive_b = [0.0] * m
-        self.send_f: list[tuple[_Worker, float]] = []  # (receiver, seconds per transfer)
-        self.send_b: list[tuple[_Worker, float]] = []
-
-
 def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | None = None,
              operation_overhead_s: float = 0.0) -> SyncRoundCost:
     """Event simulation of one sync-round of ``plan`` (see the module docstring for the model).
@@ -126,103 +102,14 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
         raise ValueError(f"cores must be at least 1, got {cores}")
     if operation_overhead_s < 0:
         raise ValueError(f"operation_overhead_s must not be negative, got {operation_overhead_s}")
-    m_count = plan.num_micro_batches
     schedule = plan_schedule(plan)
-    bandwidth = pool.bandwidth_bps
-    workers = [_stage_workers(s, stage, profile, pool, m_count, operation_overhead_s)
+    workers = [_stage_workers(s, stage, profile, pool, plan, operation_overhead_s)
                for s, stage in enumerate(plan.stages)]
-    if plan.schedule == "async-1f1b":
-        for stage, ws in zip(plan.stages, workers):
-            for w in ws:
-                w.step_s = _step_s(profile, stage.layers) / pool.devices[w.device].speed
-    _connect(plan, profile, bandwidth, workers)
-    timeline: list[TimelineEvent] = []
-    channel_free: dict[tuple[int, int], float] = {}
-
-    for worker in workers[0]:  # the portal feeds stage 0
-        if worker.device != 0:
-            seconds = profile.input_bytes * (worker.hi - worker.lo) / float(bandwidth[0, worker.device])
-            t = 0.0
-            for m in range(m_count):
-                timeline.append(TimelineEvent(0, -1, "send", m, t, t + seconds))
-                timeline.append(TimelineEvent(worker.device, 0, "recv", m, t, t + seconds))
-                t += seconds
-                worker.arrive_f[m] = t
-
-    def send(sender: _Worker, stage: int, receivers: list[tuple[_Worker, float]], m: int, t0: float, forward: bool):
-        for receiver, seconds in receivers:
-            key = (sender.device, receiver.device)
-            start = max(channel_free.get(key, 0.0), t0)
-            end = start + seconds
-            channel_free[key] = end
-            timeline.append(TimelineEvent(sender.device, stage, "send", m, start, end))
-            timeline.append(TimelineEvent(receiver.device, stage + (1 if forward else -1), "recv", m, start, end))
-            if forward:
-                receiver.pending_f[m] -= 1
-                receiver.arrive_f[m] = max(receiver.arrive_f[m], end)
-            else:
-                receiver.pending_b[m] -= 1
-                receiver.arrive_b[m] = max(receiver.arrive_b[m], end)
-
-    def ready(s: int, w: _Worker) -> float | None:
-        """When ``w``'s next action could start (None: it waits for an input not yet sent, or it is done)."""
-        if w.position >= len(schedule[s]):
-            return None
-        _, kind, m = schedule[s][w.position]
-        if (w.pending_f if kind == "F" else w.pending_b)[m]:
-            return None
-        return max(w.free, (w.arrive_f if kind == "F" else w.arrive_b)[m])
-
-    # The earliest ready action next (ties: lower stage first). Once an action is ready its time is final
-    # (its inputs have all arrived, its device is not free earlier), so a heap entry stays valid until the
-    # device moves on; entries of an earlier position are stale.
-    heap: list[tuple[float, int, int, int]] = []
-
-    def offer(s: int, i: int) -> None:
-        w = workers[s][i]
-        if (t := ready(s, w)) is not None:
-            heapq.heappush(heap, (t, s, i, w.position))
-
-    def completed(s: int, i: int, kind: str, m: int, start: float, end: float) -> None:
-        """``w``'s forward or backward ran from ``start`` to ``end``: its sends go out."""
-        w = workers[s][i]
-        w.free = end
-        w.busy += end - start
-        timeline.append(TimelineEvent(w.device, s, kind, m, start, end))
-        send(w, s, w.send_f if kind == "F" else w.send_b, m, end, kind == "F")
-
-    def moved_on(s: int, i: int, kind: str, done: bool = True) -> None:
-        """What ``w``'s receivers can do now it has sent, and (``done``: its action is over) what ``w`` can."""
-        w = workers[s][i]
-        if done:
-            w.position += 1
-            offer(s, i)
-        for receiver, _ in w.send_f if kind == "F" else w.send_b:
-            offer(receiver.stage, receiver.index)
-
-    for s, ws in enumerate(workers):
-        for i in range(len(ws)):
-            offer(s, i)
-    if cores is None:
-        while heap:
-            at, s, i, position = heapq.heappop(heap)
-            w = workers[s][i]
-            if position != w.position:
-                continue
-            _, kind, m = schedule[s][w.position]
-            completed(s, i, kind, m, at, at + (w.forward_s if kind == "F" else w.backward_s))
-            if kind == "B" and w.step_s:  # asynchronous 1F1B: this micro-batch's own update, after its send
-                timeline.append(TimelineEvent(w.device, s, "step", m, w.free, w.free + w.step_s))
-                w.free += w.step_s
-            moved_on(s, i, kind)
-    else:
-        share_cores(cores, workers, schedule, heap, timeline, completed, moved_on)
-    stuck = [(s, w.device) for s, ws in enumerate(workers) for w in ws if w.position < len(schedule[s])]
-    if stuck:  # cannot happen for the schedules plan_schedule builds; guards the invariant
-        raise ScheduleError(f"the schedule deadlocks: stage/device pairs {stuck} wait forever")
-
-    core_free = [0.0] * cores if cores is not None else None  # the flush: a min-heap of when each core is free
-    flush_end, flush_s = _flush(plan, profile, pool, workers, timeline, core_free)
+    _connect(plan, profile, pool.bandwidth_bps, workers)
+    timeline = _input(workers[0], profile, pool.bandwidth_bps, plan.num_micro_batches)
+    rule = Fifo() if cores is None else ProcessorSharing(cores)
+    run(workers, schedule, rule, timeline)
+    flush_end, flush_s = _flush(plan, profile, pool, workers, timeline, rule)
     sync_round = max(flush_end)
     busy = [max((w.busy for w in ws), default=0.0) for ws in workers]
     ssb = _static_bubble(workers)
@@ -242,17 +129,37 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
     )
 
 
-def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: HomePool, m_count: int,
-                   overhead_s: float = 0.0) -> list[_Worker]:
-    """The devices of a stage with a non-empty share, each with its sample range and times."""
+def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: HomePool, plan: Plan,
+                   overhead_s: float) -> list[Worker]:
+    """The devices of a stage with a non-empty share, each with its sample range and times (asynchronous
+    1F1B: with its optimizer step after every backward)."""
     workers = []
     for device, lo, hi in sample_ranges(stage):
         f, b = stage_compute_s(profile, pool.devices[device], stage.layers, hi - lo)
-        workers.append(_Worker(device, index, len(workers), lo, hi, f + overhead_s, b + overhead_s, m_count))
+        worker = Worker(device, index, len(workers), lo, hi, f + overhead_s, b + overhead_s, plan.num_micro_batches)
+        if plan.schedule == "async-1f1b":
+            worker.step_s = _step_s(profile, stage.layers) / pool.devices[device].speed
+        workers.append(worker)
     return workers
 
 
-def _connect(plan: Plan, profile: ModelProfile, bandwidth: np.ndarray, workers: list[list[_Worker]]) -> None:
+def _input(stage0: list[Worker], profile: ModelProfile, bandwidth: np.ndarray, m_count: int) -> list[TimelineEvent]:
+    """The portal (device 0) sends each micro-batch's input samples to stage 0's other devices, back to back
+    from time 0; the timeline of those transfers."""
+    timeline = []
+    for worker in stage0:
+        if worker.device != 0:
+            seconds = profile.input_bytes * (worker.hi - worker.lo) / float(bandwidth[0, worker.device])
+            t = 0.0
+            for m in range(m_count):
+                timeline.append(TimelineEvent(0, -1, "send", m, t, t + seconds))
+                timeline.append(TimelineEvent(worker.device, 0, "recv", m, t, t + seconds))
+                t += seconds
+                worker.arrive_f[m] = t
+    return timeline
+
+
+def _connect(plan: Plan, profile: ModelProfile, bandwidth: np.ndarray, workers: list[list[Worker]]) -> None:
     """Who sends what to whom between consecutive stages (overlapping sample ranges)."""
     for s in range(len(plan.stages) - 1):
         activation = float(profile.activation_bytes[plan.stages[s].layers[1]])
@@ -269,8 +176,8 @@ def _connect(plan: Plan, profile: ModelProfile, bandwidth: np.ndarray, workers: 
 
 
 def _flush(
-    plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[list[_Worker]], timeline: list[TimelineEvent],
-    core_free: list[float] | None,
+    plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[list[Worker]], timeline: list[TimelineEvent],
+    rule: DispatchRule,
 ) -> tuple[list[float], list[float]]:
     """All-reduce inside replicated stages (Asteroid eq. 5), then each device's optimizer step.
 
@@ -299,7 +206,7 @@ def _flush(
         for d in stage.devices:
             t0 = start + allreduce if n > 1 else finished.get(d, 0.0)
             step = host_step / pool.devices[d].speed
-            t0 = take_core(core_free, t0, step) if step > 0 else t0
+            t0 = rule.flush_start(t0, step) if step > 0 else t0
             if step > 0:
                 timeline.append(TimelineEvent(d, s, "step", -1, t0, t0 + step))
             end, slowest_step = max(end, t0 + step), max(slowest_step, step)
@@ -315,7 +222,7 @@ def _step_s(profile: ModelProfile, layers: tuple[int, int]) -> float:
     return float(profile.optimizer_step_s[layers[0] : layers[1] + 1].sum())
 
 
-def _static_bubble(workers: list[list[_Worker]]) -> float:
+def _static_bubble(workers: list[list[Worker]]) -> float:
     """Eco-FL eq. 2: SSB = sum over s < S-1 of T_f^s + T_b^s + T_cf^s + T_cb^s, per micro-batch."""
     total = 0.0
     for s in range(len(workers) - 1):
