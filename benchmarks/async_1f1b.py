@@ -45,6 +45,7 @@ from benchmarks.markdown_section import replace_section  # noqa: E402
 from ecofl.data import load_dataset  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.models import build_model  # noqa: E402
+from ecofl.pipeline.plan import ScheduleKind  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import HomePipeline, ZooModel  # noqa: E402
@@ -53,10 +54,10 @@ from ecofl.train import evaluate  # noqa: E402
 from ecofl.weights import get_weights, set_weights  # noqa: E402
 
 MODEL, POOL, DATASET = "cnn", "ecofl-3stage", "fashion_mnist"
-SCHEDULES = ("1f1b", "async-1f1b")
+SCHEDULES = (ScheduleKind.ONE_F_ONE_B, ScheduleKind.ASYNC_ONE_F_ONE_B)
 
 
-def run(schedule: str, emulate: bool, args: argparse.Namespace, data, profile, pool, base_plan, start) -> dict:
+def run(schedule: ScheduleKind, emulate: bool, args: argparse.Namespace, data, profile, pool, base_plan, start) -> dict:
     """Train the samples' epochs with ``schedule``; measured throughput and the test accuracy of the result."""
     plan = dataclasses.replace(base_plan, schedule=schedule)
     x, y = data.train.x[: args.samples], data.train.y[: args.samples]
@@ -69,8 +70,8 @@ def run(schedule: str, emulate: bool, args: argparse.Namespace, data, profile, p
     set_weights(model, result.weights)
     test = evaluate(model, data.test.x[:2000], data.test.y[:2000])
     staleness = [now - used for log in result.weight_versions.values() for _, used, now in log]
-    return {"schedule": schedule, "emulated": emulate, "updates": rounds * (plan.num_micro_batches
-                                                                            if schedule == "async-1f1b" else 1),
+    updates = rounds * (plan.num_micro_batches if schedule == ScheduleKind.ASYNC_ONE_F_ONE_B else 1)
+    return {"schedule": schedule, "emulated": emulate, "updates": updates,
             "samples": rounds * plan.batch_size, "seconds": sum(result.sync_round_s),
             "throughput": result.throughput, "test_accuracy": test.accuracy, "test_loss": test.loss,
             "mean_staleness": sum(staleness) / len(staleness) if staleness else 0.0}

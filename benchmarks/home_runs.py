@@ -27,7 +27,7 @@ import torch
 
 from ecofl.cli.home import describe, predict
 from ecofl.devices import HomePool
-from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.plan import Plan, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime import HomePipeline, ZooModel
 from ecofl.pipeline.runtime.netns import HomeNetwork
@@ -56,7 +56,7 @@ def describe_plan(plan: Plan, pool: HomePool) -> str:
         f"{a}-{b}: " + "+".join(f"{pool.devices[d].name}x{y}" for d, y in zip(s.devices, s.shares))
         for s in plan.stages for a, b in [s.layers]
     )
-    schedule = "" if plan.schedule == "1f1b" else f" {plan.schedule}"
+    schedule = "" if plan.schedule == ScheduleKind.ONE_F_ONE_B else f" {plan.schedule}"
     return f"{plan.planner}{schedule} {plan.num_micro_batches}x{plan.micro_batch} [{stages}]"
 
 

@@ -65,7 +65,7 @@ from benchmarks.markdown_section import cell, replace_section  # noqa: E402
 from ecofl.devices import HomePool, host_cores  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.pipeline.cost import stage_compute_s  # noqa: E402
-from ecofl.pipeline.plan import Plan, StagePlan  # noqa: E402
+from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import EmulatedOOM, ZooModel  # noqa: E402
@@ -132,7 +132,7 @@ def table2(args: argparse.Namespace, profiles: Profiles) -> dict:
     base = make_plan("ecofl", profile, pool, TABLE2_MICRO_BATCH * max(TABLE2_M), micro_batch=TABLE2_MICRO_BATCH)
     runs = []
     for m in TABLE2_M:
-        for schedule in ("gpipe", "1f1b"):
+        for schedule in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
             plan = dataclasses.replace(base, num_micro_batches=m, schedule=schedule)
             runs.append({"schedule": schedule, "M": m,
                          **emulated_run(TABLE2_MODEL, pool, plan, profile, args, f"table2 {schedule} M={m}")})
@@ -215,7 +215,7 @@ def markdown_table2(results: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in part["runs"]:
-        name = "GPipe" if run["schedule"] == "gpipe" else "1F1B-Sync"
+        name = "GPipe" if ScheduleKind.from_str(run["schedule"]) == ScheduleKind.GPIPE else "1F1B-Sync"
         if "oom" in run:
             lines.append(f"| {name} | {run['M']} | emulated OOM: {run['oom']} | | | | | | |")
             continue

@@ -64,7 +64,7 @@ from benchmarks.markdown_section import replace_section  # noqa: E402
 from ecofl.devices import HomePool, host_cores, make_pool  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.pipeline.cost import simulate, stage_compute_s  # noqa: E402
-from ecofl.pipeline.plan import Plan, StagePlan  # noqa: E402
+from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import load_profile, profile_zoo_model, save_profile  # noqa: E402
 from ecofl.pipeline.runtime import ZooModel  # noqa: E402
@@ -73,7 +73,7 @@ from ecofl.pipeline.runtime.netns import HomeNetwork, unavailable_reason  # noqa
 MODEL, SHAPE, CLASSES, GRANULARITY = "mobilenet_v2", (3, 32, 32), 10, "block"
 PRESETS = ["nano-10w", "tx2-maxn", "nx"]
 CONDITIONS = ("unshaped", "shaped")
-SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
+SCHEDULES = {ScheduleKind.ONE_F_ONE_B: "Schedule1F1B", ScheduleKind.GPIPE: "ScheduleGPipe"}
 
 
 def slowed_pool(presets: list[str], mbps: float, slowdown: float) -> HomePool:
@@ -132,7 +132,7 @@ def schedule1f1b_plan(plan: Plan) -> Plan:
     """``plan`` with torch's ``Schedule1F1B`` warm-up: S - s forwards in flight on stage s (Eco-FL eq. 3
     when communication is negligible), where 1F1B-Sync keeps 2(S - s) - 1."""
     num_stages = len(plan.stages)
-    return dataclasses.replace(plan, schedule="1f1b", stages=tuple(
+    return dataclasses.replace(plan, schedule=ScheduleKind.ONE_F_ONE_B, stages=tuple(
         dataclasses.replace(stage, in_flight=num_stages - s) for s, stage in enumerate(plan.stages)))
 
 
@@ -144,7 +144,7 @@ def schedule_predictions(plan: Plan, profile, pool: HomePool) -> dict[str, float
     least a sync-round can take under any schedule, the busiest device's forwards and backwards plus its
     stage's flush.
     """
-    ours = simulate(dataclasses.replace(plan, schedule="1f1b"), profile, pool)
+    ours = simulate(dataclasses.replace(plan, schedule=ScheduleKind.ONE_F_ONE_B), profile, pool)
     theirs = simulate(schedule1f1b_plan(plan), profile, pool)
     return {"predicted_ratio": theirs.sync_round_s / ours.sync_round_s,
             "bound_s": max(busy + flush for busy, flush in zip(ours.stage_busy_s, ours.flush_s))}
@@ -340,10 +340,11 @@ def markdown(report: dict) -> str:
             cpu = (statistics.median(run["cpu_s_per_round"] for run in pair["ours"]),
                    statistics.median(run["cpu_s_per_round"] for run in pair["torch"]))
             loads = [run["load_average"][0] for runs in pair.values() for run in runs]
-            names = ("1F1B-Sync vs Schedule1F1B (schedules differ)" if schedule == "1f1b"
+            one_f_one_b = schedule == ScheduleKind.ONE_F_ONE_B
+            names = ("1F1B-Sync vs Schedule1F1B (schedules differ)" if one_f_one_b
                      else "GPipe vs ScheduleGPipe (same schedule)")
             predicted = ("" if "predicted_ratio" not in row
-                         else f"{row['predicted_ratio']:.2f}x" if schedule == "1f1b" else "1.00x")
+                         else f"{row['predicted_ratio']:.2f}x" if one_f_one_b else "1.00x")
             torch_s = statistics.median(run["sync_round_s"] for run in pair["torch"])
             headroom = f"{torch_s / row['bound_s']:.2f}x" if "bound_s" in row else ""
             lines.append(

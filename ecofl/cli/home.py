@@ -35,7 +35,7 @@ from ecofl.data import DATASETS, load_dataset
 from ecofl.errors import UserError
 from ecofl.models import GRANULARITIES
 from ecofl.pipeline.cost import SyncRoundCost, simulate
-from ecofl.pipeline.plan import TRAINING_SCHEDULES, Plan
+from ecofl.pipeline.plan import TRAINING_SCHEDULES, Plan, ScheduleKind
 from ecofl.pipeline.planners import PLANNERS, check_planner, make_plan
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.replan import REPLAN_KINDS
@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--pool", required=True, help="a named pool (conf/home), a pool file (YAML) or presets a,b,c")
     parser.add_argument("--dataset", required=True, help=f"one of {', '.join(DATASETS)}")
     parser.add_argument("--planner", default="ecofl", help=f"one of {', '.join(PLANNERS)}")
-    parser.add_argument("--schedule", choices=TRAINING_SCHEDULES, default=None,
+    parser.add_argument("--schedule", choices=[str(kind) for kind in TRAINING_SCHEDULES], default=None,
                         help="override the plan's schedule (async-1f1b: FTPipeHD, no flush, weight stashing)")
     parser.add_argument("--aggregate-every", type=int, default=1,
                         help="async-1f1b: average a stage's last S-s weight versions every this x (S-s) steps (0: off)")
@@ -160,7 +160,7 @@ def predict(plan: Plan, profile, pool, emulate: bool, rounds: int = 1, cache_dir
     overhead on this host (:mod:`ecofl.pipeline.runtime.host_overhead`, measured once into ``cache_dir``).
     An asynchronous 1F1B plan runs the call's ``rounds`` x M micro-batches as one pass: that pass is predicted.
     """
-    if plan.schedule == "async-1f1b":
+    if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
         plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * rounds)
     if emulate:
         return simulate(plan, profile, pool)
@@ -181,7 +181,7 @@ def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,
     An asynchronous 1F1B pass of ``rounds`` x M micro-batches has no sync-rounds: its time per M
     micro-batches (pass / ``rounds``) stands in for one, measured and predicted alike.
     """
-    per_pass = rounds if plan.schedule == "async-1f1b" else 1
+    per_pass = rounds if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B else 1
     measured = statistics.median(result.final_plan_round_s) / per_pass
     stages = []
     for s, stage in enumerate(plan.stages):

@@ -55,7 +55,15 @@ import numpy as np
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pipeline.event_simulation import DispatchRule, Fifo, ProcessorSharing, Worker, run
 from ecofl.pipeline.memory_model import peak_memory
-from ecofl.pipeline.plan import Plan, StagePlan, check_plan, plan_schedule, require_training, sample_ranges
+from ecofl.pipeline.plan import (
+    Plan,
+    ScheduleKind,
+    StagePlan,
+    check_plan,
+    plan_schedule,
+    require_training,
+    sample_ranges,
+)
 from ecofl.pipeline.profile import ModelProfile, device_times
 from ecofl.pipeline.timeline import TimelineEvent
 
@@ -137,7 +145,7 @@ def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: Ho
     for device, lo, hi in sample_ranges(stage):
         f, b = stage_compute_s(profile, pool.devices[device], stage.layers, hi - lo)
         worker = Worker(device, index, len(workers), lo, hi, f + overhead_s, b + overhead_s, plan.num_micro_batches)
-        if plan.schedule == "async-1f1b":
+        if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
             worker.step_s = _step_s(profile, stage.layers) / pool.devices[device].speed
         workers.append(worker)
     return workers
@@ -188,7 +196,7 @@ def _flush(
     for s, stage in enumerate(plan.stages):
         finished = {w.device: w.free for w in workers[s]}
         start = max(finished.values())
-        if plan.schedule == "async-1f1b":
+        if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
             ends.append(start)
             durations.append(0.0)
             continue

@@ -14,7 +14,7 @@ beside it. A stream (inference) plan's memory is
 
 from __future__ import annotations
 
-from ecofl.pipeline.plan import Plan, require_training
+from ecofl.pipeline.plan import Plan, ScheduleKind, require_training
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import Schedule, warmup_forwards
 
@@ -33,9 +33,9 @@ def resident_forwards(plan: Plan, stage: int) -> int:
     """Forward tasks a stage holds at most: min(K_0..K_s, M) under 1F1B-Sync, M under GPipe, min(S - s, M)
     under asynchronous 1F1B."""
     require_training(plan)
-    if plan.schedule == "gpipe":
+    if plan.schedule == ScheduleKind.GPIPE:
         return plan.num_micro_batches
-    if plan.schedule == "async-1f1b":
+    if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
         return min(len(plan.stages) - stage, plan.num_micro_batches)
     return warmup_forwards([st.in_flight for st in plan.stages], stage, plan.num_micro_batches)
 
@@ -52,7 +52,7 @@ def memory_per_stage(plan: Plan, profile: ModelProfile) -> list[int]:
 def weight_versions_bytes(plan: Plan, profile: ModelProfile, stage: int) -> int:
     """Asynchronous 1F1B's extra weights on a stage: its S - s in-flight versions (weight stashing) and its
     last S - s versions (FTPipeHD's aggregation averages them); 0 for the synchronous schedules."""
-    if plan.schedule != "async-1f1b":
+    if plan.schedule != ScheduleKind.ASYNC_ONE_F_ONE_B:
         return 0
     first, last = plan.stages[stage].layers
     return 2 * (len(plan.stages) - stage) * int(profile.weight_bytes[first : last + 1].sum())

@@ -13,11 +13,14 @@ over the stage's devices by ``shares`` (samples per device, summing to
 ``micro_batch``); a single-device stage has ``shares == (micro_batch,)``.
 A data-parallel plan is one stage holding every device.
 
-The ``schedule`` says how the stages run and so what the plan is for:
+The ``schedule`` (a :class:`ScheduleKind`; a plan made with its string form
+holds the member) says how the stages run and so what the plan is for:
 
-- training (``"1f1b"``: 1F1B-Sync; ``"gpipe"``: backward after forward): one
-  sync-round is ``num_micro_batches`` micro-batches, weights update at the
-  flush; ``in_flight`` is K_p, the forward tasks a stage keeps for backward;
+- training (``"1f1b"``: 1F1B-Sync; ``"gpipe"``: backward after forward;
+  ``"async-1f1b"``: asynchronous 1F1B): one sync-round is
+  ``num_micro_batches`` micro-batches, weights update at the flush (or, in
+  asynchronous 1F1B, after every backward); ``in_flight`` is K_p, the forward
+  tasks a stage keeps for backward;
 - inference (``"stream"``, PipeEdge): forward only, micro-batches stream
   through the stages with no flush; ``in_flight`` is the micro-batches a stage
   holds at once, from the start of receiving one until its output is sent on
@@ -29,13 +32,34 @@ The ``schedule`` says how the stages run and so what the plan is for:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import Schedule, async_one_f_one_b, gpipe, one_f_one_b
 
-TRAINING_SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "async-1f1b")
-SCHEDULES: tuple[str, ...] = (*TRAINING_SCHEDULES, "stream")
+
+
+class ScheduleKind(StrEnum):
+    """How a plan's stages run. ``str(kind)`` is the form configs, the CLI and plan JSON use."""
+
+    ONE_F_ONE_B = "1f1b"  # 1F1B-Sync (Eco-FL §4.3): K_s forwards in flight, weights update at the flush
+    GPIPE = "gpipe"  # backward after forward (GPipe's BAF-Sync)
+    ASYNC_ONE_F_ONE_B = "async-1f1b"  # PipeDream's 1F1B as FTPipeHD runs it: a step after every backward
+    STREAM = "stream"  # inference (PipeEdge): forward only, no flush
+
+    @classmethod
+    def from_str(cls, text: str) -> ScheduleKind:
+        """The kind ``text`` names; ValueError naming the valid ones."""
+        try:
+            return cls(text)
+        except ValueError:
+            raise ValueError(f"unknown schedule {text!r}; valid: {', '.join(cls)}") from None
+
+
+TRAINING_SCHEDULES: tuple[ScheduleKind, ...] = (
+    ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE, ScheduleKind.ASYNC_ONE_F_ONE_B
+)
 
 #: Micro-batches a stage of a stream (inference) plan holds when memory allows:
 #: one arriving, one in its forward, one being sent on, so that receiving,
@@ -68,8 +92,7 @@ class Plan:
     stages: tuple[StagePlan, ...]
     micro_batch: int  # samples per micro-batch
     num_micro_batches: int  # M per sync-round (mini-batch = micro_batch * M); stream: the planned horizon
-    schedule: str = "1f1b"  # "1f1b" (1F1B-Sync), "gpipe" (backward after forward), "async-1f1b" (FTPipeHD,
-    # no flush, a step after every backward) or "stream" (inference)
+    schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B  # or its string form, parsed here
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -82,15 +105,14 @@ class Plan:
         for stage in self.stages:
             if sum(stage.shares) != self.micro_batch:
                 raise ValueError(f"stage shares {stage.shares} do not sum to {self.micro_batch}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; valid: {', '.join(SCHEDULES)}")
-        if self.schedule == "async-1f1b" and any(len(stage.devices) > 1 for stage in self.stages):
+        object.__setattr__(self, "schedule", ScheduleKind.from_str(self.schedule))
+        if self.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B and any(len(stage.devices) > 1 for stage in self.stages):
             raise ValueError("asynchronous 1F1B runs one device per stage (no data-parallel stages)")
 
     @property
     def objective(self) -> str:
         """``"inference"`` for a stream plan, else ``"training"``."""
-        return "inference" if self.schedule == "stream" else "training"
+        return "inference" if self.schedule == ScheduleKind.STREAM else "training"
 
     @property
     def batch_size(self) -> int:
@@ -108,7 +130,7 @@ def require_training(plan: Plan) -> None:
     """ValueError unless ``plan`` is a training plan (only those have a sync-round and a flush)."""
     if plan.objective != "training":
         raise ValueError(
-            f"a {plan.schedule!r} plan is for {plan.objective}: it has no sync-round "
+            f"a '{plan.schedule}' plan is for {plan.objective}: it has no sync-round "
             "(ecofl.pipeline.stream.simulate_stream predicts it)"
         )
 
@@ -116,9 +138,9 @@ def require_training(plan: Plan) -> None:
 def plan_schedule(plan: Plan) -> Schedule:
     """The action lists a plan runs: 1F1B-Sync with each stage's K_s, GPipe, or asynchronous 1F1B (K_s = S - s)."""
     require_training(plan)
-    if plan.schedule == "gpipe":
+    if plan.schedule == ScheduleKind.GPIPE:
         return gpipe(len(plan.stages), plan.num_micro_batches)
-    if plan.schedule == "async-1f1b":
+    if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
         return async_one_f_one_b(len(plan.stages), plan.num_micro_batches)
     return one_f_one_b(len(plan.stages), plan.num_micro_batches, [st.in_flight for st in plan.stages])
 

@@ -1,6 +1,6 @@
 """Cost model of pipelined inference: micro-batches streaming forward through a plan's stages (PipeEdge).
 
-A stream plan (``Plan.schedule == "stream"``, from ``make_plan(...,
+A stream plan (``Plan.schedule`` is ``ScheduleKind.STREAM``, from ``make_plan(...,
 objective="inference")``) runs forward only: no backward, no flush, no
 optimizer. What is simulated, on the devices, links and sample ranges of the
 training cost model (:mod:`ecofl.pipeline.cost`):
@@ -53,7 +53,7 @@ import numpy as np
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.cost import stage_compute_s
-from ecofl.pipeline.plan import Plan, check_plan, sample_ranges
+from ecofl.pipeline.plan import Plan, ScheduleKind, check_plan, sample_ranges
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.timeline import TimelineEvent
 
@@ -210,9 +210,9 @@ def simulate_stream(
 
 
 def _check_stream(plan: Plan) -> None:
-    if plan.schedule != "stream":
+    if plan.schedule != ScheduleKind.STREAM:
         raise ValueError(
-            f"a {plan.schedule!r} plan is for training: plan with objective='inference' to stream it "
+            f"a '{plan.schedule}' plan is for training: plan with objective='inference' to stream it "
             "(ecofl.pipeline.cost.simulate predicts its sync-round)"
         )
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ecofl.errors import UserError
-from ecofl.pipeline.plan import STREAM_IN_FLIGHT
+from ecofl.pipeline.plan import STREAM_IN_FLIGHT, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import target_in_flight
 
@@ -74,9 +74,9 @@ class StageTables:
         return len(self.compute) - 1
 
     @property
-    def schedule(self) -> str:
+    def schedule(self) -> ScheduleKind:
         """The plan schedule this objective runs: 1F1B-Sync or a forward-only stream."""
-        return "stream" if self.objective == "inference" else "1f1b"
+        return ScheduleKind.STREAM if self.objective == "inference" else ScheduleKind.ONE_F_ONE_B
 
     def in_flight_target(self, num_stages: int, stage: int) -> int:
         """Tasks stage ``stage`` of ``num_stages`` should hold: P_s = 2(S-s)-1 (training), 3 (inference)."""

@@ -29,7 +29,7 @@ import torch
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.cost import simulate
-from ecofl.pipeline.plan import Plan, plan_schedule
+from ecofl.pipeline.plan import Plan, ScheduleKind, plan_schedule
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime.admission import admit_devices
 from ecofl.pipeline.runtime.auth import new_secret
@@ -132,7 +132,7 @@ class HomePipeline:
         if plan.schedule not in PER_CALL_PROGRAMS:
             schedule = plan_schedule(plan)
             validate(schedule, plan.num_micro_batches, [s.in_flight for s in plan.stages]
-                     if plan.schedule == "1f1b" else None)
+                     if plan.schedule == ScheduleKind.ONE_F_ONE_B else None)
         self.plan = plan
         self.roles = worker_roles(plan, self.pool, self.profile, self.emulate, pace_links=self.pace_links,
                                   schedule=schedule, aggregate_every=self.aggregate_every)
@@ -278,7 +278,7 @@ class HomePipeline:
             raise ValueError(f"sync_rounds must be at least 1, got {sync_rounds}")
         if inject and self.fault_tolerance is None:
             raise ValueError("injected events need fault tolerance on")
-        asynchronous = self.plan.schedule == "async-1f1b"
+        asynchronous = self.plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B
         if asynchronous and self.fault_tolerance is not None:
             raise ValueError("asynchronous 1F1B has no sync-rounds to replay: run it without fault tolerance")
         start = dict(zip(self.keys, self._checked(self.weights if weights is None else weights)))
@@ -321,9 +321,9 @@ class HomePipeline:
     def _check_running(self, what: str, training: bool) -> None:
         if self._closed or not self.connections:
             raise HomePipelineError("the home pipeline is not running (use it as a context manager)")
-        if (self.plan.schedule == "stream") == training:
+        if (self.plan.schedule == ScheduleKind.STREAM) == training:
             kind = "an inference" if training else "a training"
-            raise ValueError(f"cannot {what} with {kind} plan ({self.plan.schedule!r}); plan with "
+            raise ValueError(f"cannot {what} with {kind} plan ('{self.plan.schedule}'); plan with "
                              f"objective={'training' if training else 'inference'!r}")
 
     def _checked(self, weights: Weights) -> Weights:

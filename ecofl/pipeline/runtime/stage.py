@@ -14,7 +14,7 @@ does), so the sum over replicas *is* the sample-weighted mean gradient.
 Float buffers (batch-norm running statistics) of replicas are averaged
 weighted by their shares.
 
-Asynchronous 1F1B (FTPipeHD §III-C, ``role.schedule == "async-1f1b"``) has
+Asynchronous 1F1B (FTPipeHD §III-C, ``ScheduleKind.ASYNC_ONE_F_ONE_B``) has
 no flush: each backward is followed by that micro-batch's own optimizer
 step, the forward and backward of a micro-batch use the same weight version
 (:mod:`.weight_stash`), and ``aggregate_weights`` averages the stage's last
@@ -45,6 +45,7 @@ from ecofl.pipeline.instructions import (
     SendActivation,
     SendGrad,
 )
+from ecofl.pipeline.plan import ScheduleKind
 from ecofl.pipeline.runtime.emulation import MemoryLedger, TokenBucket, dilate, saved_bytes
 from ecofl.pipeline.runtime.links import ALLREDUCE_TAG, AbortCheck, Ticket, never_aborted
 from ecofl.pipeline.runtime.mesh import EpochMesh
@@ -94,8 +95,8 @@ class StageExecutor:
         # not inside the first sync-round.
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
         self.reference: list[torch.Tensor] = []
-        self.versions = (WeightVersions(module, role.num_stages - role.stage) if role.schedule == "async-1f1b"
-                         else None)
+        asynchronous = role.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B
+        self.versions = WeightVersions(module, role.num_stages - role.stage) if asynchronous else None
 
     def configure(self, settings: Optimization, reference: list[torch.Tensor],
                   momentum_buffers: list[torch.Tensor | None] | None = None) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from ecofl.pipeline.plan import ScheduleKind
 from ecofl.pipeline.runtime.errors import DevicesLost
 from ecofl.pipeline.runtime.recovery import Recovery
 from ecofl.pipeline.runtime.statistics import PipelineResult, pipeline_result
@@ -124,7 +125,7 @@ def send_round(p: "HomePipeline", r: int, x_np: np.ndarray, y_np: np.ndarray, sl
     index = (r * plan.batch_size + np.arange(m_count * micro)) % len(x_np)
     xb = x_np[index].reshape(m_count, micro, *x_np.shape[1:])
     yb = y_np[index].reshape(m_count, micro)
-    asynchronous = plan.schedule == "async-1f1b"
+    asynchronous = plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B
     last = len(plan.stages) - 1
     for role in p.roles:
         arrays = {}

@@ -14,7 +14,7 @@ object, torch.distributed.pipelining's action lists):
 - **program**: the device's typed instructions (:mod:`ecofl.pipeline.instructions`),
   derived from its stage's action list of :mod:`ecofl.pipeline.schedule` and
   checked when a role is made (also from JSON: a worker runs only a
-  well-formed program); an inference plan (``schedule == "stream"``) and an
+  well-formed program); an inference plan (``ScheduleKind.STREAM``) and an
   asynchronous 1F1B plan have none: each call's program follows from its
   number of micro-batches (the worker builds and checks it), and for a
   stream ``resident_bound`` / ``next_hold`` are the micro-batches a device
@@ -38,7 +38,7 @@ from ecofl.pipeline.instructions import (
     device_program,
     program_from_json,
 )
-from ecofl.pipeline.plan import Plan, plan_schedule
+from ecofl.pipeline.plan import Plan, ScheduleKind, plan_schedule
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import Schedule
 
@@ -69,7 +69,7 @@ class WorkerRole:
     hi: int
     micro_batch: int
     num_micro_batches: int
-    schedule: str
+    schedule: ScheduleKind
     program: Program  # this device's sync-round, instruction by instruction (ecofl.pipeline.instructions)
     resident_bound: int  # most forward tasks the program keeps resident (a stream: micro-batches held at most)
     sources: tuple[Peer, ...]  # devices of stage - 1 that send me activations
@@ -105,6 +105,7 @@ class WorkerRole:
     def from_json(cls, data: dict[str, Any]) -> "WorkerRole":
         data = dict(data)
         data["layers"] = tuple(data["layers"])
+        data["schedule"] = ScheduleKind.from_str(data["schedule"])
         data["program"] = program_from_json(data["program"])
         data["sources"] = tuple(Peer(**p) for p in data["sources"])
         data["destinations"] = tuple(Peer(**p) for p in data["destinations"])
@@ -114,7 +115,7 @@ class WorkerRole:
 
 #: Schedules whose device programs follow from each call's number of micro-batches (built by the worker:
 #: :func:`ecofl.pipeline.instructions.stream_program`, :func:`~ecofl.pipeline.instructions.async_program`).
-PER_CALL_PROGRAMS = ("stream", "async-1f1b")
+PER_CALL_PROGRAMS = (ScheduleKind.STREAM, ScheduleKind.ASYNC_ONE_F_ONE_B)
 
 
 def worker_roles(
@@ -136,7 +137,7 @@ def worker_roles(
         raise ValueError(f"plan covers {plan.num_layers} layers, profile {profile.model!r} has {profile.num_layers}")
     rank_of = {d: r for r, d in enumerate(used)}
     ranges = [_ranges(stage.devices, stage.shares) for stage in plan.stages]
-    stream = plan.schedule == "stream"
+    stream = plan.schedule == ScheduleKind.STREAM
     if plan.schedule not in PER_CALL_PROGRAMS:
         schedule = plan_schedule(plan) if schedule is None else schedule
 
@@ -149,7 +150,7 @@ def worker_roles(
         last_stage = s == len(plan.stages) - 1
         if stream:
             program, bound = (), stage.in_flight
-        elif plan.schedule == "async-1f1b":
+        elif plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
             program, bound = (), len(plan.stages) - s
         else:
             program = device_program(schedule[s], s, len(plan.stages), replicated=len(stage.devices) > 1)

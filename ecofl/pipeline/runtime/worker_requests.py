@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from ecofl.pipeline.instructions import Program, async_program, check_program
+from ecofl.pipeline.plan import ScheduleKind
 from ecofl.pipeline.runtime.heartbeat import HeartbeatSender
 from ecofl.pipeline.runtime.links import MIGRATION_TAG, REPLICA_TAG, PeerLost, RoundAborted
 from ecofl.pipeline.runtime.mesh import DataListener, EpochMesh
@@ -105,7 +106,7 @@ class Worker:
         self.stage_keys = self.state.keys(self.stage_layers)
         self.parameter_keys = [k for k in self.stage_keys if k in self.state.parameter_keys]
         module = stage_module(self.layers, first, last)
-        if self.role.schedule == "stream":
+        if self.role.schedule == ScheduleKind.STREAM:
             self.stream = StreamExecutor(self.role, module, self.mesh, self.timeout_s)
             return
         self.executor = StageExecutor(self.role, module, self.mesh, self.timeout_s)
@@ -244,7 +245,7 @@ class Worker:
     def _pass_program(self, count: int) -> Program | None:
         """An asynchronous pass's program for ``count`` micro-batches, built here and checked (None: the role's)."""
         role = self.role
-        if role.schedule != "async-1f1b":
+        if role.schedule != ScheduleKind.ASYNC_ONE_F_ONE_B:
             return None
         actions = async_one_f_one_b(role.num_stages, count)[role.stage]
         program = async_program(actions, role.stage, role.num_stages, role.aggregate_every)
