@@ -31,6 +31,7 @@ from ecofl.pipeline.plan import Plan, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime import HomePipeline, ZooModel
 from ecofl.pipeline.runtime.netns import HomeNetwork
+from ecofl.pipeline.schedule import PASSES, ActionKind
 
 LR, MOMENTUM = 0.01, 0.9
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -85,7 +86,7 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
     report = describe(plan, pool, predict(plan, profile, pool, emulate, cache_dir=cache_dir), result, emulate)
     compute: dict[int, float] = {}
     for event in result.timeline:
-        if event.kind in ("F", "B", "step", "allreduce"):
+        if event.kind in (*PASSES, ActionKind.STEP, ActionKind.ALLREDUCE):
             compute[event.device] = compute.get(event.device, 0.0) + event.end - event.start
     report.update(
         plan_text=describe_plan(plan, pool),

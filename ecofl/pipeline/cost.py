@@ -65,6 +65,7 @@ from ecofl.pipeline.plan import (
     sample_ranges,
 )
 from ecofl.pipeline.profile import ModelProfile, device_times
+from ecofl.pipeline.schedule import ActionKind
 from ecofl.pipeline.timeline import TimelineEvent
 
 
@@ -160,8 +161,8 @@ def _input(stage0: list[Worker], profile: ModelProfile, bandwidth: np.ndarray, m
             seconds = profile.input_bytes * (worker.hi - worker.lo) / float(bandwidth[0, worker.device])
             t = 0.0
             for m in range(m_count):
-                timeline.append(TimelineEvent(0, -1, "send", m, t, t + seconds))
-                timeline.append(TimelineEvent(worker.device, 0, "recv", m, t, t + seconds))
+                timeline.append(TimelineEvent(0, -1, ActionKind.SEND, m, t, t + seconds))
+                timeline.append(TimelineEvent(worker.device, 0, ActionKind.RECV, m, t, t + seconds))
                 t += seconds
                 worker.arrive_f[m] = t
     return timeline
@@ -208,7 +209,7 @@ def _flush(
             slowest = float(links[~np.eye(n, dtype=bool)].min())
             allreduce = 2 * (n - 1) / n * float(profile.weight_bytes[first : last + 1].sum()) / slowest
             for d in stage.devices:
-                timeline.append(TimelineEvent(d, s, "allreduce", -1, start, start + allreduce))
+                timeline.append(TimelineEvent(d, s, ActionKind.ALLREDUCE, -1, start, start + allreduce))
         host_step = _step_s(profile, stage.layers)
         end, slowest_step = 0.0, 0.0
         for d in stage.devices:
@@ -216,7 +217,7 @@ def _flush(
             step = host_step / pool.devices[d].speed
             t0 = rule.flush_start(t0, step) if step > 0 else t0
             if step > 0:
-                timeline.append(TimelineEvent(d, s, "step", -1, t0, t0 + step))
+                timeline.append(TimelineEvent(d, s, ActionKind.STEP, -1, t0, t0 + step))
             end, slowest_step = max(end, t0 + step), max(slowest_step, step)
         ends.append(end)
         durations.append(allreduce + slowest_step)

@@ -35,7 +35,7 @@ import math
 from collections.abc import Mapping
 from typing import Protocol
 
-from ecofl.pipeline.schedule import Action, Schedule, ScheduleError
+from ecofl.pipeline.schedule import Action, ActionKind, Schedule, ScheduleError
 from ecofl.pipeline.timeline import TimelineEvent
 
 Key = tuple[int, int]  # a worker's (stage, index in its stage)
@@ -72,7 +72,7 @@ class DispatchRule(Protocol):
     def running(self) -> Mapping[Key, object]:
         """The workers whose action has started and is not settled."""
 
-    def start(self, key: Key, kind: str, micro_batch: int, begin: float, work: float) -> None:
+    def start(self, key: Key, kind: ActionKind, micro_batch: int, begin: float, work: float) -> None:
         """Worker ``key`` begins ``work`` seconds (at full speed) of ``kind`` on the micro-batch at ``begin``."""
 
     def next_settled(self) -> tuple[float, Key | None]:
@@ -81,7 +81,7 @@ class DispatchRule(Protocol):
     def advance(self, to: float) -> None:
         """Time passes to ``to`` (no action is settled or started before it)."""
 
-    def settle(self, key: Key) -> tuple[str, int, float, float]:
+    def settle(self, key: Key) -> tuple[ActionKind, int, float, float]:
         """Worker ``key``'s action is over: its kind, micro-batch, begin and end."""
 
     def flush_start(self, ready_at: float, seconds: float) -> float:
@@ -93,9 +93,9 @@ class Fifo:
 
     def __init__(self) -> None:
         self.now = 0.0
-        self.running: dict[Key, tuple[float, str, int, float, float]] = {}  # (started at, kind, m, begin, end)
+        self.running: dict[Key, tuple[float, ActionKind, int, float, float]] = {}  # (started at, kind, m, begin, end)
 
-    def start(self, key: Key, kind: str, micro_batch: int, begin: float, work: float) -> None:
+    def start(self, key: Key, kind: ActionKind, micro_batch: int, begin: float, work: float) -> None:
         self.running[key] = (self.now, kind, micro_batch, begin, begin + work)
 
     def next_settled(self) -> tuple[float, Key | None]:
@@ -107,7 +107,7 @@ class Fifo:
     def advance(self, to: float) -> None:
         self.now = to
 
-    def settle(self, key: Key) -> tuple[str, int, float, float]:
+    def settle(self, key: Key) -> tuple[ActionKind, int, float, float]:
         _, kind, m, begin, end = self.running.pop(key)
         return kind, m, begin, end
 
@@ -128,7 +128,7 @@ class ProcessorSharing:
     def _rate(self) -> float:
         return min(1.0, self.cores / len(self.running)) if self.running else 1.0
 
-    def start(self, key: Key, kind: str, micro_batch: int, begin: float, work: float) -> None:
+    def start(self, key: Key, kind: ActionKind, micro_batch: int, begin: float, work: float) -> None:
         self.running[key] = [kind, micro_batch, begin, work]
 
     def next_settled(self) -> tuple[float, Key | None]:
@@ -144,7 +144,7 @@ class ProcessorSharing:
             entry[3] -= (to - self.now) * rate
         self.now = to
 
-    def settle(self, key: Key) -> tuple[str, int, float, float]:
+    def settle(self, key: Key) -> tuple[ActionKind, int, float, float]:
         kind, m, begin, _ = self.running.pop(key)
         return kind, m, begin, self.now
 
@@ -182,21 +182,21 @@ def run(workers: list[list[Worker]], schedule: Schedule, rule: DispatchRule, tim
             rule.advance(max(at, rule.now))
             w = workers[s][i]
             _, kind, m = schedule[s][w.position]
-            rule.start((s, i), kind, m, rule.now, w.forward_s if kind == "F" else w.backward_s)
+            rule.start((s, i), kind, m, rule.now, w.forward_s if kind == ActionKind.FORWARD else w.backward_s)
             continue
         rule.advance(settled_at)
         kind, m, begin, end = rule.settle(key)
         w = workers[key[0]][key[1]]
         w.free = end
         timeline.append(TimelineEvent(w.device, w.stage, kind, m, begin, end))
-        if kind != "step":
+        if kind != ActionKind.STEP:
             w.busy += end - begin
-            receivers = w.send_f if kind == "F" else w.send_b
-            _send(w, receivers, m, end, kind == "F", channel_free, timeline)
+            receivers = w.send_f if kind == ActionKind.FORWARD else w.send_b
+            _send(w, receivers, m, end, kind == ActionKind.FORWARD, channel_free, timeline)
             for receiver, _ in receivers:
                 offer(receiver)
-            if kind == "B" and w.step_s:  # asynchronous 1F1B: this micro-batch's own update, after its send
-                rule.start(key, "step", m, end, w.step_s)
+            if kind == ActionKind.BACKWARD and w.step_s:  # asynchronous 1F1B: the micro-batch's update, after its send
+                rule.start(key, ActionKind.STEP, m, end, w.step_s)
                 continue
         w.position += 1
         offer(w)
@@ -210,7 +210,7 @@ def _ready(w: Worker, actions: list[Action]) -> float | None:
     if w.position >= len(actions):
         return None
     _, kind, m = actions[w.position]
-    forward = kind == "F"
+    forward = kind == ActionKind.FORWARD
     if (w.pending_f if forward else w.pending_b)[m]:
         return None
     return max(w.free, (w.arrive_f if forward else w.arrive_b)[m])
@@ -224,8 +224,9 @@ def _send(sender: Worker, receivers: list[tuple[Worker, float]], m: int, t0: flo
         start = max(channel_free.get(key, 0.0), t0)
         end = start + seconds
         channel_free[key] = end
-        timeline.append(TimelineEvent(sender.device, sender.stage, "send", m, start, end))
-        timeline.append(TimelineEvent(receiver.device, sender.stage + (1 if forward else -1), "recv", m, start, end))
+        timeline.append(TimelineEvent(sender.device, sender.stage, ActionKind.SEND, m, start, end))
+        receiver_stage = sender.stage + (1 if forward else -1)
+        timeline.append(TimelineEvent(receiver.device, receiver_stage, ActionKind.RECV, m, start, end))
         if forward:
             receiver.pending_f[m] -= 1
             receiver.arrive_f[m] = max(receiver.arrive_f[m], end)

@@ -16,32 +16,33 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from matplotlib.patches import Patch  # noqa: E402
 
+from ecofl.pipeline.schedule import PASSES, ActionKind  # noqa: E402
 from ecofl.pipeline.timeline import TimelineEvent  # noqa: E402
 
 COLOURS = {
-    "F": "#4c72b0",
-    "B": "#dd8452",
-    "send": "#55a868",
-    "recv": "#8172b3",
-    "allreduce": "#c44e52",
-    "step": "#937860",
+    ActionKind.FORWARD: "#4c72b0",
+    ActionKind.BACKWARD: "#dd8452",
+    ActionKind.SEND: "#55a868",
+    ActionKind.RECV: "#8172b3",
+    ActionKind.ALLREDUCE: "#c44e52",
+    ActionKind.STEP: "#937860",
 }
 LABELS = {
-    "F": "forward",
-    "B": "backward",
-    "send": "send",
-    "recv": "receive",
-    "allreduce": "all-reduce",
-    "step": "optimizer step",
+    ActionKind.FORWARD: "forward",
+    ActionKind.BACKWARD: "backward",
+    ActionKind.SEND: "send",
+    ActionKind.RECV: "receive",
+    ActionKind.ALLREDUCE: "all-reduce",
+    ActionKind.STEP: "optimizer step",
 }
 # (bottom, height) within a device's row of height 1, by kind
 LANES = {
-    "F": (0.35, 0.6),
-    "B": (0.35, 0.6),
-    "allreduce": (0.35, 0.6),
-    "step": (0.35, 0.6),
-    "send": (0.2, 0.12),
-    "recv": (0.05, 0.12),
+    ActionKind.FORWARD: (0.35, 0.6),
+    ActionKind.BACKWARD: (0.35, 0.6),
+    ActionKind.ALLREDUCE: (0.35, 0.6),
+    ActionKind.STEP: (0.35, 0.6),
+    ActionKind.SEND: (0.2, 0.12),
+    ActionKind.RECV: (0.05, 0.12),
 }
 
 
@@ -65,7 +66,7 @@ def plot_gantt(
             ax.broken_barh([(start, width)], (r + bottom, height), facecolors=COLOURS[kind],
                            edgecolors="white", linewidth=0.3)
     for e in events:  # micro-batch labels where the bar is wide enough to read
-        if e.kind in ("F", "B") and e.end - e.start > end / 120:
+        if e.kind in PASSES and e.end - e.start > end / 120:
             bottom, height = LANES[e.kind]
             ax.text((e.start + e.end) / 2, row[e.device] + bottom + height / 2, str(e.micro_batch),
                     ha="center", va="center", fontsize=6, color="white")

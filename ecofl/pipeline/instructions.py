@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from ecofl.pipeline.schedule import Action, ScheduleError
+from ecofl.pipeline.schedule import Action, ActionKind, ScheduleError
 
 
 @dataclass(frozen=True)
@@ -133,10 +133,10 @@ def device_program(actions: Sequence[Action], stage: int, num_stages: int, repli
     program: list[Instruction] = []
     for action in actions:
         m = action.micro_batch
-        if action.kind == "F":
+        if action.kind == ActionKind.FORWARD:
             program += [LoadMicroBatch(m) if first else RecvActivation(m), Forward(m)]
             program += [] if last else [SendActivation(m)]
-        elif action.kind == "B":
+        elif action.kind == ActionKind.BACKWARD:
             program += ([] if last else [RecvGrad(m)]) + [Backward(m)] + ([] if first else [SendGrad(m)])
         else:
             raise ScheduleError(f"unknown action kind {action.kind!r} in {action}")
@@ -154,10 +154,10 @@ def async_program(actions: Sequence[Action], stage: int, num_stages: int, aggreg
     steps = 0
     for action in actions:
         m = action.micro_batch
-        if action.kind == "F":
+        if action.kind == ActionKind.FORWARD:
             program += [LoadMicroBatch(m) if first else RecvActivation(m), Forward(m)]
             program += [] if last else [SendActivation(m)]
-        elif action.kind == "B":
+        elif action.kind == ActionKind.BACKWARD:
             program += ([] if last else [RecvGrad(m)]) + [Backward(m)] + ([] if first else [SendGrad(m)])
             program.append(OptimizerStep(m))
             steps += 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ecofl.pipeline.plan import Plan, ScheduleKind, require_training
 from ecofl.pipeline.profile import ModelProfile
-from ecofl.pipeline.schedule import Schedule, warmup_forwards
+from ecofl.pipeline.schedule import ActionKind, Schedule, warmup_forwards
 
 
 def stage_memory_bytes(profile: ModelProfile, layers: tuple[int, int], samples: int, resident: int) -> int:
@@ -65,7 +65,7 @@ def peak_memory(plan: Plan, profile: ModelProfile, schedule: Schedule) -> tuple[
     for s, (stage, actions) in enumerate(zip(plan.stages, schedule)):
         resident = most = 0
         for action in actions:
-            resident += 1 if action.kind == "F" else -1
+            resident += 1 if action.kind == ActionKind.FORWARD else -1
             most = max(most, resident)
         for device, share in zip(stage.devices, stage.shares):
             device_peak[device] = (stage_memory_bytes(profile, stage.layers, share, most)

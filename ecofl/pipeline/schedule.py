@@ -1,7 +1,7 @@
 """Pipeline schedules as plain data, and a validator that runs no model.
 
 A schedule is one ordered action list per stage; an :class:`Action` is a
-forward ``"F"`` or backward ``"B"`` pass of one micro-batch on one stage. The
+forward (``F``) or backward (``B``) pass of one micro-batch on one stage. The
 executor (runtime or cost model) runs each stage's list in order and only
 waits for data: F(s, m) needs F(s-1, m); B(s, m) needs B(s+1, m) and F(s, m).
 
@@ -15,11 +15,15 @@ waits for data: F(s, m) needs F(s-1, m); B(s, m) needs B(s+1, m) and F(s, m).
 - :func:`default_in_flight`: P_s = 2(S - s) - 1 (Eco-FL eq. 3 with
   non-negligible communication; Asteroid's K_p).
 - :func:`eq3_in_flight`: the iterative bound of Eco-FL eq. 3 from stage times.
+
+:class:`ActionKind` names what a device does: a schedule's passes and, in a
+timeline (:mod:`ecofl.pipeline.timeline`), its transfers and its flush.
 """
 
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 from typing import NamedTuple, Sequence
 
 
@@ -27,9 +31,34 @@ class ScheduleError(ValueError):
     """A schedule that is incomplete, out of order, deadlocks, or holds too much."""
 
 
+class ActionKind(StrEnum):
+    """What a device does. As torch.distributed.pipelining's ``_ComputationType``, a kind has a compact form
+    that round-trips: ``str(kind)`` (``"F"``), parsed by :meth:`from_str`; it is the kind's JSON form too."""
+
+    FORWARD = "F"
+    BACKWARD = "B"
+    SEND = "send"  # a transfer out: activations, gradients, a stream's inputs or outputs
+    RECV = "recv"  # a transfer in
+    ALLREDUCE = "allreduce"  # the flush's gradient all-reduce inside a replicated stage
+    STEP = "step"  # an optimizer step
+    OUTPUT = "output"  # a stream's results delivered to the portal
+
+    @classmethod
+    def from_str(cls, text: str) -> ActionKind:
+        """The kind ``text`` names; ValueError naming the valid ones."""
+        try:
+            return cls(text)
+        except ValueError:
+            raise ValueError(f"unknown action kind {text!r}; valid: {', '.join(cls)}") from None
+
+
+#: The kinds a schedule's actions have: the model's passes.
+PASSES: tuple[ActionKind, ...] = (ActionKind.FORWARD, ActionKind.BACKWARD)
+
+
 class Action(NamedTuple):
     stage: int
-    kind: str  # "F" (forward) or "B" (backward)
+    kind: ActionKind  # a pass: FORWARD or BACKWARD
     micro_batch: int
 
 
@@ -52,11 +81,11 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, in_flight: Sequence[int
         if k < 1:
             raise ScheduleError(f"stage {s}: in-flight bound must be at least 1, got {k}")
         warm = warmup_forwards(in_flight, s, num_micro_batches)
-        actions = [Action(s, "F", m) for m in range(warm)]
+        actions = [Action(s, ActionKind.FORWARD, m) for m in range(warm)]
         for m in range(num_micro_batches - warm):
-            actions.append(Action(s, "B", m))
-            actions.append(Action(s, "F", warm + m))
-        actions.extend(Action(s, "B", m) for m in range(num_micro_batches - warm, num_micro_batches))
+            actions.append(Action(s, ActionKind.BACKWARD, m))
+            actions.append(Action(s, ActionKind.FORWARD, warm + m))
+        actions.extend(Action(s, ActionKind.BACKWARD, m) for m in range(num_micro_batches - warm, num_micro_batches))
         schedule.append(actions)
     return schedule
 
@@ -78,8 +107,8 @@ def gpipe(num_stages: int, num_micro_batches: int) -> Schedule:
     """GPipe (backward after forward): every forward, then every backward."""
     _check_sizes(num_stages, num_micro_batches)
     return [
-        [Action(s, "F", m) for m in range(num_micro_batches)]
-        + [Action(s, "B", m) for m in range(num_micro_batches)]
+        [Action(s, ActionKind.FORWARD, m) for m in range(num_micro_batches)]
+        + [Action(s, ActionKind.BACKWARD, m) for m in range(num_micro_batches)]
         for s in range(num_stages)
     ]
 
@@ -142,22 +171,22 @@ def validate(schedule: Schedule, num_micro_batches: int, in_flight: Sequence[int
     _check_sizes(num_stages, num_micro_batches)
     if in_flight is not None and len(in_flight) != num_stages:
         raise ScheduleError(f"need one in-flight bound per stage ({num_stages}), got {len(in_flight)}")
-    expected = {(kind, m) for kind in "FB" for m in range(num_micro_batches)}
+    expected = {(kind, m) for kind in PASSES for m in range(num_micro_batches)}
     for s, actions in enumerate(schedule):
-        seen: set[tuple[str, int]] = set()
+        seen: set[tuple[ActionKind, int]] = set()
         resident = 0
         for action in actions:
-            if action.stage != s or action.kind not in ("F", "B"):
+            if action.stage != s or action.kind not in PASSES:
                 raise ScheduleError(f"stage {s}: foreign or malformed action {action}")
             key = (action.kind, action.micro_batch)
             if key not in expected:
                 raise ScheduleError(f"stage {s}: micro-batch {action.micro_batch} out of range")
             if key in seen:
                 raise ScheduleError(f"stage {s}: duplicate {action}")
-            if action.kind == "B" and ("F", action.micro_batch) not in seen:
+            if action.kind == ActionKind.BACKWARD and (ActionKind.FORWARD, action.micro_batch) not in seen:
                 raise ScheduleError(f"stage {s}: {action} precedes its forward")
             seen.add(key)
-            resident += 1 if action.kind == "F" else -1
+            resident += 1 if action.kind == ActionKind.FORWARD else -1
             if in_flight is not None and resident > in_flight[s]:
                 raise ScheduleError(
                     f"stage {s}: {resident} forward tasks resident after {action}, bound is {in_flight[s]}"
@@ -189,9 +218,10 @@ def _check_deadlock(schedule: Schedule) -> None:
 
 def _inputs_ready(action: Action, num_stages: int, done: set[Action]) -> bool:
     s, kind, m = action
-    if kind == "F":
-        return s == 0 or Action(s - 1, "F", m) in done
-    return Action(s, "F", m) in done and (s == num_stages - 1 or Action(s + 1, "B", m) in done)
+    if kind == ActionKind.FORWARD:
+        return s == 0 or Action(s - 1, ActionKind.FORWARD, m) in done
+    downstream = s == num_stages - 1 or Action(s + 1, ActionKind.BACKWARD, m) in done
+    return Action(s, ActionKind.FORWARD, m) in done and downstream
 
 
 def _check_sizes(num_stages: int, num_micro_batches: int) -> None:

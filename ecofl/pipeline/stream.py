@@ -55,6 +55,7 @@ from ecofl.devices import HomePool
 from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.plan import Plan, ScheduleKind, check_plan, sample_ranges
 from ecofl.pipeline.profile import ModelProfile
+from ecofl.pipeline.schedule import ActionKind
 from ecofl.pipeline.timeline import TimelineEvent
 
 #: The simulated stream is at least this many micro-batches per stage, so that
@@ -144,8 +145,8 @@ def simulate_stream(
         start = max(ready, channel_free.get((sender, receiver), 0.0))
         end = start + seconds
         channel_free[(sender, receiver)] = end
-        timeline.append(TimelineEvent(sender, sender_stage, "send", m, start, end))
-        timeline.append(TimelineEvent(receiver, receiver_stage, "recv", m, start, end))
+        timeline.append(TimelineEvent(sender, sender_stage, ActionKind.SEND, m, start, end))
+        timeline.append(TimelineEvent(receiver, receiver_stage, ActionKind.RECV, m, start, end))
         return start, end
 
     admitted, done = [np.inf] * count, [0.0] * count
@@ -164,7 +165,7 @@ def simulate_stream(
                 start = max(d.free, d.arrive[m])
                 d.free = start + d.forward_s
                 d.busy += d.forward_s
-                timeline.append(TimelineEvent(d.device, s, "F", m, start, d.free))
+                timeline.append(TimelineEvent(d.device, s, ActionKind.FORWARD, m, start, d.free))
                 d.release[m] = d.free
                 for receiver, seconds in d.sends:
                     if receiver is None:  # the last stage's results to the portal, which always has room

@@ -2,7 +2,8 @@
 
 The cost model predicts timelines (:mod:`ecofl.pipeline.cost`,
 :mod:`ecofl.pipeline.stream`), the runtime measures them
-(:mod:`ecofl.pipeline.runtime.statistics`), and :mod:`ecofl.pipeline.gantt`
+(:mod:`ecofl.pipeline.runtime.statistics`, which parses the kinds its
+workers report in their string form), and :mod:`ecofl.pipeline.gantt`
 draws either.
 """
 
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ecofl.pipeline.schedule import ActionKind
+
 
 class TimelineEvent(NamedTuple):
     device: int
     stage: int  # the stage the device works for; -1 for the portal's input transfer
-    kind: str  # "F", "B", "send", "recv", "allreduce", "step"
+    kind: ActionKind
     micro_batch: int  # -1 for flush events
     start: float
     end: float

@@ -47,6 +47,7 @@ from ecofl.pipeline.runtime.faults import FaultEvent, Injection
 from ecofl.pipeline.runtime.reconfiguration import reconfigure, restored_from
 from ecofl.pipeline.runtime.round_protocol import interrupt
 from ecofl.pipeline.runtime.wire import send_message
+from ecofl.pipeline.schedule import PASSES, ActionKind
 
 if TYPE_CHECKING:
     from ecofl.pipeline.runtime.portal import HomePipeline
@@ -135,7 +136,8 @@ class Recovery:
         measured: dict[int, float] = {}
         slow = []
         for role in p.roles:
-            times = [end - start for kind, _, start, end in replies[role.device]["events"] if kind in ("F", "B")]
+            times = [end - start for kind, _, start, end in replies[role.device]["events"]
+                     if ActionKind.from_str(kind) in PASSES]
             if not times or role.samples == 0:
                 continue
             per_micro_batch = 2 * float(np.mean(times))  # one forward and one backward

@@ -51,6 +51,7 @@ from ecofl.pipeline.runtime.links import ALLREDUCE_TAG, AbortCheck, Ticket, neve
 from ecofl.pipeline.runtime.mesh import EpochMesh
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.weight_stash import WeightVersions
+from ecofl.pipeline.schedule import ActionKind
 
 
 @dataclass
@@ -155,7 +156,7 @@ class StageExecutor:
             self._run[type(instruction)](self, sync_round, instruction.micro_batch)
         for m, ticket in sync_round.sends:
             ticket.wait(self.timeout_s, abort, "a send to the next or previous stage")
-            stats.events.append(("send", m, ticket.start, ticket.end))
+            stats.events.append((ActionKind.SEND, m, ticket.start, ticket.end))
         stats.peak_resident, stats.peak_activation_bytes = ledger.peak_count, ledger.peak_bytes
         if self.versions is not None:
             stats.weight_versions, self.versions.log = self.versions.log, []
@@ -185,7 +186,7 @@ class StageExecutor:
                 r.stats.loss_sum += summed.item()
                 out = summed / r.batch_size
         end = self._end(start, role.forward_s)
-        r.stats.events.append(("F", m, start, end))
+        r.stats.events.append((ActionKind.FORWARD, m, start, end))
         r.ledger.forward(m, nbytes[0])
         r.stash[m] = (x, out)
 
@@ -208,7 +209,7 @@ class StageExecutor:
         if self.versions is not None:  # at the version the forward used, for this micro-batch's own step
             r.step_grads[m] = self.versions.gradients(m)
         end = self._end(start, self.role.backward_s)
-        r.stats.events.append(("B", m, start, end))
+        r.stats.events.append((ActionKind.BACKWARD, m, start, end))
         r.ledger.backward(m)
         r.input_grads[m] = x.grad
 
@@ -237,7 +238,7 @@ class StageExecutor:
         if role.allreduce_bps is not None:  # ring all-reduce, Asteroid eq. 5
             n = len(role.replicas)
             emulated = 2 * (n - 1) / n * _bytes(self.params) / role.allreduce_bps
-        r.stats.events.append(("allreduce", -1, start, self._end(start, emulated)))
+        r.stats.events.append((ActionKind.ALLREDUCE, -1, start, self._end(start, emulated)))
 
     def _optimizer_step(self, r: "_SyncRound", m: int) -> None:
         """FedProx term, then one optimizer step for the mini-batch (Eco-FL §4.1 flush); asynchronous
@@ -258,7 +259,7 @@ class StageExecutor:
         self.reached("step")
         if self.versions is not None:
             self.versions.stepped()
-        r.stats.events.append(("step", m, start, self._end(start, self.role.step_s)))
+        r.stats.events.append((ActionKind.STEP, m, start, self._end(start, self.role.step_s)))
 
     def _aggregate_weights(self, r: "_SyncRound", m: int) -> None:
         """FTPipeHD §III-C: the stage's weights become the mean of its last S - s versions."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ecofl.pipeline.schedule import PASSES, ActionKind
 from ecofl.pipeline.timeline import TimelineEvent
 from ecofl.weights import Weights
 
@@ -90,11 +91,12 @@ def pipeline_result(
             stage_of[device] = s
             versions.setdefault(device, []).extend(tuple(v) for v in reply.get("weight_versions", ()))
             compute = 0.0
-            for kind, m, start, end in reply["events"]:
+            for kind, m, start, end in _events(reply):
                 timeline.append(TimelineEvent(device, s, kind, m, start - origin, end - origin))
-                if kind in ("F", "B"):
+                if kind in PASSES:
                     compute += end - start
-                    (per_device_f if kind == "F" else per_device_b).setdefault(device, []).append(end - start)
+                    per_device = per_device_f if kind == ActionKind.FORWARD else per_device_b
+                    per_device.setdefault(device, []).append(end - start)
             busy[s][r] = max(busy[s][r], compute / round_s[r])
             resident[s] = max(resident[s], reply["peak_resident"])
             act[s] = max(act[s], reply["peak_activation_bytes"])
@@ -156,12 +158,12 @@ def inference_result(logits: np.ndarray, micro_batch: int, count: int, num_stage
     for device, reply in replies.items():
         s = reply["stage"]
         per_device: list[float] = []
-        for kind, m, start, end in reply["events"]:
-            if kind == "recv" and s == 0:
+        for kind, m, start, end in _events(reply):
+            if kind == ActionKind.RECV and s == 0:
                 admitted[m] = min(admitted[m], start)
-            elif kind == "output":
+            elif kind == ActionKind.OUTPUT:
                 done[m] = max(done[m], end)
-            elif kind == "F":
+            elif kind == ActionKind.FORWARD:
                 per_device.append(end - start)
         if per_device:
             forward[s].append(float(np.mean(per_device)))
@@ -173,7 +175,7 @@ def inference_result(logits: np.ndarray, micro_batch: int, count: int, num_stage
     period = (done[-1] - done[half - 1]) / (count - half) if count > 1 else stream_s
     stage_forward = tuple(max(f, default=0.0) for f in forward)
     timeline = [TimelineEvent(device, reply["stage"], kind, m, start - origin, end - origin)
-                for device, reply in replies.items() for kind, m, start, end in reply["events"]]
+                for device, reply in replies.items() for kind, m, start, end in _events(reply)]
     return InferenceResult(
         logits=logits, micro_batch=micro_batch, num_micro_batches=count,
         stream_s=stream_s,
@@ -187,6 +189,11 @@ def inference_result(logits: np.ndarray, micro_batch: int, count: int, num_stage
         peak_held=tuple(held), peak_rss_bytes=tuple(rss), training_rss_bytes=tuple(training),
         timeline=tuple(sorted(timeline, key=lambda e: (e.start, e.device))),
     )
+
+
+def _events(reply: dict[str, Any]) -> list[tuple[ActionKind, int, float, float]]:
+    """A worker's measured ``(kind, micro-batch, start, end)`` events, each kind parsed from its string form."""
+    return [(ActionKind.from_str(kind), m, start, end) for kind, m, start, end in reply["events"]]
 
 
 def _fold_rss(peak: list[int | None], training: list[int | None], stage: int, reply: dict[str, Any]) -> None:

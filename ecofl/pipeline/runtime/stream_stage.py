@@ -36,6 +36,7 @@ from ecofl.pipeline.runtime.emulation import TokenBucket, dilate
 from ecofl.pipeline.runtime.links import CREDIT_TAG, POLL_S, AbortCheck, RoundAborted, Ticket, never_aborted
 from ecofl.pipeline.runtime.mesh import EpochMesh
 from ecofl.pipeline.runtime.topology import WorkerRole
+from ecofl.pipeline.schedule import ActionKind
 
 
 @dataclass
@@ -92,7 +93,7 @@ class StreamExecutor:
         start = time.time()
         y = self.module(stream.arrived.pop(m))
         end = dilate(start, self.role.forward_s, self.role.speed, stream.abort) if self.role.emulate else time.time()
-        stream.event("F", m, start, end)
+        stream.event(ActionKind.FORWARD, m, start, end)
         stream.results[m] = y
 
     def _send(self, stream: "_Stream", m: int, inputs: torch.Tensor | None) -> None:
@@ -142,7 +143,7 @@ class _Stream:
         if self._stopped.is_set():
             raise RoundAborted("the stream is over")
 
-    def event(self, kind: str, m: int, start: float, end: float) -> None:
+    def event(self, kind: ActionKind, m: int, start: float, end: float) -> None:
         with self._changed:
             self.stats.events.append((kind, m, start, end))
 
@@ -164,7 +165,7 @@ class _Stream:
 
     def loaded(self, m: int, start: float, end: float) -> None:
         """The portal's micro-batch m has crossed its link (held since ``start``)."""
-        self.event("recv", m, start, end)
+        self.event(ActionKind.RECV, m, start, end)
         with self._changed:
             self._loaded.add(m)
             self._changed.notify_all()
@@ -194,7 +195,7 @@ class _Stream:
             if ticket.error is not None:
                 self.fail(ticket.error)
                 return
-            self.event("send", m, ticket.start, ticket.end)
+            self.event(ActionKind.SEND, m, ticket.start, ticket.end)
             with self._changed:
                 left[0] -= 1
                 done = left[0] == 0
@@ -208,7 +209,7 @@ class _Stream:
         self._portal_link.put(m, nbytes)
 
     def _delivered(self, m: int, start: float, end: float) -> None:
-        self.event("output", m, start, end)
+        self.event(ActionKind.OUTPUT, m, start, end)
         self._release(m)
 
     def _release(self, m: int) -> None:
