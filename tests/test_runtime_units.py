@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -10,7 +11,7 @@ import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pipeline.instructions import device_program
-from ecofl.pipeline.plan import Plan, StagePlan
+from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan
 from ecofl.pipeline.runtime.emulation import MemoryLedger, TokenBucket
 from ecofl.pipeline.runtime.errors import EmulatedOOM
 from ecofl.pipeline.runtime.topology import Peer, WorkerRole, worker_roles
@@ -35,6 +36,7 @@ def test_replicated_stages_exchange_overlapping_sample_ranges():
     assert roles[0].program == expected and roles[0].resident_bound == 3
     assert [i.op for i in expected[-2:]] == ["reduce_grads", "optimizer_step"]
     assert WorkerRole.from_json(roles[3].to_json()) == roles[3]
+    assert WorkerRole.from_json(json.loads(json.dumps(roles[3].to_json()))).schedule is ScheduleKind.ONE_F_ONE_B
     assert all(p.bandwidth_bps is None for r in worker_roles(plan, pool, None, emulate=False) for p in r.destinations)
 
 

@@ -1,9 +1,13 @@
 """Schedules as plain data and the validator that checks them without a model."""
 
+import json
+
 import pytest
 
+from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan
 from ecofl.pipeline.schedule import (
     Action,
+    ActionKind,
     ScheduleError,
     default_in_flight,
     eq3_in_flight,
@@ -112,3 +116,24 @@ def test_bad_sizes():
         one_f_one_b(2, 4, [1])
     with pytest.raises(ScheduleError):
         one_f_one_b(2, 4, [0, 1])
+
+
+def test_action_kinds_round_trip_through_their_compact_form():
+    """As torch's _ComputationType: str(kind) is the short form, from_str parses it; it is the JSON form too."""
+    assert str(ActionKind.FORWARD) == "F" and str(ActionKind.BACKWARD) == "B"
+    for kind in ActionKind:
+        assert ActionKind.from_str(str(kind)) is kind and json.loads(json.dumps(kind)) == str(kind)
+    assert {a.kind for a in one_f_one_b(2, 3, [2, 1])[0]} == {ActionKind.FORWARD, ActionKind.BACKWARD}
+    assert Action(0, "F", 1) == Action(0, ActionKind.FORWARD, 1)  # a hand-written action compares as built
+    with pytest.raises(ValueError, match="unknown action kind 'X'; valid: F, B, send, recv, allreduce, step, output"):
+        ActionKind.from_str("X")
+
+
+def test_a_plan_holds_its_schedule_kind_and_refuses_an_unknown_one():
+    stages = (StagePlan((0, 1), (0,), (4,), 1),)
+    for kind in ScheduleKind:
+        plan = Plan("hand", stages, 4, 2, schedule=str(kind))
+        assert plan.schedule is kind and json.loads(json.dumps(plan.to_dict()))["schedule"] == str(kind)
+    assert Plan("hand", stages, 4, 2).schedule is ScheduleKind.ONE_F_ONE_B
+    with pytest.raises(ValueError, match="unknown schedule 'pipedream'; valid: 1f1b, gpipe, async-1f1b, stream"):
+        Plan("hand", stages, 4, 2, schedule="pipedream")
