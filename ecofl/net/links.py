@@ -11,10 +11,10 @@ is: a micro-batch's activation or gradient (the micro-batch index), a
 replica, a migrated layer, a step of an all-reduce.
 
 A tensor travels as a fixed header (tag, dtype, shape) and its raw bytes on
-the link's :class:`~ecofl.pipeline.runtime.sealed.SealedSocket`; nothing is
-unpickled. Every wait checks an :data:`AbortCheck`, so the portal can
-interrupt a sync-round that can no longer finish; closing the link ends
-both threads (a peer that froze or died cannot hold a worker forever).
+the link's :class:`~ecofl.net.sealed.SealedSocket`; nothing is unpickled.
+Every wait checks an :data:`AbortCheck`, so the portal can interrupt a
+sync-round that can no longer finish; closing the link ends both threads (a
+peer that froze or died cannot hold a worker forever).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ecofl.pipeline.runtime.emulation import TokenBucket
-from ecofl.pipeline.runtime.sealed import ChannelClosed, SealedSocket
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.pacing import TokenBucket
+from ecofl.net.sealed import SealedSocket
 
 #: Raises (e.g. :class:`RoundAborted`) when the portal asked to stop waiting; called while waiting.
 AbortCheck = Callable[[], None]

@@ -1,9 +1,9 @@
 """A sealed channel: the bytes of an authenticated connection, encrypted and authenticated record by record.
 
-After the mutual challenge-response of :mod:`ecofl.pipeline.runtime.auth`
-both ends hold two fresh 256-bit keys, one per direction, derived from the
-home's secret and both nonces (HKDF-SHA256, RFC 5869). Every
-:meth:`SealedSocket.sendall` then travels as one or more *records*::
+After the mutual challenge-response of :mod:`.auth` both ends hold two
+fresh 256-bit keys, one per direction, derived from the home's secret and
+both nonces (HKDF-SHA256, RFC 5869). Every :meth:`SealedSocket.sendall`
+then travels as one or more *records*::
 
     length (4 bytes, big-endian)  |  AES-256-GCM(key, nonce = record counter, plaintext, aad = length)
 
@@ -32,14 +32,12 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from ecofl.net.errors import ChannelClosed
+
 #: Most plaintext bytes in one record (a large tensor is several records).
 RECORD_BYTES = 1 << 20
 _TAG_BYTES = 16
 _LENGTH = struct.Struct(">I")
-
-
-class ChannelClosed(ConnectionError):
-    """The peer closed the connection, it broke, or a record failed its authentication tag."""
 
 
 def channel_keys(secret: bytes, acceptor_nonce: bytes, connector_nonce: bytes, context: str) -> tuple[bytes, bytes]:

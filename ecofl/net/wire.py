@@ -3,9 +3,9 @@
 Nothing on this channel is ever unpickled. A message is an 8-byte big-endian
 length, a UTF-8 JSON object, and the bytes of the arrays the header lists
 under ``"arrays"`` (name, dtype, shape), back to back. Before a peer has
-authenticated (:mod:`ecofl.pipeline.runtime.auth`) the reader accepts only a
-small header and no arrays; after, the messages travel on the connection's
-:class:`~ecofl.pipeline.runtime.sealed.SealedSocket`.
+authenticated (:mod:`.auth`) the reader accepts only a small header and no
+arrays; after, the messages travel on the connection's
+:class:`~ecofl.net.sealed.SealedSocket`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ecofl.pipeline.runtime.sealed import ChannelClosed, SealedSocket
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.sealed import SealedSocket
 
 PREAUTH_LIMIT = 4096  # bytes of header accepted from an unauthenticated peer
 HEADER_LIMIT = 64 << 20
@@ -25,7 +26,7 @@ HEADER_LIMIT = 64 << 20
 _LENGTH = struct.Struct(">Q")
 Channel = socket.socket | SealedSocket
 
-__all__ = ["ChannelClosed", "Channel", "send_message", "recv_message"]
+__all__ = ["Channel", "send_message", "recv_message"]
 
 
 def send_message(sock: Channel, header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> None:
