@@ -53,11 +53,11 @@ import torch  # noqa: E402
 from benchmarks.markdown_section import replace_section  # noqa: E402
 from ecofl.devices import DeviceSpec, HomePool  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
+from ecofl.net.liveness import LivenessSettings  # noqa: E402
 from ecofl.pipeline.plan import Plan, StagePlan  # noqa: E402
 from ecofl.pipeline.profile import profile_model  # noqa: E402
 from ecofl.pipeline.runtime import HomePipeline, LayerList  # noqa: E402
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection  # noqa: E402
-from ecofl.pipeline.runtime.liveness import LivenessSettings  # noqa: E402
 from ecofl.train import accumulate_gradients  # noqa: E402
 from ecofl.weights import get_weights, set_weights  # noqa: E402
 

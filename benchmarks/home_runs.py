@@ -27,10 +27,10 @@ import torch
 
 from ecofl.cli.home import describe, predict
 from ecofl.devices import HomePool
+from ecofl.net.netns import HomeNetwork
 from ecofl.pipeline.plan import Plan, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime import HomePipeline, ZooModel
-from ecofl.pipeline.runtime.netns import HomeNetwork
 from ecofl.pipeline.schedule import PASSES, ActionKind
 
 LR, MOMENTUM = 0.01, 0.9

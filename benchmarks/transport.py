@@ -4,11 +4,11 @@ The pipeline runtime once moved activations and gradients with
 torch.distributed's gloo backend, whose rendezvous store and connections
 accept anyone who reaches their ports. It now moves them on links that prove
 the home's secret and seal every record with AES-256-GCM
-(:mod:`ecofl.pipeline.runtime.mesh`). This benchmark measures, in one run,
-two processes on loopback (no emulation, no link shaping: host speed):
+(:mod:`ecofl.net.mesh`). This benchmark measures, in one run, two processes
+on loopback (no emulation, no link shaping: host speed):
 
 - **gloo**: ``torch.distributed`` send/recv (the old data plane);
-- **sealed**: two :class:`~ecofl.pipeline.runtime.mesh.EpochMesh` ranks (the runtime's data plane);
+- **sealed**: two :class:`~ecofl.net.mesh.EpochMesh` ranks (the home's data plane);
 - **plain TCP**: ``sendall`` / ``recv_into`` of length-prefixed bytes on a bare socket, the floor.
 
 For each tensor size: the **round trip** (rank 0 sends, rank 1 sends the
@@ -82,7 +82,7 @@ class Gloo:
 
 class Sealed:
     def __init__(self, rank: int, addresses: list[tuple[str, int]], listener):
-        from ecofl.pipeline.runtime.mesh import EpochMesh
+        from ecofl.net.mesh import EpochMesh
 
         self.mesh = EpochMesh(listener, SECRET, 0, rank, addresses, timeout_s=60)
         self.peer = 1 - rank
@@ -152,7 +152,7 @@ def _rank_main(rank: int, transport: str, setup: dict, sizes: tuple[int, ...], t
     elif transport == "plain TCP":
         link = PlainTCP(rank, setup["port"])
     else:
-        from ecofl.pipeline.runtime.mesh import DataListener
+        from ecofl.net.mesh import DataListener
 
         listener = DataListener("127.0.0.1", SECRET)
         setup["addresses"][rank] = listener.address

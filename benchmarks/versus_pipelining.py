@@ -10,7 +10,7 @@ with momentum, one optimizer step per mini-batch, under two conditions:
   each runtime costs on top of the same computation (our links are
   authenticated and sealed with AES-GCM; gloo's are plain TCP).
 - **shaped, 100 Mbps**: both runtimes in the same network namespaces, links
-  shaped by the kernel (``tc tbf``, :class:`ecofl.pipeline.runtime.netns.HomeNetwork`;
+  shaped by the kernel (``tc tbf``, :class:`ecofl.net.netns.HomeNetwork`;
   root only), and both with the same emulated compute: each stage's forward
   and backward last the cost model's time for its device (our workers'
   emulation; :class:`DilatedStage` for torch's), speeds x ``--slowdown`` so
@@ -63,12 +63,12 @@ from benchmarks.home_runs import LR, MOMENTUM, describe_plan, run_plan, syntheti
 from benchmarks.markdown_section import replace_section  # noqa: E402
 from ecofl.devices import HomePool, host_cores, make_pool  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
+from ecofl.net.netns import HomeNetwork, unavailable_reason  # noqa: E402
 from ecofl.pipeline.cost import simulate, stage_compute_s  # noqa: E402
 from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import load_profile, profile_zoo_model, save_profile  # noqa: E402
 from ecofl.pipeline.runtime import ZooModel  # noqa: E402
-from ecofl.pipeline.runtime.netns import HomeNetwork, unavailable_reason  # noqa: E402
 
 MODEL, SHAPE, CLASSES, GRANULARITY = "mobilenet_v2", (3, 32, 32), 10, "block"
 PRESETS = ["nano-10w", "tx2-maxn", "nx"]

@@ -193,7 +193,7 @@ home_port() { echo "${ports[$((1 + homes + unregistered + $1))]}"; }
 # As root: each home's devices in network namespaces with tc-shaped links.
 networks=""
 if [ "$devices" -gt 0 ] && [ -z "$loopback" ]; then
-    why_not=$("$python" -c 'from ecofl.pipeline.runtime.netns import unavailable_reason as u; print(u() or "")')
+    why_not=$("$python" -c 'from ecofl.net.netns import unavailable_reason as u; print(u() or "")')
     if [ -z "$why_not" ]; then
         networks="$work/networks.json"
         start home-networks "$python" "$root/scripts/deploy_local/home_networks.py" "$homes" "$devices" 100 "$networks"

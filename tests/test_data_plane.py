@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from ecofl.pipeline.runtime.auth import admit_device, join_home
-from ecofl.pipeline.runtime.links import PeerLost
-from ecofl.pipeline.runtime.mesh import DataListener, EpochMesh, data_purpose
-from ecofl.pipeline.runtime.sealed import RECORD_BYTES, ChannelClosed, SealedSocket, channel_keys
-from ecofl.pipeline.runtime.wire import recv_message, send_message
+from ecofl.net.auth import admit_device, join_home
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.links import PeerLost
+from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
+from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
+from ecofl.net.wire import recv_message, send_message
 
 pytestmark = pytest.mark.timeout(180)
 

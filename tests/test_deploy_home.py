@@ -20,9 +20,10 @@ import torch
 
 from ecofl.deploy.home_client import home_status, train_at_home
 from ecofl.deploy.home_service import HomeService
-from ecofl.pipeline.runtime.model_spec import ZooModel
-from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
 from ecofl.models import build_model
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.wire import recv_message, send_message
+from ecofl.pipeline.runtime.model_spec import ZooModel
 from ecofl.train import TrainConfig, train_local
 from ecofl.weights import get_weights, set_weights
 

@@ -11,16 +11,16 @@ import time
 
 import pytest
 
-from ecofl.pipeline.runtime.auth import new_secret
-from ecofl.pipeline.runtime.heartbeat import HeartbeatMonitor, HeartbeatSender
-from ecofl.pipeline.runtime.liveness import CLOSED, SILENT, LivenessSettings
-from ecofl.pipeline.runtime.wire import recv_message, send_message
+from ecofl.net.auth import new_secret
+from ecofl.net.heartbeat import HeartbeatMonitor, HeartbeatSender
+from ecofl.net.liveness import CLOSED, SILENT, LivenessSettings
+from ecofl.net.wire import recv_message, send_message
 
 SETTINGS = LivenessSettings(period_s=0.1, suspect_after_s=0.6, probe_timeout_s=0.6)
 
 SENDER = """
 import sys, time
-from ecofl.pipeline.runtime.heartbeat import HeartbeatSender
+from ecofl.net.heartbeat import HeartbeatSender
 host, port, device, secret = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bytes.fromhex(sys.argv[4])
 HeartbeatSender((host, port), secret, device, 0.1)
 print("joined", flush=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ecofl.pipeline.runtime.netns import unavailable_reason
+from ecofl.net.netns import unavailable_reason
 from tests.test_flower_pipeline_home import worker_processes
 
 pytestmark = pytest.mark.timeout(300)
@@ -57,7 +57,7 @@ NETWORK_SCRIPT = textwrap.dedent("""
     import time
     from ecofl.devices import DeviceSpec, HomePool
     from ecofl.interrupt import sigterm_as_interrupt
-    from ecofl.pipeline.runtime.netns import HomeNetwork
+    from ecofl.net.netns import HomeNetwork
 
     pool = HomePool("t", tuple(DeviceSpec(f"dev{i}", 1.0, 1 << 30, 1e6) for i in range(2)))
     with sigterm_as_interrupt():

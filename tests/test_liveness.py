@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ecofl.pipeline.runtime.liveness import CLOSED, SILENT, Liveness, LivenessSettings
+from ecofl.net.liveness import CLOSED, SILENT, Liveness, LivenessSettings
 
 SETTINGS = LivenessSettings(period_s=0.1, suspect_after_s=0.5, probe_timeout_s=0.3)
 

@@ -17,17 +17,17 @@ import pytest
 import torch
 
 from ecofl.devices import DeviceSpec, HomePool
+from ecofl.net.auth import admit_device, join_home
+from ecofl.net.errors import AuthenticationFailed
+from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import (
-    AuthenticationFailed,
     DeviceUnreachable,
     HomePipeline,
     LayerList,
     WorkerDied,
 )
-from ecofl.pipeline.runtime.auth import admit_device, join_home
 from ecofl.pipeline.runtime.launch import LocalDevices
-from ecofl.pipeline.runtime.wire import recv_message, send_message
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from ecofl.devices import DeviceSpec, HomePool
+from ecofl.net.netns import HomeNetwork, unavailable_reason
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import HomePipeline, LayerList
-from ecofl.pipeline.runtime.netns import HomeNetwork, unavailable_reason
 from ecofl.train import accumulate_gradients
 from ecofl.weights import get_weights, set_weights
 

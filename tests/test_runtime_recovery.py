@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
+from ecofl.net.liveness import LivenessSettings
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import HomePipeline
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
-from ecofl.pipeline.runtime.liveness import LivenessSettings
 from ecofl.pipeline.schedule import ScheduleError
 from tests.test_planners import random_profile
 from tests.test_runtime_transparency import WITHOUT_BATCH_NORM, assert_gone, assert_same, data, pool, single_process

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
+from ecofl.net.pacing import TokenBucket
+from ecofl.net.wire import PREAUTH_LIMIT, recv_message, send_message
 from ecofl.pipeline.instructions import device_program
 from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan
-from ecofl.pipeline.runtime.emulation import MemoryLedger, TokenBucket
+from ecofl.pipeline.runtime.emulation import MemoryLedger
 from ecofl.pipeline.runtime.errors import EmulatedOOM
 from ecofl.pipeline.runtime.topology import Peer, WorkerRole, worker_roles
-from ecofl.pipeline.runtime.wire import PREAUTH_LIMIT, recv_message, send_message
 from ecofl.pipeline.schedule import one_f_one_b
 
 

@@ -14,8 +14,8 @@ from ecofl.deploy.home_service import HomeService
 from ecofl.deploy.secrets import read_secret
 from ecofl.devices import MBPS, DeviceSpec, preset
 from ecofl.errors import UserError
+from ecofl.net.errors import AuthenticationFailed
 from ecofl.pipeline.planners import PLANNERS, check_planner
-from ecofl.pipeline.runtime.errors import HomePipelineError
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -44,7 +44,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run_status(args: argparse.Namespace) -> int:
     try:
         report = home_status(parse_address(args.home), read_secret(args.secret_file))
-    except (OSError, HomePipelineError) as error:
+    except (OSError, AuthenticationFailed) as error:  # unreachable, or another secret
         raise UserError(f"no home service at {args.home}: {error}") from None
     if args.json:
         print(json.dumps(report))

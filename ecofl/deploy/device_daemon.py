@@ -22,10 +22,10 @@ import threading
 from ecofl.deploy.device_profile import describe_device
 from ecofl.deploy.home_service import DAEMON, SERVICE
 from ecofl.deploy.warm_workers import WarmWorkers
-from ecofl.pipeline.runtime.auth import join_home
-from ecofl.pipeline.runtime.errors import AuthenticationFailed
-from ecofl.pipeline.runtime.sealed import SealedSocket
-from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
+from ecofl.net.auth import join_home
+from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.sealed import SealedSocket
+from ecofl.net.wire import recv_message, send_message
 
 log = logging.getLogger(__name__)
 

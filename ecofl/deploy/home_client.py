@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from ecofl.deploy.home_service import CLIENT, SERVICE
-from ecofl.pipeline.runtime.auth import join_home
+from ecofl.net.auth import join_home
+from ecofl.net.sealed import SealedSocket
+from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.errors import HomePipelineError
 from ecofl.pipeline.runtime.model_spec import ZooModel
-from ecofl.pipeline.runtime.sealed import SealedSocket
-from ecofl.pipeline.runtime.wire import recv_message, send_message
 from ecofl.train import TrainConfig
 from ecofl.weights import Weights
 

@@ -12,9 +12,9 @@ answers with the trained weights and the measured against the predicted
 sync-round time.
 
 Everyone proves the home's secret first (the mutual HMAC challenge of
-:mod:`ecofl.pipeline.runtime.auth`, for a ``"home service"`` channel),
+:mod:`ecofl.net.auth`, for a ``"home service"`` channel),
 claiming the number :data:`DAEMON` or :data:`CLIENT`, and the connection
-continues sealed (:mod:`ecofl.pipeline.runtime.sealed`); nothing else is read
+continues sealed (:mod:`ecofl.net.sealed`); nothing else is read
 from a peer that has not, and nothing is unpickled. The portal is device 0
 of the pool (it holds the data and computes a stage like any device, in a
 warm worker process of the service's own, :mod:`.warm_workers`); daemons are
@@ -36,16 +36,17 @@ import torch
 from ecofl.deploy.device_profile import device_spec, workload_seconds
 from ecofl.deploy.warm_workers import WarmWorkers
 from ecofl.devices import DeviceSpec, HomePool
+from ecofl.net.auth import admit_device
+from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.sealed import SealedSocket
+from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
-from ecofl.pipeline.runtime.auth import admit_device
-from ecofl.pipeline.runtime.errors import AuthenticationFailed, DevicesLost, HomePipelineError
+from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
 from ecofl.pipeline.runtime.faults import FaultTolerance
 from ecofl.pipeline.runtime.model_spec import ZooModel, spec_from_json
 from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.round_training import train_round
-from ecofl.pipeline.runtime.sealed import SealedSocket
-from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
 from ecofl.train import TrainConfig
 
 log = logging.getLogger(__name__)

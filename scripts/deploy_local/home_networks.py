@@ -1,7 +1,7 @@
 """The shaped home networks of a local deployment (scripts/deploy_local.sh, as root).
 
 ``python scripts/deploy_local/home_networks.py HOMES DEVICES MBPS OUT_JSON`` builds, for each
-home, a :class:`ecofl.pipeline.runtime.netns.HomeNetwork`: one network
+home, a :class:`ecofl.net.netns.HomeNetwork`: one network
 namespace per device daemon, its link shaped with ``tc tbf`` at MBPS both
 ways, all joined by a bridge to the home's portal address on this machine.
 It writes ``OUT_JSON`` (``{"homes": [{"portal": ADDRESS, "namespaces":
@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from ecofl.devices import DeviceSpec, HomePool, MBPS
-from ecofl.pipeline.runtime.netns import HomeNetwork
+from ecofl.net.netns import HomeNetwork
 
 
 def main(argv: list[str]) -> int:

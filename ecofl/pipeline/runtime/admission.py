@@ -3,7 +3,7 @@
 Each connection's handshake runs on a thread of its own with a time limit,
 so a peer that says nothing, sends garbage or does not know the secret holds
 up nobody: it is refused (and counted) while the devices of the plan join.
-An admitted device's control channel continues sealed (:mod:`.sealed`).
+An admitted device's control channel continues sealed (:mod:`ecofl.net.sealed`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import threading
 import time
 from typing import Callable
 
-from ecofl.pipeline.runtime.auth import admit_device
-from ecofl.pipeline.runtime.errors import AuthenticationFailed, DeviceUnreachable, HomePipelineError
-from ecofl.pipeline.runtime.sealed import SealedSocket
-from ecofl.pipeline.runtime.wire import ChannelClosed
+from ecofl.net.auth import admit_device
+from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.sealed import SealedSocket
+from ecofl.pipeline.runtime.errors import DeviceUnreachable, HomePipelineError
 
 HANDSHAKE_TIMEOUT_S = 10.0
 

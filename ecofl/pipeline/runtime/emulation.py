@@ -4,7 +4,8 @@
   emulated time: the cost model's time for it when a profile is given (host
   profile / device speed, :func:`ecofl.pipeline.cost.stage_compute_s`), else
   real time / speed. The worker sleeps the difference.
-- **Link bandwidth**: a token bucket per link paces the bytes a worker sends.
+- **Link bandwidth**: a token bucket per link (:class:`ecofl.net.pacing.TokenBucket`)
+  paces the bytes a worker sends.
 - **Memory accounting**: weights, accumulated gradients, optimizer state and
   the activations each resident forward task keeps for its backward
   (Asteroid eq. 3, Mem_p = MOD + OPT + K_p x ACT_p), measured from the saved
@@ -14,7 +15,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,40 +38,6 @@ def dilate(started: float, emulated_s: float | None, speed: float, abort: Callab
             abort()
         time.sleep(min(left, 0.02) if abort is not None else left)
     return time.time()
-
-
-#: A link's burst: what it carries in this long, at most ``MAX_BURST_BYTES`` (a slow link gets a small burst,
-#: so that a whole stream of small tensors cannot slip through in the first burst).
-BURST_S = 0.01
-MAX_BURST_BYTES = 64 * 1024
-
-
-class TokenBucket:
-    """Paces a link at ``rate_bps`` bytes/s with bursts of at most ``burst_bytes``.
-
-    :meth:`consume` blocks the sender until the link could have carried the
-    bytes: back-to-back transfers of n bytes take n / rate each, like the cost
-    model's FIFO channel. The default burst is ``BURST_S`` of the link's rate,
-    at most ``MAX_BURST_BYTES``.
-    """
-
-    def __init__(self, rate_bps: float, burst_bytes: int | None = None):
-        if not rate_bps > 0:
-            raise ValueError(f"link rate must be positive, got {rate_bps}")
-        self.rate = rate_bps
-        self.burst = burst_bytes if burst_bytes is not None else int(min(MAX_BURST_BYTES, rate_bps * BURST_S))
-        self._tokens = float(self.burst)
-        self._stamp = time.time()
-        self._lock = threading.Lock()
-
-    def consume(self, nbytes: int) -> None:
-        with self._lock:
-            now = time.time()
-            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate) - nbytes
-            self._stamp = now
-            wait = -self._tokens / self.rate
-        if wait > 0:
-            time.sleep(wait)
 
 
 @contextmanager

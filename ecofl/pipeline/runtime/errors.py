@@ -15,10 +15,6 @@ class DeviceUnreachable(HomePipelineError):
     """A device of the plan did not join the home in time."""
 
 
-class AuthenticationFailed(HomePipelineError):
-    """A peer did not prove it holds the home's secret (or the portal did not)."""
-
-
 class WorkerDied(HomePipelineError):
     """A worker's process or connection ended while the pipeline needed it."""
 

@@ -14,9 +14,10 @@ import subprocess
 import time
 from typing import Any, Callable
 
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.wire import recv_message
 from ecofl.pipeline.runtime.errors import EmulatedOOM, HomePipelineError, WorkerDied, WorkerFailed
 from ecofl.pipeline.runtime.launch import LocalDevices
-from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message
 
 
 def root_cause(

@@ -31,8 +31,8 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from ecofl.errors import UserError
+from ecofl.net.liveness import LivenessSettings
 from ecofl.pipeline.replan import REPLAN_KINDS
-from ecofl.pipeline.runtime.liveness import LivenessSettings
 
 from ecofl.pipeline.runtime.traps import PHASES
 

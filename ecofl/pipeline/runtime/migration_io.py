@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import torch
 
-from ecofl.pipeline.runtime.emulation import TokenBucket
-from ecofl.pipeline.runtime.links import AbortCheck, never_aborted
-from ecofl.pipeline.runtime.mesh import EpochMesh
+from ecofl.net.links import AbortCheck, never_aborted
+from ecofl.net.mesh import EpochMesh
+from ecofl.net.pacing import TokenBucket
 
 
 def exchange_states(

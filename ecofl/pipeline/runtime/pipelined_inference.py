@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ecofl.net.wire import send_message
 from ecofl.pipeline.runtime.statistics import InferenceResult, inference_result
-from ecofl.pipeline.runtime.wire import send_message
 
 if TYPE_CHECKING:
     from ecofl.pipeline.runtime.portal import HomePipeline

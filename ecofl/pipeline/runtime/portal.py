@@ -5,7 +5,7 @@ node holds the home's data and drives the pipeline across the home's
 devices). It admits one worker per device of the plan (started here, or
 joining from real devices) on an authenticated, sealed control channel, tells every worker
 the pipeline epoch's ranks and data ports (the workers link to each other
-themselves, :mod:`.mesh`), validates the schedule, and for each sync-round
+themselves, :mod:`ecofl.net.mesh`), validates the schedule, and for each sync-round
 feeds the inputs to the first stage and the labels to the last; no other
 device sees data.
 
@@ -28,25 +28,25 @@ import numpy as np
 import torch
 
 from ecofl.devices import HomePool
+from ecofl.net.auth import new_secret
+from ecofl.net.heartbeat import HeartbeatMonitor
+from ecofl.net.netns import HomeNetwork
+from ecofl.net.sealed import SealedSocket
+from ecofl.net.wire import send_message
 from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.plan import Plan, ScheduleKind, plan_schedule
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime.admission import admit_devices
-from ecofl.pipeline.runtime.auth import new_secret
 from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
 from ecofl.pipeline.runtime.failures import root_cause
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
-from ecofl.pipeline.runtime.heartbeat import HeartbeatMonitor
 from ecofl.pipeline.runtime.launch import LocalDevices
 from ecofl.pipeline.runtime.model_spec import ModelSpec, layer_state_keys
-from ecofl.pipeline.runtime.netns import HomeNetwork
 from ecofl.pipeline.runtime.pipelined_inference import stream_inference
 from ecofl.pipeline.runtime.round_protocol import gather
-from ecofl.pipeline.runtime.sealed import SealedSocket
 from ecofl.pipeline.runtime.statistics import InferenceResult, PipelineResult
 from ecofl.pipeline.runtime.sync_training import train_async, train_sync_rounds
 from ecofl.pipeline.runtime.topology import PER_CALL_PROGRAMS, worker_roles
-from ecofl.pipeline.runtime.wire import send_message
 from ecofl.pipeline.schedule import validate
 from ecofl.pipeline.stream import simulate_stream
 from ecofl.weights import Weights, get_weights
@@ -61,7 +61,7 @@ class HomePipeline:
     ``emulate`` dilates time, paces links and enforces memory budgets per
     device (:mod:`ecofl.pipeline.runtime.emulation`), with the cost model's
     times when a ``profile`` is given. With a ``network``
-    (:class:`~ecofl.pipeline.runtime.netns.HomeNetwork`, entered) each worker
+    (:class:`~ecofl.net.netns.HomeNetwork`, entered) each worker
     runs in its device's namespace and the kernel shapes the links instead.
     ``pace_links=False`` leaves the emulated devices' link rates to the
     kernel also without a ``network`` of this pipeline's own (devices in

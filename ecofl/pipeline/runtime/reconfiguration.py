@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from ecofl.net.wire import send_message
 from ecofl.pipeline.migration import GLOBAL_COPY, Holders, moves_from_holders
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.runtime.errors import HomePipelineError
 from ecofl.pipeline.runtime.migration_io import pace
 from ecofl.pipeline.runtime.stage_state import MOMENTUM
-from ecofl.pipeline.runtime.wire import send_message
 
 if TYPE_CHECKING:
     from ecofl.pipeline.runtime.portal import HomePipeline

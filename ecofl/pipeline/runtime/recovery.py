@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ecofl.errors import UserError
+from ecofl.net.wire import send_message
 from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.migration import Holders, restore_point
 from ecofl.pipeline.plan import Plan
@@ -46,7 +47,6 @@ from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
 from ecofl.pipeline.runtime.faults import FaultEvent, Injection
 from ecofl.pipeline.runtime.reconfiguration import reconfigure, restored_from
 from ecofl.pipeline.runtime.round_protocol import interrupt
-from ecofl.pipeline.runtime.wire import send_message
 from ecofl.pipeline.schedule import PASSES, ActionKind
 
 if TYPE_CHECKING:

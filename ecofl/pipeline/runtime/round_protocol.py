@@ -21,8 +21,9 @@ import selectors
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.errors import DevicesLost, WorkerFailed, WorkerTimeout
-from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
 
 if TYPE_CHECKING:
     from ecofl.pipeline.runtime.portal import HomePipeline

@@ -4,7 +4,7 @@ The executor of Asteroid's worker (Fig. 11): a forward's input comes from
 the portal (stage 0, ``load``) or from the previous stage's devices
 (``recv_activation``), a backward's output gradient from the loss (last
 stage) or from the next stage's devices (``recv_grad``), both taken from
-what the tensor links' reader threads received (:mod:`.mesh`); ``send_*``
+what the tensor links' reader threads received (:mod:`ecofl.net.mesh`); ``send_*``
 post results to the links' sender threads. Gradients accumulate over the
 sync-round's micro-batches and the weights update once, at the pipeline
 flush (Eco-FL §4.1): in a replicated stage the devices first sum their
@@ -32,6 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ecofl.net.links import ALLREDUCE_TAG, AbortCheck, Ticket, never_aborted
+from ecofl.net.mesh import EpochMesh
+from ecofl.net.pacing import TokenBucket
 from ecofl.pipeline.instructions import (
     AggregateWeights,
     Backward,
@@ -46,9 +49,7 @@ from ecofl.pipeline.instructions import (
     SendGrad,
 )
 from ecofl.pipeline.plan import ScheduleKind
-from ecofl.pipeline.runtime.emulation import MemoryLedger, TokenBucket, dilate, saved_bytes
-from ecofl.pipeline.runtime.links import ALLREDUCE_TAG, AbortCheck, Ticket, never_aborted
-from ecofl.pipeline.runtime.mesh import EpochMesh
+from ecofl.pipeline.runtime.emulation import MemoryLedger, dilate, saved_bytes
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.weight_stash import WeightVersions
 from ecofl.pipeline.schedule import ActionKind

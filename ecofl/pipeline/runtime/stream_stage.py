@@ -13,7 +13,7 @@ been sent on, and at most ``role.resident_bound`` (K) at once. A device
 sends micro-batch m to a device of the next stage only when that device has
 room, i.e. has released micro-batch m - K_next; a device that releases a
 micro-batch tells each of its sources with a *credit* (a tiny tensor under
-:data:`~ecofl.pipeline.runtime.links.CREDIT_TAG`). Stage 0's input crosses
+:data:`~ecofl.net.links.CREDIT_TAG`). Stage 0's input crosses
 the portal's emulated link when the device has room; the last stage's
 output crosses the link back (emulated, else at once). Measured events:
 ``recv`` (an input's transfer from the portal), ``F``, ``send`` (to the next
@@ -32,9 +32,10 @@ from torch import nn
 
 from ecofl.pipeline.instructions import Forward, LoadMicroBatch, RecvActivation, SendActivation, SendOutput, \
     stream_program
-from ecofl.pipeline.runtime.emulation import TokenBucket, dilate
-from ecofl.pipeline.runtime.links import CREDIT_TAG, POLL_S, AbortCheck, RoundAborted, Ticket, never_aborted
-from ecofl.pipeline.runtime.mesh import EpochMesh
+from ecofl.net.links import CREDIT_TAG, POLL_S, AbortCheck, RoundAborted, Ticket, never_aborted
+from ecofl.net.mesh import EpochMesh
+from ecofl.net.pacing import TokenBucket
+from ecofl.pipeline.runtime.emulation import dilate
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.schedule import ActionKind
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from ecofl.net.wire import send_message
 from ecofl.pipeline.plan import ScheduleKind
 from ecofl.pipeline.runtime.errors import DevicesLost
 from ecofl.pipeline.runtime.recovery import Recovery
 from ecofl.pipeline.runtime.statistics import PipelineResult, pipeline_result
-from ecofl.pipeline.runtime.wire import send_message
 from ecofl.weights import Weights
 
 if TYPE_CHECKING:

@@ -126,7 +126,7 @@ def worker_roles(
 
     ``schedule`` defaults to the plan's (:func:`ecofl.pipeline.plan.plan_schedule`); the portal passes
     the one it validated. ``pace_links=False`` leaves link rates to the kernel
-    (:mod:`ecofl.pipeline.runtime.netns`).
+    (:mod:`ecofl.net.netns`).
     """
     used = [d for stage in plan.stages for d in stage.devices]
     if len(set(used)) != len(used):

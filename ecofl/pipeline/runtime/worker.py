@@ -2,9 +2,9 @@
 
 ``python -m ecofl.pipeline.runtime.worker --portal HOST:PORT --device D`` with
 the home's secret in ``ECOFL_HOME_SECRET`` (hex). The worker proves the secret
-to the portal (:mod:`ecofl.pipeline.runtime.auth`) before it learns anything,
+to the portal (:mod:`ecofl.net.auth`) before it learns anything,
 receives the model spec as JSON on the sealed control channel, opens its data
-port (:class:`~ecofl.pipeline.runtime.mesh.DataListener`), reports it, and
+port (:class:`~ecofl.net.mesh.DataListener`), reports it, and
 serves the portal's requests (:class:`~ecofl.pipeline.runtime.worker_requests.Worker`)
 until it says stop. Any error is reported as ``{"type": "error"}`` and ends
 the process; so does the loss of the portal's connection. With
@@ -25,13 +25,13 @@ import time
 import traceback
 from typing import Callable
 
-from ecofl.pipeline.runtime.auth import join_home
-from ecofl.pipeline.runtime.errors import AuthenticationFailed
+from ecofl.net.auth import join_home
+from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.mesh import DataListener
+from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.launch import SECRET_ENV, die_with_portal
-from ecofl.pipeline.runtime.mesh import DataListener
 from ecofl.pipeline.runtime.process_memory import rss_bytes
 from ecofl.pipeline.runtime.worker_requests import Worker
-from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
 
 
 def connect(portal: tuple[str, int], timeout_s: float) -> socket.socket:

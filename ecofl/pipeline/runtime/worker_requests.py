@@ -24,7 +24,7 @@ again, so a half-done round is never applied (Asteroid §3.4's pipeline
 replay). An abort's answer lists the worker's committed copies
 (:meth:`.stage_state.StageState.holdings`): the portal restores from what
 the survivors really hold. With ``heartbeat`` in its config a thread of its
-own beats to the portal (:mod:`.heartbeat`).
+own beats to the portal (:mod:`ecofl.net.heartbeat`).
 The process around it (joining, sessions) is :mod:`.worker`.
 """
 
@@ -37,21 +37,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from ecofl.net.heartbeat import HeartbeatSender
+from ecofl.net.links import MIGRATION_TAG, REPLICA_TAG, PeerLost, RoundAborted
+from ecofl.net.mesh import DataListener, EpochMesh
+from ecofl.net.sealed import SealedSocket
+from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.instructions import Program, async_program, check_program
 from ecofl.pipeline.plan import ScheduleKind
-from ecofl.pipeline.runtime.heartbeat import HeartbeatSender
-from ecofl.pipeline.runtime.links import MIGRATION_TAG, REPLICA_TAG, PeerLost, RoundAborted
-from ecofl.pipeline.runtime.mesh import DataListener, EpochMesh
 from ecofl.pipeline.runtime.migration_io import exchange_states, pace
 from ecofl.pipeline.runtime.model_spec import spec_from_json, stage_module
 from ecofl.pipeline.runtime.process_memory import peak_rss_bytes, reset_peak
-from ecofl.pipeline.runtime.sealed import SealedSocket
 from ecofl.pipeline.runtime.stage import Optimization, StageExecutor
 from ecofl.pipeline.runtime.stage_state import StageState, as_arrays, from_arrays
 from ecofl.pipeline.runtime.stream_stage import StreamExecutor
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.traps import Trap, Traps
-from ecofl.pipeline.runtime.wire import recv_message, send_message
 from ecofl.pipeline.schedule import async_one_f_one_b
 
 #: Failures of a sync-round that the portal can recover from (the worker stays and waits).

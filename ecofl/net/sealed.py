@@ -1,9 +1,9 @@
 """A sealed channel: the bytes of an authenticated connection, encrypted and authenticated record by record.
 
-After the mutual challenge-response of :mod:`ecofl.pipeline.runtime.auth`
-both ends hold two fresh 256-bit keys, one per direction, derived from the
-home's secret and both nonces (HKDF-SHA256, RFC 5869). Every
-:meth:`SealedSocket.sendall` then travels as one or more *records*::
+After the mutual challenge-response of :mod:`.auth` both ends hold two
+fresh 256-bit keys, one per direction, derived from the home's secret and
+both nonces (HKDF-SHA256, RFC 5869). Every :meth:`SealedSocket.sendall`
+then travels as one or more *records*::
 
     length (4 bytes, big-endian)  |  AES-256-GCM(key, nonce = record counter, plaintext, aad = length)
 
@@ -32,14 +32,13 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.framing import recv_exactly
+
 #: Most plaintext bytes in one record (a large tensor is several records).
 RECORD_BYTES = 1 << 20
 _TAG_BYTES = 16
 _LENGTH = struct.Struct(">I")
-
-
-class ChannelClosed(ConnectionError):
-    """The peer closed the connection, it broke, or a record failed its authentication tag."""
 
 
 def channel_keys(secret: bytes, acceptor_nonce: bytes, connector_nonce: bytes, context: str) -> tuple[bytes, bytes]:
@@ -117,13 +116,13 @@ class SealedSocket:
         is returned: large tensors are not copied twice); a larger one is
         kept for the following reads (None). 0 at a clean end of stream.
         """
-        header = _read_exactly(self.sock, _LENGTH.size, allow_eof=True)
+        header = recv_exactly(self.sock, _LENGTH.size, allow_eof=True)
         if header is None:
             return 0
         (length,) = _LENGTH.unpack(header)
         if not _TAG_BYTES < length <= RECORD_BYTES + _TAG_BYTES:
             raise ChannelClosed(f"a record of {length} bytes is not a record of this channel")
-        sealed = _read_exactly(self.sock, length)
+        sealed = recv_exactly(self.sock, length)
         size = length - _TAG_BYTES
         direct = len(target) >= size
         out = target[:size] if direct else bytearray(size)
@@ -169,21 +168,3 @@ class SealedSocket:
 
 def _nonce(counter: int) -> bytes:
     return counter.to_bytes(12, "big")
-
-
-def _read_exactly(sock: socket.socket, count: int, allow_eof: bool = False) -> bytearray | None:
-    """``count`` bytes from ``sock``; None at a clean end of stream before the first byte if ``allow_eof``."""
-    buffer = bytearray(count)
-    view = memoryview(buffer)
-    received = 0
-    while received < count:
-        try:
-            n = sock.recv_into(view[received:], count - received)
-        except (ConnectionResetError, BrokenPipeError) as error:
-            raise ChannelClosed(str(error)) from error
-        if n == 0:
-            if received == 0 and allow_eof:
-                return None
-            raise ChannelClosed("connection closed by peer")
-        received += n
-    return buffer

@@ -3,9 +3,9 @@
 Nothing on this channel is ever unpickled. A message is an 8-byte big-endian
 length, a UTF-8 JSON object, and the bytes of the arrays the header lists
 under ``"arrays"`` (name, dtype, shape), back to back. Before a peer has
-authenticated (:mod:`ecofl.pipeline.runtime.auth`) the reader accepts only a
-small header and no arrays; after, the messages travel on the connection's
-:class:`~ecofl.pipeline.runtime.sealed.SealedSocket`.
+authenticated (:mod:`.auth`) the reader accepts only a small header and no
+arrays; after, the messages travel on the connection's
+:class:`~ecofl.net.sealed.SealedSocket`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ecofl.pipeline.runtime.sealed import ChannelClosed, SealedSocket
+from ecofl.net.framing import recv_exactly
+from ecofl.net.sealed import SealedSocket
 
 PREAUTH_LIMIT = 4096  # bytes of header accepted from an unauthenticated peer
 HEADER_LIMIT = 64 << 20
@@ -25,7 +26,7 @@ HEADER_LIMIT = 64 << 20
 _LENGTH = struct.Struct(">Q")
 Channel = socket.socket | SealedSocket
 
-__all__ = ["ChannelClosed", "Channel", "send_message", "recv_message"]
+__all__ = ["Channel", "send_message", "recv_message"]
 
 
 def send_message(sock: Channel, header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> None:
@@ -43,12 +44,12 @@ def send_message(sock: Channel, header: dict[str, Any], arrays: dict[str, np.nda
 
 
 def recv_message(sock: Channel, *, authenticated: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Receive one message; raise :class:`ChannelClosed` on end of stream, ValueError if malformed."""
-    (length,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
+    """Receive one message; :class:`~ecofl.net.errors.ChannelClosed` at end of stream, ValueError if malformed."""
+    (length,) = _LENGTH.unpack(recv_exactly(sock, _LENGTH.size))
     limit = HEADER_LIMIT if authenticated else PREAUTH_LIMIT
     if length > limit:
         raise ValueError(f"control message header of {length} bytes exceeds {limit}")
-    header = json.loads(_recv_exactly(sock, length))
+    header = json.loads(recv_exactly(sock, length))
     if not isinstance(header, dict):
         raise ValueError("control message header is not a JSON object")
     listing = header.pop("arrays", [])
@@ -61,21 +62,6 @@ def recv_message(sock: Channel, *, authenticated: bool = True) -> tuple[dict[str
             raise ValueError("object arrays are refused")
         shape = tuple(int(d) for d in entry["shape"])
         count = int(np.prod(shape, dtype=np.int64))
-        data = _recv_exactly(sock, count * dtype.itemsize)
+        data = recv_exactly(sock, count * dtype.itemsize)
         arrays[entry["name"]] = np.frombuffer(data, dtype=dtype).reshape(shape)
     return header, arrays
-
-
-def _recv_exactly(sock: Channel, count: int) -> bytearray:
-    buffer = bytearray(count)
-    view = memoryview(buffer)
-    received = 0
-    while received < count:
-        try:
-            n = sock.recv_into(view[received:], count - received)
-        except (ConnectionResetError, BrokenPipeError) as error:
-            raise ChannelClosed(str(error)) from error
-        if n == 0:
-            raise ChannelClosed("connection closed by peer")
-        received += n
-    return buffer

@@ -11,10 +11,10 @@ is: a micro-batch's activation or gradient (the micro-batch index), a
 replica, a migrated layer, a step of an all-reduce.
 
 A tensor travels as a fixed header (tag, dtype, shape) and its raw bytes on
-the link's :class:`~ecofl.pipeline.runtime.sealed.SealedSocket`; nothing is
-unpickled. Every wait checks an :data:`AbortCheck`, so the portal can
-interrupt a sync-round that can no longer finish; closing the link ends
-both threads (a peer that froze or died cannot hold a worker forever).
+the link's :class:`~ecofl.net.sealed.SealedSocket`; nothing is unpickled.
+Every wait checks an :data:`AbortCheck`, so the portal can interrupt a
+sync-round that can no longer finish; closing the link ends both threads (a
+peer that froze or died cannot hold a worker forever).
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ecofl.pipeline.runtime.emulation import TokenBucket
-from ecofl.pipeline.runtime.sealed import ChannelClosed, SealedSocket
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.framing import recv_exactly
+from ecofl.net.pacing import TokenBucket
+from ecofl.net.sealed import SealedSocket
 
 #: Raises (e.g. :class:`RoundAborted`) when the portal asked to stop waiting; called while waiting.
 AbortCheck = Callable[[], None]
@@ -164,7 +166,7 @@ class PeerLink:
     def _read_loop(self) -> None:
         try:
             while True:
-                header = _read_exactly(self.channel, HEADER.size)
+                header = recv_exactly(self.channel, HEADER.size)
                 tag, code, ndim, *dims = HEADER.unpack(header)
                 if code >= len(DTYPES) or ndim > MAX_DIMS or any(d < 0 for d in dims):
                     raise ChannelClosed(f"rank {self.peer} sent a malformed tensor header")
@@ -172,7 +174,7 @@ class PeerLink:
                 count = int(np.prod(shape, dtype=np.int64))
                 raw = torch.empty(count * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8)
                 if raw.numel():
-                    _read_exactly(self.channel, raw.numel(), into=raw.numpy())
+                    recv_exactly(self.channel, raw.numel(), raw.numpy())
                 tensor = raw.view(dtype).reshape(shape)
                 with self._arrived:
                     self._inbox[tag].append(tensor)
@@ -213,16 +215,3 @@ class PeerLink:
             pass
         self.channel.close()
         self._outbox.put(None)
-
-
-def _read_exactly(channel: SealedSocket, count: int, into: np.ndarray | None = None) -> bytearray | np.ndarray:
-    """``count`` bytes from ``channel`` (into ``into``'s memory if given)."""
-    target = into if into is not None else bytearray(count)
-    view = memoryview(target).cast("B")
-    received = 0
-    while received < count:
-        n = channel.recv_into(view[received:], count - received)
-        if n == 0:
-            raise ChannelClosed("connection closed by peer")
-        received += n
-    return target

@@ -30,11 +30,11 @@ import time
 
 import torch
 
-from ecofl.pipeline.runtime.auth import admit_peer, join_home
-from ecofl.pipeline.runtime.emulation import TokenBucket
-from ecofl.pipeline.runtime.errors import AuthenticationFailed
-from ecofl.pipeline.runtime.links import POLL_S, AbortCheck, PeerLink, PeerLost, Ticket, never_aborted
-from ecofl.pipeline.runtime.sealed import ChannelClosed, SealedSocket
+from ecofl.net.auth import admit_peer, join_home
+from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.links import POLL_S, AbortCheck, PeerLink, PeerLost, Ticket, never_aborted
+from ecofl.net.pacing import TokenBucket
+from ecofl.net.sealed import SealedSocket
 
 HANDSHAKE_TIMEOUT_S = 10.0
 _PURPOSE = re.compile(r"data epoch (\d+) to rank (\d+)")

@@ -14,8 +14,8 @@ that does not hold the secret; the purpose (``"control"``, ``"heartbeat"``,
 ``"data epoch 3 to rank 1"``, ...) binds a proof to the one kind of channel
 it was made for. HMAC-SHA256 (RFC 2104). Both ends then derive the
 connection's keys from the secret and both nonces and continue on a
-:class:`~ecofl.pipeline.runtime.sealed.SealedSocket`: whoever did not take
-part in the handshake can neither read nor inject a byte.
+:class:`~ecofl.net.sealed.SealedSocket`: whoever did not take part in the
+handshake can neither read nor inject a byte.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import secrets
 import socket
 from dataclasses import dataclass
 
-from ecofl.pipeline.runtime.errors import AuthenticationFailed
-from ecofl.pipeline.runtime.sealed import SealedSocket, channel_keys
-from ecofl.pipeline.runtime.wire import recv_message, send_message
+from ecofl.net.errors import AuthenticationFailed
+from ecofl.net.sealed import SealedSocket, channel_keys
+from ecofl.net.wire import recv_message, send_message
 
 NONCE_BYTES = 32
 CONTROL = "control"  # the purpose of a worker's control channel to its portal

@@ -21,11 +21,11 @@ import socket
 import threading
 import time
 
-from ecofl.pipeline.runtime.auth import admit_device, join_home
-from ecofl.pipeline.runtime.errors import AuthenticationFailed
-from ecofl.pipeline.runtime.liveness import Failure, Liveness, LivenessSettings
-from ecofl.pipeline.runtime.sealed import SealedSocket
-from ecofl.pipeline.runtime.wire import ChannelClosed, recv_message, send_message
+from ecofl.net.auth import admit_device, join_home
+from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.liveness import Failure, Liveness, LivenessSettings
+from ecofl.net.sealed import SealedSocket
+from ecofl.net.wire import recv_message, send_message
 
 
 HEARTBEAT = "heartbeat"  # the purpose a heartbeat channel's handshake proves
