@@ -1,0 +1,1 @@
+"""The network layer of a home: authenticated, sealed channels between its devices and typed messages on them."""
