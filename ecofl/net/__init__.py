@@ -4,7 +4,8 @@
   challenge-response bound to the channel's purpose), then continues on a
   :mod:`.sealed` channel (AES-256-GCM records under keys of that connection);
 - :mod:`.wire`: JSON headers plus raw array bytes on a channel (never pickle);
-  :mod:`.framing`: the one routine every frame is read with;
+  :mod:`.framing`: the one routine every frame is read with; :mod:`.schema`:
+  typed messages (one dataclass each), validated on receipt;
 - :mod:`.mesh`, :mod:`.links`: the data plane (each pipeline epoch's tensor
   links, tagged tensors, ring all-reduce); :mod:`.pacing`: a link's token
   bucket;

@@ -12,29 +12,29 @@ import selectors
 import socket
 import subprocess
 import time
-from typing import Any, Callable
+from typing import Callable
 
-from ecofl.net.errors import ChannelClosed
-from ecofl.net.wire import recv_message
+from ecofl.pipeline.runtime.control_messages import REPLIES, Error
 from ecofl.pipeline.runtime.errors import EmulatedOOM, HomePipelineError, WorkerDied, WorkerFailed
 from ecofl.pipeline.runtime.launch import LocalDevices
+from ecofl.net.wire import ChannelClosed, recv_message
 
 
 def root_cause(
-    device: int, report: dict[str, Any] | None, during: str, connections: dict[int, socket.socket],
+    device: int, report: Error | None, during: str, connections: dict[int, socket.socket],
     devices: LocalDevices, name: Callable[[int], str],
 ) -> HomePipelineError:
     """The error to raise for a failure first noticed at ``device`` (``report``: its error message)."""
     time.sleep(0.5)
-    reports: dict[int, dict[str, Any]] = {}
+    reports: dict[int, Error] = {}
     silent: list[int] = []
     for other, sock in connections.items():
         if other == device and report is not None:
             reports[other] = report
             continue
-        state, header = pending_error(sock)
+        state, error = pending_error(sock)
         if state == "error":
-            reports[other] = header
+            reports[other] = error
         elif state == "closed" or devices.exited().get(other, 0) != 0:
             silent.append(other)
     if report is None and device not in reports and device not in silent:
@@ -42,10 +42,10 @@ def root_cause(
     if silent:
         gone = silent[0] if device not in silent else device
         return WorkerDied(death_notice(gone, during, devices, name) + _echoes(reports, name))
-    first, header = min(reports.items(), key=lambda item: item[1].get("time", float("inf")))
-    if header.get("kind") == "EmulatedOOM":
-        return EmulatedOOM(str(header.get("message")))
-    return WorkerFailed(f"device {first} ({name(first)}) failed: {header.get('kind')}: {header.get('message')}")
+    first, error = min(reports.items(), key=lambda item: item[1].time)
+    if error.kind == "EmulatedOOM":
+        return EmulatedOOM(error.message)
+    return WorkerFailed(f"device {first} ({name(first)}) failed: {error.kind}: {error.message}")
 
 
 def death_notice(device: int, during: str, devices: LocalDevices, name: Callable[[int], str]) -> str:
@@ -62,23 +62,24 @@ def death_notice(device: int, during: str, devices: LocalDevices, name: Callable
     return f"device {device} ({name(device)}) went away{detail} while {during}{log}"
 
 
-def pending_error(sock: socket.socket) -> tuple[str, dict[str, Any] | None]:
-    """Read what a worker has already sent: ("error", header), ("closed", None) or ("quiet", None)."""
+def pending_error(sock: socket.socket) -> tuple[str, Error | None]:
+    """Read what a worker has already sent: ("error", its report), ("closed", None) or ("quiet", None)."""
     with selectors.DefaultSelector() as selector:
         selector.register(sock, selectors.EVENT_READ)
         while selector.select(timeout=0):
             sock.settimeout(1.0)
             try:
                 header, _ = recv_message(sock)
+                reply = REPLIES.decode(header)
             except (ChannelClosed, OSError, ValueError):
                 return "closed", None
-            if header.get("type") == "error":
-                return "error", header
+            if isinstance(reply, Error):
+                return "error", reply
     return "quiet", None
 
 
-def _echoes(reports: dict[int, dict[str, Any]], name: Callable[[int], str]) -> str:
+def _echoes(reports: dict[int, Error], name: Callable[[int], str]) -> str:
     if not reports:
         return ""
-    said = "; ".join(f"device {d} ({name(d)}) reported {h.get('kind')}: {h.get('message')}" for d, h in reports.items())
+    said = "; ".join(f"device {d} ({name(d)}) reported {e.kind}: {e.message}" for d, e in reports.items())
     return f" (then {said})"

@@ -1,13 +1,15 @@
-"""The portal's view of a home pipeline: start the devices, train, survive their failures, stop them.
+"""The portal's view of a home pipeline: start the devices, train or infer, survive their failures, stop them.
 
 :class:`HomePipeline` is what the Flower client calls (Eco-FL §3: the portal
 node holds the home's data and drives the pipeline across the home's
 devices). It admits one worker per device of the plan (started here, or
 joining from real devices) on an authenticated, sealed control channel, tells every worker
 the pipeline epoch's ranks and data ports (the workers link to each other
-themselves, :mod:`ecofl.net.mesh`), validates the schedule, and for each sync-round
+themselves, :mod:`.mesh`), validates the schedule, and for each sync-round
 feeds the inputs to the first stage and the labels to the last; no other
-device sees data.
+device sees data. The processes and channels are the control plane's
+(:mod:`.control_plane`), the plan and the roles the layout's
+(:mod:`.layout`); this module drives them.
 
 Without fault tolerance a failure anywhere (a worker that dies or raises, a
 device that never joins, a peer without the home's secret, an emulated
@@ -21,33 +23,26 @@ slow device makes the pipeline re-plan and continue (:mod:`.recovery`).
 
 from __future__ import annotations
 
-import socket
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from ecofl.devices import HomePool
-from ecofl.net.auth import new_secret
-from ecofl.net.heartbeat import HeartbeatMonitor
-from ecofl.net.netns import HomeNetwork
-from ecofl.net.sealed import SealedSocket
-from ecofl.net.wire import send_message
-from ecofl.pipeline.cost import simulate
-from ecofl.pipeline.plan import Plan, ScheduleKind, plan_schedule
+from ecofl.pipeline.plan import Plan, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
-from ecofl.pipeline.runtime.admission import admit_devices
-from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
-from ecofl.pipeline.runtime.failures import root_cause
+from ecofl.net.auth import new_secret
+from ecofl.pipeline.runtime.control_messages import Config, Entered
+from ecofl.pipeline.runtime.control_plane import ControlPlane
+from ecofl.pipeline.runtime.errors import HomePipelineError
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
-from ecofl.pipeline.runtime.launch import LocalDevices
-from ecofl.pipeline.runtime.model_spec import ModelSpec, layer_state_keys
+from ecofl.pipeline.runtime.layout import PipelineLayout
+from ecofl.pipeline.runtime.model_spec import ModelSpec
+from ecofl.net.netns import HomeNetwork
 from ecofl.pipeline.runtime.pipelined_inference import stream_inference
-from ecofl.pipeline.runtime.round_protocol import gather
+from ecofl.pipeline.runtime.stage import Optimization
 from ecofl.pipeline.runtime.statistics import InferenceResult, PipelineResult
 from ecofl.pipeline.runtime.sync_training import train_async, train_sync_rounds
-from ecofl.pipeline.runtime.topology import PER_CALL_PROGRAMS, worker_roles
-from ecofl.pipeline.schedule import validate
 from ecofl.pipeline.stream import simulate_stream
 from ecofl.weights import Weights, get_weights
 
@@ -97,57 +92,46 @@ class HomePipeline:
     ):
         if fault_tolerance is not None and profile is None:
             raise ValueError("fault tolerance re-plans from the model's profile: pass profile=")
-        self.model, self.pool, self.profile, self.timeout_s = model, pool, profile, timeout_s
-        self.emulate, self.network, self.fault_tolerance = emulate, network, fault_tolerance
-        self.invite = invite
-        self.join_timeout_s = join_timeout_s
-        self.aggregate_every = aggregate_every  # asynchronous 1F1B's weight aggregation (FTPipeHD §III-C)
-        self.pace_links = network is None if pace_links is None else pace_links
-        self.departed = departed
-        self.secret = secret if secret is not None else new_secret()
-        self.port = port
-        self.host = network.portal_address if network is not None else host  # namespaces: links shaped by the kernel
-        full_model, self.layers = model.build()
-        if len(self.layers) != plan.num_layers:
-            raise ValueError(f"the plan covers {plan.num_layers} layers, the model has {len(self.layers)}")
-        self.keys = list(full_model.state_dict().keys())
-        self.layer_keys = layer_state_keys(full_model, self.layers)
-        self.parameter_keys = {k for k, _ in full_model.named_parameters()}
+        self.model, self.timeout_s, self.fault_tolerance = model, timeout_s, fault_tolerance
+        self.invite, self.join_timeout_s = invite, join_timeout_s
+        full_model, layers = model.build()
+        self.layout = PipelineLayout(full_model, layers, pool, plan, profile, emulate=emulate,
+                                     pace_links=network is None if pace_links is None else pace_links,
+                                     aggregate_every=aggregate_every)
         self.weights: Weights = get_weights(full_model)
-        self.use_plan(plan)
-        self.local_devices = [r.device for r in self.roles] if local_devices is None else list(local_devices)
-        self.devices = LocalDevices()
-        self.connections: dict[int, SealedSocket] = {}
-        self.data_ports: dict[int, tuple[str, int]] = {}  # device -> its worker's DataListener
-        self.refused: list[str] = []  # why each peer that failed the handshake was turned away
-        self.trapped: dict[int, float] = {}  # device -> when its phase-targeted trap fired (:mod:`.traps`)
-        self.monitor: HeartbeatMonitor | None = None
-        self.listener: socket.socket | None = None
-        self._closed = False
+        self.local_devices = self.layout.devices if local_devices is None else list(local_devices)
+        self.control = ControlPlane(
+            [d.name for d in pool.devices], secret if secret is not None else new_secret(), timeout_s,
+            host=network.portal_address if network is not None else host,  # namespaces: links shaped by the kernel
+            port=port, network=network, heartbeat=fault_tolerance.heartbeat if fault_tolerance else None,
+            departed=departed,
+        )
 
-    def use_plan(self, plan: Plan) -> None:
-        """Make ``plan`` the one the workers run (a training schedule is validated first: a bad one is refused;
-        an inference plan's stream program follows from each call's length)."""
-        schedule = None
-        if plan.schedule not in PER_CALL_PROGRAMS:
-            schedule = plan_schedule(plan)
-            validate(schedule, plan.num_micro_batches, [s.in_flight for s in plan.stages]
-                     if plan.schedule == ScheduleKind.ONE_F_ONE_B else None)
-        self.plan = plan
-        self.roles = worker_roles(plan, self.pool, self.profile, self.emulate, pace_links=self.pace_links,
-                                  schedule=schedule, aggregate_every=self.aggregate_every)
-        self.stage_keys = [self.keys_of(stage.layers) for stage in plan.stages]
+    @property
+    def plan(self) -> Plan:
+        """The plan the workers run now (a re-plan replaces it)."""
+        return self.layout.plan
+
+    @property
+    def profile(self) -> ModelProfile | None:
+        return self.layout.profile
+
+    @property
+    def secret(self) -> bytes:
+        return self.control.secret
+
+    @property
+    def refused(self) -> list[str]:
+        """Why each peer that failed the handshake was turned away."""
+        return self.control.refused
+
+    @property
+    def data_ports(self) -> dict[int, tuple[str, int]]:
+        return self.control.data_ports
 
     def predicted_sync_round_s(self) -> float | None:
         """The cost model's sync-round of the current plan (None without a profile)."""
-        return None if self.profile is None else simulate(self.plan, self.profile, self.pool).sync_round_s
-
-    def keys_of(self, layers: tuple[int, int]) -> list[str]:
-        """The state keys of the layers ``layers[0]`` .. ``layers[1]``."""
-        return self.keys_of_layers(range(layers[0], layers[1] + 1))
-
-    def keys_of_layers(self, layers: Iterable[int]) -> list[str]:
-        return [k for layer in sorted(layers) for k in self.layer_keys[layer]]
+        return self.layout.predicted_sync_round_s()
 
     # -- lifetime ------------------------------------------------------------------
 
@@ -165,74 +149,32 @@ class HomePipeline:
     @property
     def worker_pids(self) -> dict[int, int]:
         """Process ids of the workers this portal started, by device."""
-        return self.devices.pids
+        return self.control.devices.pids
 
     def _start(self) -> None:
-        self.listener = socket.create_server((self.host, self.port))
-        ft = self.fault_tolerance
-        if ft is not None:
-            self.monitor = HeartbeatMonitor(self.secret, [r.device for r in self.roles], ft.heartbeat, self.host)
-            self.monitor.__enter__()
+        control, world = self.control, self.layout.devices
+        control.open(world)
         for device in self.local_devices:
-            self.start_worker(device)
+            control.start_worker(device)
         if self.invite is not None:
-            self.invite(self.listener.getsockname()[:2], [r.device for r in self.roles
-                                                          if r.device not in self.local_devices])
-        self.connections.update(admit_devices(
-            self.listener, self.secret, {r.device: r.device_name for r in self.roles}, self.timeout_s,
-            lambda: self._check_processes("joining the home"), self.refused, set(self.local_devices),
-            self.join_timeout_s,
-        ))
-        world = [role.device for role in self.roles]
-        self.configure_joined(world)
+            self.invite(control.address, [d for d in world if d not in self.local_devices])
+        control.admit(world, set(self.local_devices), self.join_timeout_s)
+        control.configure(world, self.worker_config())
         for device in world:
-            send_message(self.connections[device], self.epoch_message(0, device, world))
-        self.gather("entered")
+            control.send(device, self.layout.epoch(0, device, world, control.data_ports))
+        control.gather(Entered)
 
-    def start_worker(self, device: int) -> None:
-        prefix = self.network.prefix(device) if self.network is not None else None
-        self.devices.start(device, self.listener.getsockname()[:2], self.secret, prefix)
-
-    def configure_joined(self, devices: list[int]) -> None:
-        """Send admitted ``devices`` their configuration; note the data port each reports when ready."""
-        ft = self.fault_tolerance
+    def worker_config(self) -> Config:
+        """What every worker is told when it joins: the model, the time limit, the heartbeat to beat to."""
+        monitor = self.control.monitor
         heartbeat = None
-        if ft is not None and self.monitor is not None:
-            heartbeat = [*self.monitor.address, ft.heartbeat.period_s]
-        config = {"type": "config", "model": self.model.to_json(), "timeout_s": self.timeout_s,
-                  "snapshots": ft is not None, "heartbeat": heartbeat}
-        for device in devices:
-            send_message(self.connections[device], config)
-        for device, reply in self.gather("ready", devices=devices).items():
-            host, port = reply["data"]
-            self.data_ports[device] = (str(host), int(port))
-
-    def epoch_message(self, epoch: int, device: int, world: list[int]) -> dict[str, Any]:
-        """What ``device`` needs to enter ``epoch``: its role (None: idle in this plan), its rank in ``world``
-        (the ranks of the epoch, the plan's devices first), and every rank's data port."""
-        role = next((r for r in self.roles if r.device == device), None)
-        return {"type": "epoch", "epoch": epoch, "role": role.to_json() if role is not None else None,
-                "rank": world.index(device), "addresses": [list(self.data_ports[d]) for d in world]}
+        if self.fault_tolerance is not None and monitor is not None:
+            heartbeat = (*monitor.address, self.fault_tolerance.heartbeat.period_s)
+        return Config(self.model.to_json(), self.timeout_s, self.fault_tolerance is not None, heartbeat)
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and release the portal's sockets."""
-        if self._closed:
-            return
-        self._closed = True
-        for sock in self.connections.values():
-            try:
-                sock.settimeout(1.0)
-                send_message(sock, {"type": "stop"})
-            except OSError:
-                pass
-        self.devices.stop(grace_s=5.0)
-        for sock in self.connections.values():
-            sock.close()
-        self.connections.clear()
-        if self.monitor is not None:
-            self.monitor.close()
-        if self.listener is not None:
-            self.listener.close()
+        self.control.close()
 
     # -- training ------------------------------------------------------------------
 
@@ -281,16 +223,21 @@ class HomePipeline:
         asynchronous = self.plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B
         if asynchronous and self.fault_tolerance is not None:
             raise ValueError("asynchronous 1F1B has no sync-rounds to replay: run it without fault tolerance")
-        start = dict(zip(self.keys, self._checked(self.weights if weights is None else weights)))
-        ref = dict(zip(self.keys, self._checked(reference))) if reference is not None else start
-        optimization = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "mu": mu}
+        keys = self.layout.keys
+        start = dict(zip(keys, self._checked(self.weights if weights is None else weights)))
+        ref = dict(zip(keys, self._checked(reference))) if reference is not None else start
+        optimization = Optimization(lr=lr, momentum=momentum, weight_decay=weight_decay, mu=mu)
         try:  # from here on a failure leaves the workers in an unknown state: stop them all
             if asynchronous:
-                return train_async(self, start, ref, x, y, sync_rounds, optimization)
-            return train_sync_rounds(self, start, ref, x, y, sync_rounds, optimization, progress, inject)
+                result = train_async(self.control, self.layout, start, ref, x, y, sync_rounds, optimization)
+            else:
+                result = train_sync_rounds(self.control, self.layout, self.fault_tolerance, self.worker_config(),
+                                           start, ref, x, y, sync_rounds, optimization, progress, inject)
         except BaseException:
             self.close()
             raise
+        self.weights = result.weights
+        return result
 
     # -- inference ---------------------------------------------------------------------
 
@@ -308,18 +255,19 @@ class HomePipeline:
             raise ValueError("nothing to infer: no samples")
         self.weights = self._checked(self.weights if weights is None else weights)
         try:
-            return stream_inference(self, x)
+            return stream_inference(self.control, self.layout, self.weights, x)
         except BaseException:
             self.close()
             raise
 
     def predicted_stream(self, num_micro_batches: int | None = None):
         """The stream cost model's prediction for the current inference plan (None without a profile)."""
-        return None if self.profile is None else simulate_stream(self.plan, self.profile, self.pool,
-                                                                 num_micro_batches)
+        layout = self.layout
+        return None if layout.profile is None else simulate_stream(layout.plan, layout.profile, layout.pool,
+                                                                   num_micro_batches)
 
     def _check_running(self, what: str, training: bool) -> None:
-        if self._closed or not self.connections:
+        if not self.control.running:
             raise HomePipelineError("the home pipeline is not running (use it as a context manager)")
         if (self.plan.schedule == ScheduleKind.STREAM) == training:
             kind = "an inference" if training else "a training"
@@ -328,40 +276,10 @@ class HomePipeline:
 
     def _checked(self, weights: Weights) -> Weights:
         """``weights`` if they match the model's state (count and shapes), else ValueError."""
-        if len(weights) != len(self.keys):
-            raise ValueError(f"expected {len(self.keys)} weight arrays, got {len(weights)}")
-        for key, current, given in zip(self.keys, self.weights, weights):
+        keys = self.layout.keys
+        if len(weights) != len(keys):
+            raise ValueError(f"expected {len(keys)} weight arrays, got {len(weights)}")
+        for key, current, given in zip(keys, self.weights, weights):
             if np.shape(given) != np.shape(current):
                 raise ValueError(f"{key}: expected shape {np.shape(current)}, got {np.shape(given)}")
         return weights
-
-    # -- replies -------------------------------------------------------------------
-
-    def gather(self, expected: str, with_arrays: bool = False, devices: Sequence[int] | None = None,
-               ) -> dict[int, dict[str, Any]]:
-        """One reply of type ``expected`` from every worker (or ``devices``); see :func:`.round_protocol.gather`."""
-        return gather(self, expected, with_arrays, devices)
-
-    def _check_processes(self, during: str) -> None:
-        """A local worker that exited with an error, or a remote device whose daemon left its home
-        (``departed``), is a failure even before its socket says so."""
-        for device, code in self.devices.exited().items():
-            if code != 0:
-                raise self.failure(device, None, during)
-        gone = self.departed() if self.departed is not None else set()
-        if gone:
-            raise DevicesLost({d: "its device left the home" for d in sorted(gone)})
-
-    def failure(self, device: int, report: dict[str, Any] | None, during: str) -> HomePipelineError:
-        """What to raise for a failure first noticed at ``device`` (``report``: its error message, if any).
-
-        A device gone without a word is recoverable with fault tolerance
-        (:class:`DevicesLost`); otherwise, and for a worker that raised, the
-        root cause (:func:`.failures.root_cause`).
-        """
-        if self.fault_tolerance is not None and report is None:
-            return DevicesLost({device: "its control channel closed or its process ended"})
-        return root_cause(device, report, during, self.connections, self.devices, self.name)
-
-    def name(self, device: int) -> str:
-        return self.pool.devices[device].name

@@ -13,25 +13,24 @@ came from.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from ecofl.net.wire import send_message
 from ecofl.pipeline.migration import GLOBAL_COPY, Holders, moves_from_holders
 from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.runtime.control_messages import GetState, Reconfigure, Reconfigured, State
+from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.errors import HomePipelineError
+from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.migration_io import pace
+from ecofl.pipeline.runtime.stage import Optimization
 from ecofl.pipeline.runtime.stage_state import MOMENTUM
 
-if TYPE_CHECKING:
-    from ecofl.pipeline.runtime.portal import HomePipeline
 
-
-def reconfigure(p: "HomePipeline", new: Plan, version: int, holders: Holders, *, epoch: int,
-                global_copy: tuple[int, dict[str, np.ndarray]], reference: dict[str, np.ndarray],
-                optimization: dict[str, float], link: Callable[[int], float | None], heavy: bool = False,
-                recovery: bool = False) -> int:
+def reconfigure(control: ControlPlane, layout: PipelineLayout, new: Plan, version: int, holders: Holders, *,
+                epoch: int, global_copy: tuple[int, dict[str, np.ndarray]], reference: dict[str, np.ndarray],
+                optimization: Optimization, heavy: bool = False, recovery: bool = False) -> int:
     """Enter pipeline epoch ``epoch`` running ``new`` from committed ``version``, each layer from its
     ``holders`` (none: ``global_copy``); the bytes that crossed a link (as received).
 
@@ -39,27 +38,27 @@ def reconfigure(p: "HomePipeline", new: Plan, version: int, holders: Holders, *,
     gets its role, the version to roll back to, the layer moves and, from
     the portal, the layers only the global copy has (``heavy``: every layer,
     gathered at the portal first, Asteroid's heavy rescheduling) and its
-    FedProx ``reference``; ``link(device)`` is a device's emulated link rate
-    for pacing the portal's sends. ``recovery`` marks a recovery's epoch (a
+    FedProx ``reference``; the portal's sends are paced to the emulated link
+    rates (:meth:`.layout.PipelineLayout.link_rate`). ``recovery`` marks a recovery's epoch (a
     phase point, :mod:`.traps`).
     """
     portal_state: dict[str, np.ndarray] = {}
     moves = []
     moved = 0
     if heavy:
-        portal_state, moved = gather_state(p, version, holders, global_copy, link)
+        portal_state, moved = gather_state(control, layout, version, holders, global_copy)
     else:
-        moves = [m for m in moves_from_holders(new, holders, p.profile) if m.layer in holders]
+        moves = [m for m in moves_from_holders(new, holders, layout.profile) if m.layer in holders]
         global_layers = {m.layer for m in moves if m.source == GLOBAL_COPY}
         if global_layers:
             if global_copy[0] != version:
                 raise HomePipelineError(f"layers {sorted(global_layers)} have no copy at version {version}")
-            portal_state = _subset(global_copy[1], p.keys_of_layers(global_layers))
-    p.use_plan(new)
-    used = [role.device for role in p.roles]
-    world = used + sorted(set(p.connections) - set(used))
+            portal_state = _subset(global_copy[1], layout.keys_of_layers(global_layers))
+    layout.use_plan(new)
+    used = layout.devices
+    world = used + sorted(set(control.connections) - set(used))
     rank_of = {d: i for i, d in enumerate(world)}
-    role_of = {role.device: role for role in p.roles}
+    role_of = {role.device: role for role in layout.roles}
     ranked = [[m.layer, rank_of[m.source], rank_of[m.target]] for m in moves if m.source != GLOBAL_COPY]
     from_portal: dict[int, set[int]] = {}  # device -> layers only the global copy has
     for m in moves:
@@ -69,22 +68,22 @@ def reconfigure(p: "HomePipeline", new: Plan, version: int, holders: Holders, *,
         role = role_of.get(device)
         arrays = {}
         if role is not None:
-            keys = p.stage_keys[role.stage] if heavy else p.keys_of_layers(from_portal.get(device, ()))
+            keys = layout.stage_keys[role.stage] if heavy else layout.keys_of_layers(from_portal.get(device, ()))
             arrays.update(_subset(portal_state, keys))
             moved += sum(v.nbytes for v in arrays.values())
-            arrays.update({f"reference/{k}": reference[k] for k in p.stage_keys[role.stage]
+            arrays.update({f"reference/{k}": reference[k] for k in layout.stage_keys[role.stage]
                            if k in reference})
-        header = {**p.epoch_message(epoch, device, world), "type": "reconfigure",
-                  "restore": version, "moves": ranked, "optimization": optimization,
-                  "link_bps": link(device), "recovery": recovery}
-        pace(sum(a.nbytes for a in arrays.values() if not isinstance(a, float)), link(0))
-        send_message(p.connections[device], header, arrays)
-    replies = p.gather("reconfigured", devices=world)
-    return moved + sum(int(reply["bytes"]) for reply in replies.values())
+        entry = layout.epoch(epoch, device, world, control.data_ports)
+        request = Reconfigure(entry.epoch, entry.role, entry.rank, entry.addresses, restore=version, moves=ranked,
+                              optimization=optimization, link_bps=layout.link_rate(device), recovery=recovery)
+        pace(sum(a.nbytes for a in arrays.values()), layout.link_rate(0))
+        control.send(device, request, arrays)
+    replies = control.gather(Reconfigured, world)
+    return moved + sum(reply.received_bytes for reply in replies.values())
 
 
-def gather_state(p: "HomePipeline", version: int, holders: Holders, global_copy: tuple[int, dict[str, np.ndarray]],
-                 link: Callable[[int], float | None]) -> tuple[dict[str, np.ndarray], int]:
+def gather_state(control: ControlPlane, layout: PipelineLayout, version: int, holders: Holders,
+                 global_copy: tuple[int, dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], int]:
     """Heavy rescheduling's first half: every layer's state at ``version`` to the portal (from its first
     holder; a layer nobody holds, from the global copy); the state and the bytes that came over links."""
     requests: dict[int, list[int]] = {}
@@ -92,15 +91,14 @@ def gather_state(p: "HomePipeline", version: int, holders: Holders, global_copy:
         if devices:
             requests.setdefault(sorted(devices)[0], []).append(layer)
     for device, layers in requests.items():
-        send_message(p.connections[device], {"type": "state", "version": version, "layers": layers,
-                                             "link_bps": link(device)})
+        control.send(device, GetState(version, layers, layout.link_rate(device)))
     state: dict[str, np.ndarray] = {}
-    for reply in p.gather("state", with_arrays=True, devices=list(requests)).values():
-        state.update({k: np.array(v) for k, v in reply["arrays"].items()})
+    for _, arrays in control.gather_with_arrays(State, list(requests)).values():
+        state.update({k: np.array(v) for k, v in arrays.items()})
     moved = sum(v.nbytes for v in state.values())
     missing = [layer for layer, devices in holders.items() if not devices]
     if missing:
-        state.update(_subset(global_copy[1], p.keys_of_layers(missing)))
+        state.update(_subset(global_copy[1], layout.keys_of_layers(missing)))
     return state, moved
 
 

@@ -31,45 +31,48 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ecofl.errors import UserError
-from ecofl.net.wire import send_message
 from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.migration import Holders, restore_point
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.replan import full_replan, lightweight_replan, measured_speeds, with_speeds
 from ecofl.pipeline.replication import backup_targets
-from ecofl.pipeline.runtime.admission import admit_devices
+from ecofl.pipeline.runtime.control_messages import Arm, Armed, Collect, Config, Done, Replicate, Replicated, Weights
+from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
-from ecofl.pipeline.runtime.faults import FaultEvent, Injection
+from ecofl.pipeline.runtime.faults import FaultEvent, FaultTolerance, Injection
+from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.reconfiguration import reconfigure, restored_from
-from ecofl.pipeline.runtime.round_protocol import interrupt
+from ecofl.pipeline.runtime.stage import Optimization
 from ecofl.pipeline.schedule import PASSES, ActionKind
-
-if TYPE_CHECKING:
-    from ecofl.pipeline.runtime.portal import HomePipeline
 
 
 class Recovery:
-    """The fault-tolerance state of one ``HomePipeline.train`` call (inert without fault tolerance)."""
+    """The fault-tolerance state of one ``HomePipeline.train`` call (inert without fault tolerance).
 
-    def __init__(self, pipeline: "HomePipeline", reference: dict[str, np.ndarray], inject: Sequence[Injection],
-                 optimization: dict[str, float]):
-        self.p, self.ft = pipeline, pipeline.fault_tolerance
+    It sits on the home's :class:`~.control_plane.ControlPlane` (the workers)
+    and :class:`~.layout.PipelineLayout` (the plan, which a re-plan replaces);
+    ``config`` is what a joining worker is told.
+    """
+
+    def __init__(self, control: ControlPlane, layout: PipelineLayout, ft: FaultTolerance | None, config: Config,
+                 reference: dict[str, np.ndarray], inject: Sequence[Injection], optimization: Optimization):
+        self.control, self.layout, self.ft, self.config = control, layout, ft, config
         self.reference, self.optimization = reference, optimization
-        self.momentum = optimization["momentum"] > 0
+        self.momentum = optimization.momentum > 0
         self.injections = list(inject)
         self.slowdowns: dict[int, float] = {}
-        self.speeds = {d: spec.speed for d, spec in enumerate(pipeline.pool.devices)}
+        self.speeds = {d: spec.speed for d, spec in enumerate(layout.pool.devices)}
         self.events: list[FaultEvent] = []
         self._waiting: list[FaultEvent] = []  # recovered, waiting for their first completed sync-round
         self.completed: list[tuple[float, float]] = []  # (end wall time, seconds) of every completed round
         self.epoch = 0
         self.replica_version: int | None = None  # the version every backup holds (None: replicate before a round)
-        self.stateful = [layer for layer, keys in enumerate(pipeline.layer_keys) if keys]
+        self.stateful = layout.stateful
         self.global_copy: tuple[int, dict[str, np.ndarray]] | None = None
         self.lost_rounds = 0
         self._slow: dict[int, int] = {}
@@ -81,11 +84,10 @@ class Recovery:
         if self.ft is None:
             return
         for event in self._due(r, ("kill", "freeze"), aimed=True):
-            if event.device not in self.p.connections:
+            if event.device not in self.control.connections:
                 raise HomePipelineError(f"cannot aim {event.kind} at device {event.device}: it is not in the home")
-            send_message(self.p.connections[event.device], {"type": "arm", "signal": event.kind,
-                                                            "phase": event.phase, "count": event.count})
-            self.p.gather("armed", devices=[event.device])
+            self.control.send(event.device, Arm(event.kind, event.phase, event.count))
+            self.control.gather(Armed, [event.device])
             self.events.append(FaultEvent(event.kind, event.device, r, phase=event.phase))  # timed when it strikes
         for event in self._due(r, ("slow",)):
             self.slowdowns[event.device] = event.factor
@@ -111,7 +113,7 @@ class Recovery:
             if event.resumed_after_s is None:
                 event.resumed_after_s = now - event.struck_at
         for event in self._due(r, ("kill", "freeze")):
-            self.p.devices.signal(event.device, signal.SIGKILL if event.kind == "kill" else signal.SIGSTOP)
+            self.control.devices.signal(event.device, signal.SIGKILL if event.kind == "kill" else signal.SIGSTOP)
             self._record(FaultEvent(event.kind, event.device, r))
 
     def _due(self, r: int, kinds: tuple[str, ...], aimed: bool = False) -> list[Injection]:
@@ -121,27 +123,27 @@ class Recovery:
         self.injections = [e for e in self.injections if e not in due]
         return due
 
-    def after_round(self, r: int, replies: dict[int, dict[str, Any]], seconds: float) -> None:
+    def after_round(self, r: int, replies: dict[int, Done], seconds: float) -> None:
         now = time.time()
         self.completed.append((now, seconds))
         for event in self._waiting:
             event.recovered_after_s = now - event.struck_at
         self._waiting.clear()
-        if self.ft is not None and self.ft.adapt and self.p.emulate:
+        if self.ft is not None and self.ft.adapt and self.layout.emulate:
             self._watch_speeds(r, replies)
 
-    def _watch_speeds(self, r: int, replies: dict[int, dict[str, Any]]) -> None:
+    def _watch_speeds(self, r: int, replies: dict[int, Done]) -> None:
         """Eco-FL §4.4: a sustained deviation of a device's compute time from the plan re-plans the pipeline."""
-        p, profile = self.p, self.p.profile
+        layout, profile = self.layout, self.layout.profile
         measured: dict[int, float] = {}
         slow = []
-        for role in p.roles:
-            times = [end - start for kind, _, start, end in replies[role.device]["events"]
+        for role in layout.roles:
+            times = [end - start for kind, _, start, end in replies[role.device].events
                      if ActionKind.from_str(kind) in PASSES]
             if not times or role.samples == 0:
                 continue
             per_micro_batch = 2 * float(np.mean(times))  # one forward and one backward
-            expected = sum(stage_compute_s(profile, with_speeds(p.pool, self.speeds).devices[role.device],
+            expected = sum(stage_compute_s(profile, with_speeds(layout.pool, self.speeds).devices[role.device],
                                            role.layers, role.samples))
             measured[role.device] = per_micro_batch
             if per_micro_batch > self.ft.slowdown_ratio * expected:
@@ -153,7 +155,7 @@ class Recovery:
         if not slow:
             return
         started = time.time()
-        self.speeds.update(measured_speeds(p.plan, profile, with_speeds(p.pool, self.speeds), measured))
+        self.speeds.update(measured_speeds(layout.plan, profile, with_speeds(layout.pool, self.speeds), measured))
         kind = self.ft.adapt_replan
         new = self._replan(kind)
         event = next((e for e in reversed(self.events) if e.kind == "slow" and e.device in slow), None)
@@ -170,17 +172,13 @@ class Recovery:
 
     def join(self, device: int, r: int) -> None:
         """A device (new, or back) joins between sync-rounds: admit it, re-plan with it, migrate its layers."""
-        p = self.p
-        if device in p.connections or not 0 <= device < len(p.pool):
+        control = self.control
+        if device in control.connections or not 0 <= device < len(self.layout.pool):
             raise HomePipelineError(f"device {device} cannot join: it is already in the home or not in the pool")
         event = FaultEvent("join", device, r)
         self._record(event)
-        if p.monitor is not None:
-            p.monitor.watch(device)
-        p.start_worker(device)
-        p.connections.update(admit_devices(p.listener, p.secret, {device: p.name(device)}, p.timeout_s,
-                                           refused=p.refused))
-        p.configure_joined([device])
+        control.join(device)
+        control.configure([device], self.config)
         event.detected_after_s = time.time() - event.struck_at
         event.replan = "full"
         started = time.time()
@@ -192,26 +190,25 @@ class Recovery:
 
     def replicate(self, version: int) -> None:
         """Every single-device stage sends its state at ``version`` to its backup (Asteroid §3.4)."""
-        p = self.p
-        memory = {d: spec.memory_bytes for d, spec in enumerate(p.pool.devices)}
-        backups = backup_targets(p.plan, memory)
-        rank_of = {role.device: role.rank for role in p.roles}
-        stage_of = {d: stage for stage in p.plan.stages for d in stage.devices}
-        for role in p.roles:
-            sources = [[src, rank_of[src], *stage_of[src].layers] for src, dst in backups.items() if dst == role.device]
+        layout = self.layout
+        memory = {d: spec.memory_bytes for d, spec in enumerate(layout.pool.devices)}
+        backups = backup_targets(layout.plan, memory)
+        rank_of = {role.device: role.rank for role in layout.roles}
+        stage_of = {d: stage for stage in layout.plan.stages for d in stage.devices}
+        for role in layout.roles:
+            sources = [(src, rank_of[src], *stage_of[src].layers) for src, dst in backups.items() if dst == role.device]
             to = rank_of[backups[role.device]] if role.device in backups else None
-            send_message(p.connections[role.device], {"type": "replicate", "version": version, "to": to,
-                                                      "from": sources, "link_bps": self._link(role.device)})
-        p.gather("replicated")
+            self.control.send(role.device, Replicate(version, to, sources, layout.link_rate(role.device)))
+        self.control.gather(Replicated)
         self.replica_version = version
 
     def collect(self) -> dict[str, np.ndarray]:
         """The whole model's state (weights and momentum) at the portal: FTPipeHD's global replication."""
-        for role in self.p.roles:
-            send_message(self.p.connections[role.device], {"type": "collect", "momentum": self.momentum})
+        for role in self.layout.roles:
+            self.control.send(role.device, Collect(self.momentum))
         state: dict[str, np.ndarray] = {}
-        for reply in self.p.gather("weights", with_arrays=True).values():
-            state.update({k: np.array(v) for k, v in reply["arrays"].items()})
+        for _, arrays in self.control.gather_with_arrays(Weights).values():
+            state.update({k: np.array(v) for k, v in arrays.items()})
         return state
 
     # -- failures ------------------------------------------------------------------------
@@ -221,8 +218,7 @@ class Recovery:
         continue from. A device lost during the recovery itself starts it again with the survivors left."""
         if self.ft is None:
             raise lost
-        p = self.p
-        plan = p.plan  # the plan the lost devices served in
+        plan = self.layout.plan  # the plan the lost devices served in
         found = dict.fromkeys(lost.failures, time.time())  # device -> when its loss was detected
         while True:
             holdings = self._settle(found)
@@ -249,16 +245,16 @@ class Recovery:
     def _event_of(self, device: int, r: int, detected: float) -> FaultEvent:
         """The injected event that took ``device`` (timed from when it struck), or a new one for a failure
         found without injection (timed from the device's last sign of life before ``detected``)."""
-        p = self.p
+        control = self.control
         event = next((e for e in self.events if e.device == device and e.kind in ("kill", "freeze")
                       and e.detected_after_s is None), None)
         if event is not None and event.phase is not None:
             event.round = r
-            event.struck_at = p.trapped.pop(device, detected)
+            event.struck_at = control.trapped.pop(device, detected)
         if event is None:
             event = FaultEvent("failure", device, r)
             self.events.append(event)
-            found = p.monitor.failures().get(device) if p.monitor else None
+            found = control.monitor.failures().get(device) if control.monitor else None
             silent_for = found.detected_at - found.last_seen if found is not None else 0.0
             event.struck_at = detected - silent_for
         return event
@@ -266,45 +262,40 @@ class Recovery:
     def _settle(self, found: dict[int, float]) -> dict[int, dict[int, list[int]]]:
         """Stop every survivor where it is, remove the lost devices (adding to ``found`` whoever cannot answer);
         what each survivor holds: ``{device: {version: layers}}``."""
-        p = self.p
+        control = self.control
         while True:  # several devices may fail at once: whoever cannot be aborted is lost too
-            failed = set(found)
-            if p.monitor is not None:
-                failed |= set(p.monitor.failures()) & set(p.connections)
-            failed |= {d for d, code in p.devices.exited().items() if code != 0 and d in p.connections}
+            failed = set(found) | (set(control.lost()) & set(control.connections))
             found.update(dict.fromkeys(failed - set(found), time.time()))
-            survivors = sorted(set(p.connections) - failed)
+            survivors = sorted(set(control.connections) - failed)
             if not survivors:
                 raise HomePipelineError(f"every device of the home is lost ({', '.join(map(str, sorted(found)))})")
             self._token += 1
-            replies, unreachable = interrupt(p, survivors, self._token)
+            replies, unreachable = control.interrupt(survivors, self._token)
             if not unreachable:
                 break
             found.update(dict.fromkeys(unreachable, time.time()))
-        for device in set(found) & set(p.connections):
-            p.devices.kill(device)
-            p.connections.pop(device).close()
-            if p.monitor is not None:
-                p.monitor.forget(device)
-        return {d: {int(v): layers for v, layers in reply.get("holdings", {}).items()} for d, reply in replies.items()}
+        for device in set(found) & set(control.connections):
+            control.remove(device)
+        return {d: {int(v): layers for v, layers in reply.holdings.items()} for d, reply in replies.items()}
 
     # -- re-planning and migration -------------------------------------------------------
 
     def _replan(self, kind: str) -> Plan:
         """A plan for the devices connected now (lightweight: the current plan's cut points shifted)."""
-        p = self.p
-        alive = set(p.connections)
-        lost = {d for stage in p.plan.stages for d in stage.devices} - alive
+        layout = self.layout
+        alive = set(self.control.connections)
+        lost = {d for stage in layout.plan.stages for d in stage.devices} - alive
         if kind == "lightweight":
             try:
-                return lightweight_replan(p.plan, p.profile, p.pool, lost=lost, speeds=self.speeds)
+                return lightweight_replan(layout.plan, layout.profile, layout.pool, lost=lost, speeds=self.speeds)
             except UserError:
                 pass  # the shifted partition does not fit: plan afresh
-        return full_replan(self.ft.planner, p.profile, p.pool, alive, p.plan.batch_size, speeds=self.speeds)
+        return full_replan(self.ft.planner, layout.profile, layout.pool, alive, layout.plan.batch_size,
+                           speeds=self.speeds)
 
     def _plan_holders(self) -> Holders:
         """Between sync-rounds every device holds its stage at the current version."""
-        return {layer: list(stage.devices) for stage in self.p.plan.stages
+        return {layer: list(stage.devices) for stage in self.layout.plan.stages
                 for layer in range(stage.layers[0], stage.layers[1] + 1) if layer in self.stateful}
 
     def _reconfigure(self, new: Plan, version: int, holders: Holders, heavy: bool = False,
@@ -312,18 +303,11 @@ class Recovery:
         """Enter a new epoch running ``new`` from ``version`` (:func:`.reconfiguration.reconfigure`); the bytes
         that crossed a link. The new plan's backups are filled before the next sync-round."""
         self.epoch += 1
-        moved = reconfigure(self.p, new, version, holders, epoch=self.epoch, global_copy=self.global_copy,
-                            reference=self.reference, optimization=self.optimization, link=self._link,
+        moved = reconfigure(self.control, self.layout, new, version, holders, epoch=self.epoch,
+                            global_copy=self.global_copy, reference=self.reference, optimization=self.optimization,
                             heavy=heavy, recovery=recovery)
         self.replica_version = None
         return moved
-
-    def _link(self, device: int) -> float | None:
-        """Device ``device``'s emulated link rate (bytes/s) for moving state; None when links are not paced."""
-        p = self.p
-        if not p.emulate or not p.pace_links:
-            return None
-        return float(p.pool.devices[device].bandwidth_bps)
 
     # -- outcome -------------------------------------------------------------------------
 
@@ -333,7 +317,7 @@ class Recovery:
 
     def finish(self, round_s: dict[int, float]) -> list[FaultEvent]:
         """The events, with the throughput of the sync-rounds before each and after its recovery."""
-        batch = self.p.plan.batch_size
+        batch = self.layout.plan.batch_size
         for event in self.events:
             at = event.struck_at
             if at is None:  # aimed at a phase the device never reached

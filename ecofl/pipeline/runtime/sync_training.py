@@ -12,72 +12,74 @@ the last; no other device sees data.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 
-from ecofl.net.wire import send_message
 from ecofl.pipeline.plan import ScheduleKind
+from ecofl.pipeline.runtime.control_messages import Collect, Config, Done, Ok, Round, Setup, Weights
+from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.errors import DevicesLost
+from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
+from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.recovery import Recovery
+from ecofl.pipeline.runtime.stage import Optimization
 from ecofl.pipeline.runtime.statistics import PipelineResult, pipeline_result
-from ecofl.weights import Weights
+from ecofl.weights import Weights as WeightList
 
-if TYPE_CHECKING:
-    from ecofl.pipeline.runtime.portal import HomePipeline
+State = dict[str, np.ndarray]
 
 
-def set_up_stages(p: "HomePipeline", start_weights, ref, optimization) -> None:
+def set_up_stages(control: ControlPlane, layout: PipelineLayout, start: State, ref: State,
+                  optimization: Optimization) -> None:
     """Every stage gets its starting weights, its FedProx reference and a fresh optimizer."""
-    for role in p.roles:
-        keys = p.stage_keys[role.stage]
-        arrays = {k: np.asarray(start_weights[k]) for k in keys}
-        if optimization["mu"] > 0:
-            arrays.update({f"reference/{k}": np.asarray(ref[k]) for k in keys if k in p.parameter_keys})
-        header = {"type": "setup", "optimization": optimization}
-        try:
-            send_message(p.connections[role.device], header, arrays)
-        except OSError:
-            raise p.failure(role.device, None, "setting up the stages") from None
-    p.gather("ok")
+    for role in layout.roles:
+        keys = layout.stage_keys[role.stage]
+        arrays = {k: np.asarray(start[k]) for k in keys}
+        if optimization.mu > 0:
+            arrays.update({f"reference/{k}": np.asarray(ref[k]) for k in keys if k in layout.parameter_keys})
+        control.send(role.device, Setup(optimization), arrays)
+    control.gather(Ok)
 
 
-def collect_weights(p: "HomePipeline") -> Weights:
+def collect_weights(control: ControlPlane, layout: PipelineLayout) -> WeightList:
     """The trained model, stage by stage, in state_dict order."""
-    for role in p.roles:
-        send_message(p.connections[role.device], {"type": "collect"})
-    collected: dict[str, np.ndarray] = {}
-    for reply in p.gather("weights", with_arrays=True).values():
-        collected.update(reply["arrays"])
-    p.weights = [collected[k] for k in p.keys]
-    return p.weights
+    for role in layout.roles:
+        control.send(role.device, Collect())
+    collected: State = {}
+    for _, arrays in control.gather_with_arrays(Weights).values():
+        collected.update(arrays)
+    return [collected[k] for k in layout.keys]
 
 
-def train_async(p: "HomePipeline", start_weights, ref, x, y, sync_rounds, optimization) -> PipelineResult:
+def train_async(control: ControlPlane, layout: PipelineLayout, start: State, ref: State, x: torch.Tensor,
+                y: torch.Tensor, sync_rounds: int, optimization: Optimization) -> PipelineResult:
     """Asynchronous 1F1B: the call's sync_rounds x M micro-batches as one pass (see :meth:`HomePipeline.train`)."""
-    set_up_stages(p, start_weights, ref, optimization)
-    count = sync_rounds * p.plan.num_micro_batches
+    set_up_stages(control, layout, start, ref, optimization)
+    plan = layout.plan
+    count = sync_rounds * plan.num_micro_batches
     origin = time.time()
-    send_round(p, 0, x.detach().cpu().numpy(), y.detach().cpu().numpy(), {}, count)
-    replies = p.gather("done")
+    send_round(control, layout, 0, x.detach().cpu().numpy(), y.detach().cpu().numpy(), {}, count)
+    replies = control.gather(Done)
     elapsed = time.time() - origin
-    stage_of = {role.device: role.stage for role in p.roles}
-    rounds = [{d: {**reply, "stage": stage_of[d]} for d, reply in replies.items()}]
-    return pipeline_result(collect_weights(p), count * p.plan.micro_batch, len(p.plan.stages), rounds,
-                           [elapsed], origin)
+    return pipeline_result(collect_weights(control, layout), count * plan.micro_batch, len(plan.stages),
+                           [_reports(layout, replies)], [elapsed], origin)
 
 
-def train_sync_rounds(p: "HomePipeline", start_weights, ref, x, y, sync_rounds, optimization, progress,
-                      inject) -> PipelineResult:
+def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTolerance | None, config: Config,
+                      start: State, ref: State, x: torch.Tensor, y: torch.Tensor, sync_rounds: int,
+                      optimization: Optimization, progress: Callable[[int, float], None] | None,
+                      inject: Sequence[Injection]) -> PipelineResult:
     """Sync-rounds 0 .. sync_rounds - 1, then the weights; a device lost at any moment of it (setting up, a
     round, replication, the global copy, a re-plan, collecting) is recovered from, and the rounds since the
     version restored are replayed."""
-    mu = optimization["mu"]
-    recovery = Recovery(p, ref if mu > 0 else {}, inject, optimization)
-    recovery.global_copy = (0, {k: np.asarray(v) for k, v in start_weights.items()})  # the portal has version 0
+    recovery = Recovery(control, layout, ft, config, ref if optimization.mu > 0 else {}, inject, optimization)
+    recovery.global_copy = (0, {k: np.asarray(v) for k, v in start.items()})  # the portal has version 0
     try:
-        set_up_stages(p, start_weights, ref, optimization)
+        set_up_stages(control, layout, start, ref, optimization)
     except DevicesLost as lost:
         recovery.recover(lost, 0)
     x_np, y_np = x.detach().cpu().numpy(), y.detach().cpu().numpy()
@@ -89,16 +91,15 @@ def train_sync_rounds(p: "HomePipeline", start_weights, ref, x, y, sync_rounds, 
     while True:
         try:
             if r == sync_rounds:
-                collect_weights(p)
+                weights = collect_weights(control, layout)
                 break
             recovery.before_round(r)
             started = time.time()
-            send_round(p, r, x_np, y_np, recovery.slowdowns, p.plan.num_micro_batches,
-                             recovery.kept_versions(r))
+            send_round(control, layout, r, x_np, y_np, recovery.slowdowns, layout.plan.num_micro_batches,
+                       recovery.kept_versions(r))
             recovery.after_send(r)
-            replies = p.gather("done")
-            stage_of = {role.device: role.stage for role in p.roles}
-            rounds[r] = {d: {**reply, "stage": stage_of[d]} for d, reply in replies.items()}
+            replies = control.gather(Done)
+            rounds[r] = _reports(layout, replies)
             round_s[r] = time.time() - started
             epochs[r] = recovery.epoch
             r += 1
@@ -108,34 +109,38 @@ def train_sync_rounds(p: "HomePipeline", start_weights, ref, x, y, sync_rounds, 
         except DevicesLost as lost:
             r = recovery.recover(lost, r)
     ordered = sorted(rounds)
+    plan = layout.plan
     return pipeline_result(
-        p.weights, p.plan.batch_size, len(p.plan.stages), [rounds[i] for i in ordered],
+        weights, plan.batch_size, len(plan.stages), [rounds[i] for i in ordered],
         [round_s[i] for i in ordered], origin, tuple(e.to_dict() for e in recovery.finish(round_s)),
         recovery.lost_rounds, tuple(epochs[i] for i in ordered),
     )
 
 
-def send_round(p: "HomePipeline", r: int, x_np: np.ndarray, y_np: np.ndarray, slowdowns: dict[int, float],
-                m_count: int, keep: Sequence[int] = ()) -> None:
+def _reports(layout: PipelineLayout, replies: dict[int, Done]) -> dict[int, dict[str, Any]]:
+    """Each device's measurements of a round, with the stage it served in (:func:`.statistics.pipeline_result`)."""
+    stage_of = {role.device: role.stage for role in layout.roles}
+    return {d: {**dataclasses.asdict(reply), "stage": stage_of[d]} for d, reply in replies.items()}
+
+
+def send_round(control: ControlPlane, layout: PipelineLayout, r: int, x_np: np.ndarray, y_np: np.ndarray,
+               slowdowns: dict[int, float], m_count: int, keep: Sequence[int] = ()) -> None:
     """Sync-round r's ``m_count`` micro-batches: inputs to stage 0, labels to the last stage (an asynchronous
     pass: all of the call's micro-batches, each its own update). ``keep``: the committed versions besides r
     the workers keep copies of."""
-    plan = p.plan
+    plan = layout.plan
     micro = plan.micro_batch
     index = (r * plan.batch_size + np.arange(m_count * micro)) % len(x_np)
     xb = x_np[index].reshape(m_count, micro, *x_np.shape[1:])
     yb = y_np[index].reshape(m_count, micro)
     asynchronous = plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B
     last = len(plan.stages) - 1
-    for role in p.roles:
+    for role in layout.roles:
         arrays = {}
         if role.stage == 0:
             arrays["inputs"] = xb[:, role.lo : role.hi]
         if role.stage == last:
             arrays["labels"] = yb[:, role.lo : role.hi]
-        header = {"type": "round", "batch_size": micro if asynchronous else plan.batch_size, "version": r,
-                  "slowdown": slowdowns.get(role.device, 1.0), "num_micro_batches": m_count, "keep": list(keep)}
-        try:
-            send_message(p.connections[role.device], header, arrays)
-        except OSError:
-            raise p.failure(role.device, None, f"sending sync-round {r}") from None
+        request = Round(version=r, batch_size=micro if asynchronous else plan.batch_size, num_micro_batches=m_count,
+                        slowdown=slowdowns.get(role.device, 1.0), keep=tuple(keep))
+        control.send(role.device, request, arrays)

@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ecofl.pipeline.runtime.control_messages import Trapped
+
 ROUND_PHASES = ("forward", "backward", "send", "allreduce", "step")
 PHASES = ROUND_PHASES + ("replicate", "global-copy", "migrate", "recover")
 SIGNALS = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP}
@@ -53,7 +55,7 @@ class Trap:
 class Traps:
     """The traps armed in one worker; ``notify(message)`` tells the portal just before one fires."""
 
-    def __init__(self, notify: Callable[[dict], None]):
+    def __init__(self, notify: Callable[[Trapped], None]):
         self.notify = notify
         self.armed: list[Trap] = []
 
@@ -66,5 +68,5 @@ class Traps:
             trap.count -= 1
             if trap.count == 0:
                 self.armed.remove(trap)
-                self.notify({"type": "trapped", "signal": trap.signal, "phase": phase, "time": time.time()})
+                self.notify(Trapped(trap.signal, phase, time.time()))
                 os.kill(os.getpid(), SIGNALS[trap.signal])

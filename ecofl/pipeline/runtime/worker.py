@@ -6,7 +6,7 @@ to the portal (:mod:`ecofl.net.auth`) before it learns anything,
 receives the model spec as JSON on the sealed control channel, opens its data
 port (:class:`~ecofl.net.mesh.DataListener`), reports it, and
 serves the portal's requests (:class:`~ecofl.pipeline.runtime.worker_requests.Worker`)
-until it says stop. Any error is reported as ``{"type": "error"}`` and ends
+until it says stop. Any error is reported as an ``Error`` message and ends
 the process; so does the loss of the portal's connection. With
 ``--sessions`` (a device daemon's warm worker,
 :mod:`ecofl.deploy.device_daemon`) the process serves one session after
@@ -25,13 +25,15 @@ import time
 import traceback
 from typing import Callable
 
+from ecofl.net.schema import encode
 from ecofl.net.auth import join_home
-from ecofl.net.errors import AuthenticationFailed, ChannelClosed
-from ecofl.net.mesh import DataListener
-from ecofl.net.wire import recv_message, send_message
+from ecofl.pipeline.runtime.control_messages import REQUESTS, Config, Error, Ready
+from ecofl.net.errors import AuthenticationFailed
 from ecofl.pipeline.runtime.launch import SECRET_ENV, die_with_portal
+from ecofl.net.mesh import DataListener
 from ecofl.pipeline.runtime.process_memory import rss_bytes
 from ecofl.pipeline.runtime.worker_requests import Worker
+from ecofl.net.wire import ChannelClosed, recv_message, send_message
 
 
 def connect(portal: tuple[str, int], timeout_s: float) -> socket.socket:
@@ -67,10 +69,13 @@ def serve_session(portal: tuple[str, int], device: int, secret: bytes, connect_t
     listener: DataListener | None = None
     worker: Worker | None = None
     try:
-        config, _ = recv_message(sock)
+        header, _ = recv_message(sock)
+        config = REQUESTS.decode(header)
+        if not isinstance(config, Config):
+            raise ValueError(f"expected the configuration, got {config.TYPE!r}")
         listener = DataListener(sock.getsockname()[0], secret)  # on the interface that reaches the portal
-        worker = Worker(sock, {**config, "device": device}, secret, listener, baseline_rss)
-        send_message(sock, {"type": "ready", "data": list(listener.address)})
+        worker = Worker(sock, device, config, secret, listener, baseline_rss)
+        send_message(sock, encode(Ready(listener.address)))
         worker.serve()
         stopped()
         return True
@@ -79,8 +84,7 @@ def serve_session(portal: tuple[str, int], device: int, secret: bytes, connect_t
     except BaseException as error:
         traceback.print_exc()  # the device's own log (the daemon's, or the portal's for a local worker)
         try:
-            send_message(sock, {"type": "error", "kind": type(error).__name__, "message": str(error),
-                                "device": device, "time": time.time()})
+            send_message(sock, encode(Error(type(error).__name__, str(error), device, time.time())))
         except OSError:
             pass
         raise

@@ -1,0 +1,226 @@
+"""The control protocol between the portal and a worker: one typed message per request and reply.
+
+Every message is a frozen dataclass (:mod:`ecofl.net.schema`) sent as a
+JSON header on the sealed control channel, with its tensors as raw arrays
+beside it (:mod:`ecofl.net.wire`); a message is validated when it arrives,
+so a malformed one is refused with its type and field named. The requests
+and the replies they get::
+
+    Config       the model spec, limits, heartbeat          -> Ready (my data port)
+    Epoch        a pipeline epoch: role, rank, data ports   -> Entered
+    Setup        stage weights (+ FedProx reference)        -> Ok
+    Load         stage weights (inference)                  -> Loaded
+    Infer        stage 0: inputs; stream the micro-batches  -> Inferred (+ outputs)
+    Round        stage 0: inputs; last stage: labels        -> Done
+    Replicate    my stage to my backup; others' to me       -> Replicated
+    Collect      my stage's weights (+ momentum)            -> Weights
+    GetState     layers' state at a version                 -> State
+    Reconfigure  a new epoch from a committed version       -> Reconfigured
+    Arm          a phase-targeted failure (:mod:`.traps`)   -> Armed
+    Abort        stop whatever runs                         -> Interrupted (+ my committed copies)
+    Stop         the session is over
+
+A request that cannot finish (a lost peer, an abort) is answered
+``Interrupted``; a worker about to die by a trap says ``Trapped``; one that
+fails says ``Error`` and ends.
+"""
+
+from __future__ import annotations
+
+from ecofl.net.schema import JsonObject, MessageSet, message
+from ecofl.pipeline.runtime.stage import Optimization
+
+
+# -- requests (portal -> worker) --------------------------------------------------------------------
+
+
+@message("config")
+class Config:
+    model: JsonObject  # :meth:`ModelSpec.to_json`
+    timeout_s: float
+    snapshots: bool  # keep committed copies (fault tolerance)
+    heartbeat: tuple[str, int, float] | None  # the monitor's host, port and beat period
+
+
+@message("epoch")
+class Epoch:
+    epoch: int
+    role: JsonObject | None  # :meth:`WorkerRole.to_json`; None: idle in this epoch
+    rank: int
+    addresses: list[tuple[str, int]]  # every rank's data port
+
+
+@message("setup")
+class Setup:
+    optimization: Optimization
+
+
+@message("load")
+class Load:
+    pass
+
+
+@message("infer")
+class Infer:
+    num_micro_batches: int
+
+
+@message("round")
+class Round:
+    version: int  # the committed version the round starts from
+    batch_size: int
+    num_micro_batches: int
+    slowdown: float = 1.0
+    keep: tuple[int, ...] = ()  # other committed versions whose copies must stay
+
+
+@message("replicate")
+class Replicate:
+    version: int
+    to: int | None  # the rank of my backup
+    sources: list[tuple[int, int, int, int]]  # (device, rank, first layer, last layer) I back up
+    link_bps: float | None
+
+
+@message("collect")
+class Collect:
+    momentum: bool = False
+
+
+@message("get_state")
+class GetState:
+    version: int
+    layers: list[int]
+    link_bps: float | None
+
+
+@message("reconfigure")
+class Reconfigure:
+    epoch: int
+    role: JsonObject | None
+    rank: int
+    addresses: list[tuple[str, int]]
+    restore: int  # the committed version to roll back to
+    moves: list[tuple[int, int, int]]  # (layer, from rank, to rank)
+    optimization: Optimization
+    link_bps: float | None
+    recovery: bool
+
+
+@message("arm")
+class Arm:
+    signal: str
+    phase: str
+    count: int
+
+
+@message("abort")
+class Abort:
+    token: int | None
+
+
+@message("stop")
+class Stop:
+    pass
+
+
+# -- replies (worker -> portal) ---------------------------------------------------------------------
+
+
+@message("ready")
+class Ready:
+    data: tuple[str, int]  # my data port
+
+
+@message("entered")
+class Entered:
+    pass
+
+
+@message("ok")
+class Ok:
+    pass
+
+
+@message("loaded")
+class Loaded:
+    pass
+
+
+@message("inferred")
+class Inferred:
+    events: list[tuple[str, int, float, float]]  # kind, micro-batch, start, end
+    peak_held: int
+    peak_rss_bytes: int | None
+    baseline_rss_bytes: int | None
+
+
+@message("done")
+class Done:
+    events: list[tuple[str, int, float, float]]
+    loss_sum: float
+    peak_resident: int
+    peak_activation_bytes: int
+    fixed_bytes: int
+    peak_rss_bytes: int | None
+    baseline_rss_bytes: int | None
+    weight_versions: list[tuple[int, int, int]]
+
+
+@message("replicated")
+class Replicated:
+    received_bytes: int
+    seconds: float
+
+
+@message("weights")
+class Weights:
+    version: int
+
+
+@message("state")
+class State:
+    pass
+
+
+@message("reconfigured")
+class Reconfigured:
+    received_bytes: int
+    seconds: float
+
+
+@message("armed")
+class Armed:
+    pass
+
+
+@message("interrupted")
+class Interrupted:
+    reason: str
+    token: int | None
+    holdings: dict[str, list[int]]  # committed version -> the layers I hold at it
+
+
+@message("trapped")
+class Trapped:
+    signal: str
+    phase: str
+    time: float  # when the trap struck (time.time())
+
+
+@message("error")
+class Error:
+    kind: str
+    message: str
+    device: int
+    time: float
+
+
+REQUESTS = MessageSet(Config, Epoch, Setup, Load, Infer, Round, Replicate, Collect, GetState, Reconfigure, Arm,
+                      Abort, Stop)
+REPLIES = MessageSet(Ready, Entered, Ok, Loaded, Inferred, Done, Replicated, Weights, State, Reconfigured, Armed,
+                     Interrupted, Trapped, Error)
+
+Request = Config | Epoch | Setup | Load | Infer | Round | Replicate | Collect | GetState | Reconfigure | Arm | Abort | Stop
+Reply = (Ready | Entered | Ok | Loaded | Inferred | Done | Replicated | Weights | State | Reconfigured | Armed
+         | Interrupted | Trapped | Error)
