@@ -33,6 +33,13 @@ from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.heartbeat import HeartbeatMonitor
+from ecofl.net.liveness import LivenessSettings
+from ecofl.net.netns import HomeNetwork
+from ecofl.net.schema import encode
+from ecofl.net.sealed import SealedSocket
+from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.admission import admit_devices
 from ecofl.pipeline.runtime.control_messages import (
     REPLIES,
@@ -48,13 +55,7 @@ from ecofl.pipeline.runtime.control_messages import (
 )
 from ecofl.pipeline.runtime.errors import DevicesLost, WorkerFailed, WorkerTimeout
 from ecofl.pipeline.runtime.failures import root_cause
-from ecofl.net.heartbeat import HeartbeatMonitor
 from ecofl.pipeline.runtime.launch import LocalDevices
-from ecofl.net.liveness import LivenessSettings
-from ecofl.net.netns import HomeNetwork
-from ecofl.net.sealed import SealedSocket
-from ecofl.net.wire import ChannelClosed, recv_message, send_message
-from ecofl.net.schema import encode
 
 R = TypeVar("R")
 Arrays = dict[str, np.ndarray]

@@ -17,7 +17,8 @@ from typing import Callable
 from ecofl.pipeline.runtime.control_messages import REPLIES, Error
 from ecofl.pipeline.runtime.errors import EmulatedOOM, HomePipelineError, WorkerDied, WorkerFailed
 from ecofl.pipeline.runtime.launch import LocalDevices
-from ecofl.net.wire import ChannelClosed, recv_message
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.wire import recv_message
 
 
 def root_cause(

@@ -33,7 +33,8 @@ from ecofl.pipeline.runtime.launch import SECRET_ENV, die_with_portal
 from ecofl.net.mesh import DataListener
 from ecofl.pipeline.runtime.process_memory import rss_bytes
 from ecofl.pipeline.runtime.worker_requests import Worker
-from ecofl.net.wire import ChannelClosed, recv_message, send_message
+from ecofl.net.errors import ChannelClosed
+from ecofl.net.wire import recv_message, send_message
 
 
 def connect(portal: tuple[str, int], timeout_s: float) -> socket.socket:
