@@ -11,7 +11,6 @@ import os
 import signal
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ from ecofl.fl import federation_setup
 from ecofl.fl.federation_setup import FederationSetup, PipelineHomeSettings
 from ecofl.models import build_model
 from ecofl.weights import get_weights
+from processes import worker_processes
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -58,21 +58,6 @@ def train(setup: str, home: int, config: dict) -> Message:
                       state=RecordDict(), run_config={})
     train_config = {k: v for k, v in config.items() if k != "virtual_time"}
     return app(request(protocol.train_content(WEIGHTS, train_config, config.get("virtual_time", 0.0), setup)), context)
-
-
-def worker_processes(parent: int | None = None) -> list[int]:
-    """Pids of pipeline workers that are children of ``parent`` (default: this process)."""
-    parent = os.getpid() if parent is None else parent
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and b"ecofl.pipeline.runtime.worker" in cmdline:
-            pids.append(int(stat.parent.name))
-    return pids
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ecofl.net.netns import unavailable_reason
-from tests.test_flower_pipeline_home import worker_processes
+from processes import worker_processes
 
 pytestmark = pytest.mark.timeout(300)
 

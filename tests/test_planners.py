@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ecofl.devices import DeviceSpec, HomePool
+from ecofl.devices import HomePool
 from ecofl.pools import load_pool
 from ecofl.errors import UserError
 from ecofl.pipeline.memory_model import memory_per_stage, resident_forwards, stage_memory_bytes
@@ -20,48 +20,8 @@ from ecofl.pipeline.planners.hpp import HppModel, Stage, solve
 from ecofl.pipeline.planners.memory import micro_batch_candidates
 from ecofl.pipeline.planners.pipeedge import search_subsets
 from ecofl.pipeline.planners.tables import OBJECTIVES, batch_prefix, stage_tables
-from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import target_in_flight
-
-SIZES = (1, 2, 4, 8)
-
-
-def random_profile(rng: np.random.Generator, layers: int, weight_scale: float = 1.0) -> ModelProfile:
-    """A profile whose time grows sub-linearly and unevenly with batch size (Asteroid Fig. 6)."""
-    base = rng.uniform(0.01, 0.1, layers)
-    forward = np.stack([base * b ** rng.uniform(0.5, 1.0, layers) for b in SIZES], axis=1)
-    return ModelProfile(
-        model="random",
-        layer_names=tuple(f"l{i}" for i in range(layers)),
-        batch_sizes=SIZES,
-        forward_s=forward,
-        backward_s=forward * rng.uniform(1.5, 2.5, (layers, 1)),
-        activation_bytes=rng.uniform(1e3, 1e5, layers),
-        gradient_bytes=rng.uniform(1e3, 1e5, layers),
-        stash_bytes=rng.uniform(1e4, 1e6, layers),
-        weight_bytes=rng.uniform(1e4, 1e6, layers) * weight_scale,
-        optimizer_bytes=rng.uniform(1e4, 1e6, layers) * weight_scale,
-        flops=rng.uniform(1e6, 1e7, layers),
-        input_bytes=3000,
-    )
-
-
-def random_pool(rng: np.random.Generator, size: int, duplicates: bool) -> HomePool:
-    devices: list[DeviceSpec] = []
-    for k in range(size):
-        if duplicates and devices and rng.random() < 0.5:
-            devices.append(devices[-1])
-            continue
-        devices.append(DeviceSpec(f"d{k}", float(rng.uniform(0.2, 2.0)), int(rng.uniform(2e6, 2e7)),
-                                  float(rng.uniform(1e5, 1e7))))
-    return HomePool("random", tuple(devices))
-
-
-def instances(seed: int, count: int, layers=(4, 8), devices=(2, 5)):
-    rng = np.random.default_rng(seed)
-    for trial in range(count):
-        n_layers, n_devices = int(rng.integers(*layers)), int(rng.integers(*devices))
-        yield rng, random_profile(rng, n_layers), random_pool(rng, n_devices, duplicates=trial % 2 == 0)
+from pipeline_kit import instances, random_pool, random_profile
 
 
 def brute_chain(tables, pool, orders, strict) -> float:

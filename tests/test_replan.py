@@ -14,7 +14,7 @@ from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.replan import full_replan, lightweight_replan, measured_speeds, with_speeds
 from ecofl.pipeline.replication import backup_bytes, backup_targets, restore_source, stage_state_bytes
 from ecofl.pipeline.schedule import validate
-from tests.test_planners import random_profile
+from pipeline_kit import random_profile
 
 GB = 1 << 30
 

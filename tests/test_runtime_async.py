@@ -20,7 +20,7 @@ from ecofl.pipeline.instructions import (AggregateWeights, Backward, Forward, Lo
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import HomePipeline
 from ecofl.pipeline.schedule import async_one_f_one_b
-from tests.test_runtime_transparency import WITHOUT_BATCH_NORM, assert_same, data, pool
+from pipeline_kit import WITHOUT_BATCH_NORM, assert_same, data, pool
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -14,7 +14,7 @@ import torch
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import HomePipeline
 from ecofl.weights import get_weights
-from tests.test_runtime_transparency import WITH_BATCH_NORM, assert_gone, pool
+from pipeline_kit import WITH_BATCH_NORM, assert_gone, pool
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,52 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
-from ecofl.net.liveness import LivenessSettings
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import HomePipeline
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.schedule import ScheduleError
-from tests.test_planners import random_profile
-from tests.test_runtime_transparency import WITHOUT_BATCH_NORM, assert_gone, assert_same, data, pool, single_process
+from pipeline_kit import FAST_HEARTBEAT, PROFILE, WITHOUT_BATCH_NORM, assert_same, data, pool, single_process, train_exactly
 
 pytestmark = pytest.mark.timeout(240)
 
-PROFILE = random_profile(np.random.default_rng(0), 5)
 THREE_STAGES = Plan("hand", (StagePlan((0, 1), (0,), (4,), 5), StagePlan((2, 3), (1,), (4,), 3),
                              StagePlan((4, 4), (2,), (4,), 1)), micro_batch=4, num_micro_batches=6)
 HYBRID = Plan("hand", (StagePlan((0, 1), (0, 1), (2, 2), 3), StagePlan((2, 4), (2,), (4,), 1)),
               micro_batch=4, num_micro_batches=6)
-# Fast enough for a test, slow enough that a loaded machine does not make a live device look dead (a full-suite
-# run once failed the exactness check with 0.5 s bounds; a live device declared dead is another test's matter).
-FAST_HEARTBEAT = LivenessSettings(period_s=0.1, suspect_after_s=3.0, probe_timeout_s=3.0)
-
-
-def run(plan: Plan, events: list[str], devices: int = 3, *, spec=WITHOUT_BATCH_NORM, profile=PROFILE, rounds=8,
-        **settings):
-    """Train ``rounds`` sync-rounds with ``events`` injected; the weights equal one process's, every round
-    completed, no worker left. The result and the final plan."""
-    x, y = data()
-    ft = FaultTolerance(heartbeat=FAST_HEARTBEAT, **settings)
-    with HomePipeline(spec, pool(devices), plan, profile=profile, emulate=False, timeout_s=60,
-                      fault_tolerance=ft) as home:
-        pids = list(home.worker_pids.values())
-        start = home.weights
-        result = home.train(None, x, y, rounds, lr=0.1, momentum=0.9, inject=[Injection.parse(e) for e in events])
-        final_plan = home.plan
-    assert_gone(pids)
-    expected = single_process(spec, start, x, y, plan, rounds, lr=0.1, momentum=0.9)
-    assert_same(expected, result.weights)
-    assert result.rounds_completed == rounds
-    return result, final_plan
 
 
 @pytest.mark.parametrize("event", ["kill:0@3", "kill:1@3", "kill:2@3", "freeze:1@3"])
 def test_a_lost_device_of_a_three_stage_pipeline_is_survived_exactly(event):
-    result, final_plan = run(THREE_STAGES, [event])
+    result, final_plan = train_exactly(THREE_STAGES, [event])
     lost = int(event.split(":")[1].split("@")[0])
     assert lost not in {d for stage in final_plan.stages for d in stage.devices}
     [record] = result.events
@@ -67,32 +41,32 @@ def test_a_lost_device_of_a_three_stage_pipeline_is_survived_exactly(event):
 
 
 def test_a_lost_replica_of_a_hybrid_stage_is_restored_from_its_peer():
-    result, final_plan = run(HYBRID, ["kill:1@3"])
+    result, final_plan = train_exactly(HYBRID, ["kill:1@3"])
     assert final_plan.stages[0].devices == (0,) and final_plan.stages[0].shares == (4,)
     assert result.events[0]["bytes_moved"] == 0  # the peer already holds the stage
 
 
 def test_a_device_and_its_backup_lost_together_restore_from_the_global_copy():
     """Device 1 backs up to device 2; both die at round 3: back to the global copy of round 2."""
-    result, final_plan = run(THREE_STAGES, ["kill:1@3", "kill:2@3"], global_copy_every=2)
+    result, final_plan = train_exactly(THREE_STAGES, ["kill:1@3", "kill:2@3"], global_copy_every=2)
     assert [s.devices for s in final_plan.stages] == [(0,)]
     assert result.lost_rounds == 1 and all(e["lost_rounds"] == 1 for e in result.events)
     assert {e["device"] for e in result.events} == {1, 2}
 
 
 def test_heavy_rescheduling_gathers_at_the_portal_and_is_exact_too():
-    result, _ = run(THREE_STAGES, ["kill:1@3"], replan="heavy")
+    result, _ = train_exactly(THREE_STAGES, ["kill:1@3"], replan="heavy")
     assert result.events[0]["replan"] == "heavy" and result.events[0]["bytes_moved"] > 0
 
 
 def test_the_runtime_refuses_a_schedule_that_validate_rejects(monkeypatch):
-    from ecofl.pipeline.runtime import portal
+    from ecofl.pipeline.runtime import layout
     from ecofl.pipeline.schedule import Action
 
     def broken(plan):  # stage 1 runs a backward before its forward
         return [[Action(0, "F", 0), Action(0, "B", 0)], [Action(1, "B", 0), Action(1, "F", 0)]]
 
-    monkeypatch.setattr(portal, "plan_schedule", broken)
+    monkeypatch.setattr(layout, "plan_schedule", broken)
     plan = Plan("hand", (StagePlan((0, 2), (0,), (4,), 1), StagePlan((3, 4), (1,), (4,), 1)), 4, 1)
     with pytest.raises(ScheduleError):
         HomePipeline(WITHOUT_BATCH_NORM, pool(2), plan, emulate=False)
@@ -141,7 +115,7 @@ def test_a_sustained_slow_down_re_plans_the_slowed_device_to_less_work():
 
 def test_a_device_that_joins_between_rounds_takes_layers_and_the_result_is_exact():
     two_stages = Plan("hand", (StagePlan((0, 2), (0,), (4,), 3), StagePlan((3, 4), (1,), (4,), 1)), 4, 6)
-    result, final_plan = run(two_stages, ["join:2@3"])
+    result, final_plan = train_exactly(two_stages, ["join:2@3"])
     assert 2 in {d for stage in final_plan.stages for d in stage.devices}
     [event] = result.events
     assert event["kind"] == "join" and event["replan"] == "full" and event["bytes_moved"] > 0

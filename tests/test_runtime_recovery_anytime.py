@@ -16,8 +16,7 @@ import pytest
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import LayerList
 from ecofl.pipeline.runtime.faults import Injection
-from tests.test_planners import random_profile
-from tests.test_runtime_recovery import run as run_exactly
+from pipeline_kit import random_profile, train_exactly
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -39,7 +38,7 @@ ROUNDS = 6
 
 def run(plan: Plan, events: list[str], devices: int = 4, **settings):
     """:func:`tests.test_runtime_recovery.run` on the MLP: exact against one process, every round, no worker left."""
-    return run_exactly(plan, events, devices, spec=MLP, profile=PROFILE, rounds=ROUNDS, **settings)
+    return train_exactly(plan, events, devices, spec=MLP, profile=PROFILE, rounds=ROUNDS, **settings)
 
 
 def devices_of(plan: Plan) -> set[int]:

@@ -8,75 +8,14 @@ the same micro-batches (:func:`ecofl.train.accumulate_gradients`).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-import torch
 
-from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pipeline.plan import Plan, StagePlan
-from ecofl.pipeline.runtime import HomePipeline, LayerList
-from ecofl.train import accumulate_gradients, proximal_term
-from ecofl.weights import get_weights, set_weights
+from ecofl.pipeline.runtime import HomePipeline
+from pipeline_kit import WITHOUT_BATCH_NORM, WITH_BATCH_NORM, assert_gone, assert_same, data, pool, single_process
 
 pytestmark = pytest.mark.timeout(180)
-
-WITH_BATCH_NORM = LayerList((
-    ("Linear", {"in_features": 6, "out_features": 16}),
-    ("BatchNorm1d", {"num_features": 16}),
-    ("ReLU", {}),
-    ("Linear", {"in_features": 16, "out_features": 12}),
-    ("BatchNorm1d", {"num_features": 12}),
-    ("Tanh", {}),
-    ("Linear", {"in_features": 12, "out_features": 3}),
-))
-WITHOUT_BATCH_NORM = LayerList((
-    ("Linear", {"in_features": 6, "out_features": 16}),
-    ("ReLU", {}),
-    ("Linear", {"in_features": 16, "out_features": 12}),
-    ("Tanh", {}),
-    ("Linear", {"in_features": 12, "out_features": 3}),
-))
-HOST = DeviceSpec("host", speed=1.0, memory_bytes=1 << 30, bandwidth_bps=1e9)
-
-
-def pool(n: int) -> HomePool:
-    return HomePool("test", (HOST,) * n)
-
-
-def data(n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    return torch.randn(n, 6, generator=generator), torch.randint(0, 3, (n,), generator=generator)
-
-
-def single_process(spec, weights, x, y, plan, rounds, lr, momentum=0.0, mu=0.0):
-    """Sync-round r = gradient accumulation over the same M micro-batches, then one SGD step."""
-    model, _ = spec.build()
-    set_weights(model, weights)
-    reference = [p.detach().clone() for p in model.parameters()]
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    for r in range(rounds):
-        index = (r * plan.batch_size + np.arange(plan.batch_size)) % len(x)
-        accumulate_gradients(model, x[index], y[index], plan.num_micro_batches)
-        if mu > 0:
-            proximal_term(model, reference, mu).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return get_weights(model)
-
-
-def assert_same(expected, actual, atol=1e-5):
-    assert len(expected) == len(actual)
-    for i, (a, b) in enumerate(zip(expected, actual)):
-        assert a.shape == b.shape and a.dtype == b.dtype, i
-        np.testing.assert_allclose(b, a, atol=atol, rtol=0, err_msg=f"state entry {i}")
-
-
-def assert_gone(pids):
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])

@@ -19,9 +19,9 @@ from ecofl.pipeline.planners.chain import chain_bottleneck
 from ecofl.pipeline.planners.tables import stage_tables
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.stream import simulate_stream, stream_memory_per_stage, stream_stage_memory_bytes
+from pipeline_kit import instances
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_planners import instances  # noqa: E402  (the random instances of the planner tests)
 
 MB = 1e6
 
