@@ -30,8 +30,6 @@ sub-modules, so their parameters are still the model's.
 from __future__ import annotations
 
 from torch import nn
-from torchvision.models.efficientnet import FusedMBConv, MBConv
-from torchvision.models.mobilenetv2 import InvertedResidual
 
 from ecofl.errors import UserError
 from ecofl.models.transformer_units import encoder_layer_units
@@ -78,6 +76,11 @@ def _sequential_body(module: nn.Module) -> nn.Sequential | None:
     """The ``Sequential`` that ``module.forward`` equals, or None if it has a skip or is a leaf."""
     if isinstance(module, nn.Sequential):
         return module
+    if not type(module).__module__.startswith("torchvision."):
+        return None
+    from torchvision.models.efficientnet import FusedMBConv, MBConv  # loaded already: module is one of its models'
+    from torchvision.models.mobilenetv2 import InvertedResidual
+
     if isinstance(module, InvertedResidual) and not module.use_res_connect:
         return module.conv  # torchvision mobilenetv2.py: forward is self.conv(x)
     if isinstance(module, (MBConv, FusedMBConv)) and not module.use_res_connect:

@@ -28,18 +28,23 @@ from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 
+import importlib
+
 from torch import nn
-from torchvision import models as tv
 
 from ecofl.errors import UserError
 
 SMALL_INPUT = 64
 """Inputs whose smaller side is below this many pixels get the CIFAR-style layout."""
 
-_EFFICIENTNETS: dict[str, Callable[..., nn.Module]] = {
-    f"efficientnet_b{i}": getattr(tv, f"efficientnet_b{i}") for i in range(8)
-}
-_RESNETS: dict[str, Callable[..., tv.ResNet]] = {"resnet18": tv.resnet18, "resnet50": tv.resnet50}
+_EFFICIENTNETS = tuple(f"efficientnet_b{i}" for i in range(8))
+_RESNETS = ("resnet18", "resnet50")
+
+
+def _tv(name: str) -> Callable[..., nn.Module]:
+    """torchvision's builder ``name``, imported when a model is built (torchvision takes a second to import,
+    and a worker process of a model that is not torchvision's never needs it)."""
+    return getattr(importlib.import_module("torchvision.models"), name)
 
 
 def mobilenet_v2(input_shape: tuple[int, int, int], num_classes: int, *, width: float = 1.0) -> nn.Sequential:
@@ -49,7 +54,7 @@ def mobilenet_v2(input_shape: tuple[int, int, int], num_classes: int, *, width: 
     """
     if not width > 0:
         raise UserError(f"mobilenet_v2: width must be positive, got {width}")
-    net = tv.mobilenet_v2(weights=None, num_classes=num_classes, width_mult=float(width))
+    net = _tv("mobilenet_v2")(weights=None, num_classes=num_classes, width_mult=float(width))
     stem, *blocks, head_conv = net.features
     _adapt_stem(stem, input_shape)
     if _is_small(input_shape):
@@ -66,7 +71,7 @@ def efficientnet(variant: str, input_shape: tuple[int, int, int], num_classes: i
     Blocks: stem, every MBConv block (named ``stage{s}_{i}``), head
     convolution, pool, flatten, classifier.
     """
-    net = _EFFICIENTNETS[variant](weights=None, num_classes=num_classes)
+    net = _tv(variant)(weights=None, num_classes=num_classes)
     stem, *stages, head_conv = net.features
     _adapt_stem(stem, input_shape)
     if _is_small(input_shape):
@@ -84,7 +89,7 @@ def resnet(variant: str, input_shape: tuple[int, int, int], num_classes: int) ->
     Blocks: stem (conv, bn, relu[, max-pool]), every BasicBlock / Bottleneck
     (named ``layer{s}_{i}``), pool, flatten, fc.
     """
-    net = _RESNETS[variant](weights=None, num_classes=num_classes)
+    net = _tv(variant)(weights=None, num_classes=num_classes)
     if _is_small(input_shape):
         net.conv1 = _new_conv(net.conv1, input_shape[0], kernel_size=3, stride=1, padding=1)
         stem = nn.Sequential(net.conv1, net.bn1, net.relu)

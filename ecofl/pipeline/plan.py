@@ -33,10 +33,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import Schedule, async_one_f_one_b, gpipe, one_f_one_b
+
+if TYPE_CHECKING:  # a type hint only: a plan is plain data, and a worker need not load the profiler
+    from ecofl.pipeline.profile import ModelProfile
 
 
 
