@@ -32,6 +32,10 @@ import pytest
 from server.config import experiment_from_run_config
 from server.server_app import measured_latency
 
+# Flower simulations, deployments and Ray clusters run one at a time (one xdist worker): each is several
+# processes, and Ray's ports and sessions are shared machine-wide.
+pytestmark = pytest.mark.xdist_group("flower")
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("flower_tools",
                                                ROOT / "scripts" / "deploy_local" / "flower_tools.py")

@@ -25,6 +25,11 @@ from ecofl.fl.loop import EventLoop
 from server.config import experiment
 from server.server_app import GlobalEvaluator
 from simulations.run import simulate
+from processes import processes_matching
+
+# Flower simulations, deployments and Ray clusters run one at a time (one xdist worker): each is several
+# processes, and Ray's ports and sessions are shared machine-wide.
+pytestmark = pytest.mark.xdist_group("flower")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,22 +43,6 @@ SMALL = {
 }
 COMPARED = ("update", "virtual_time", "accuracy", "loss", "group", "homes", "staleness", "alpha", "train_loss",
             "group_sizes", "waiting")
-
-
-def processes_matching(*needles: str) -> list[str]:
-    """Command lines of running processes that contain any of ``needles``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(needle in cmdline for needle in needles):
-            found.append(f"{entry.name}: {cmdline[:200]}")
-    return found
 
 
 def assert_ray_gone(driver_pid: int, grace_s: float = 20.0) -> None:
