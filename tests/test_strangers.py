@@ -288,6 +288,19 @@ def test_trickling_and_silent_strangers_are_cut_off_at_the_deadline_and_never_ho
               f"trickler cut off after {hung_up[0]:.2f} s (deadline 1.5 s); turned away {d.turned_away}")
 
 
+def test_a_flood_from_several_addresses_cannot_keep_a_newcomer_out():
+    """Every place taken by two addresses: a peer from a third takes the busiest address's oldest place."""
+    with door(DoorLimits(deadline_s=60, in_flight=8, per_source=8)) as (d, admitted):
+        with ExitStack() as flood:
+            for i in range(16):
+                flood.enter_context(connect_from(d.address, stranger(i % 2)))
+            wait_for(lambda: d.turned_away + len(d._in_flight) == 16)
+            assert len(d._in_flight) == 8  # full
+            legit_join(d.address, CONTROL, 5)
+            wait_for(lambda: d.refused == 1)  # the evicted handshake
+        assert admitted == [5]
+
+
 @pytest.mark.parametrize("kind", ["control", "heartbeat", "data"])
 def test_malformed_hellos_are_one_log_line_each_and_no_thread_dies(kind, caplog, monkeypatch):
     """Each port of a pipeline: every malformed hello is refused, logged once, and nothing dies."""
@@ -397,8 +410,8 @@ def test_an_accept_loop_that_cannot_go_on_says_why(caplog):
 
 def attack_every_port(ports: dict[str, tuple[tuple[str, int], str]], heartbeat_s: float, other_s: float,
                       attacker: Attacker, legit_from: str | None = None) -> list[str]:
-    """Each attack against each port in turn; after each, a peer with the secret (from ``legit_from``) is
-    admitted: the figures."""
+    """Each attack against each port in turn; during and after each, a peer with the secret (from
+    ``legit_from``) is admitted: the figures."""
     figures = []
     for name, (address, purpose) in ports.items():
         seconds = heartbeat_s if name == "heartbeat" else other_s
@@ -409,9 +422,16 @@ def attack_every_port(ports: dict[str, tuple[tuple[str, int], str]], heartbeat_s
             "flood of 200 trickling": lambda: attacker.trickle(address, seconds, connections=200, sources=10),
         }
         for attack, run in attacks.items():
-            run()
-            admitted_s = legit_join(address, purpose, source=legit_from)
-            figures.append(f"{name} after {attack}: admitted in {admitted_s * 1e3:.0f} ms")
+            attacking = threading.Thread(target=run)
+            attacking.start()
+            try:
+                time.sleep(0.5)  # under way (a peer that joins now once waited for a trickler to finish)
+                during_s = legit_join(address, purpose, source=legit_from)
+            finally:
+                attacking.join()
+            after_s = legit_join(address, purpose, source=legit_from)
+            figures.append(f"{name}, {attack}: admitted in {during_s * 1e3:.0f} ms during, "
+                           f"{after_s * 1e3:.0f} ms after")
     return figures
 
 

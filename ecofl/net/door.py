@@ -8,7 +8,8 @@ refused connections:
 - one thread accepts, and does nothing else. A connection beyond the bound
   of handshakes in flight (:class:`DoorLimits`: overall, and from one source
   address) is closed at once, so a flood holds a bounded number of threads
-  and file descriptors;
+  and file descriptors; when all places are taken, a newcomer from a less
+  busy address takes the place of the busiest address's oldest handshake;
 - each handshake (:func:`.auth.admit_peer`) runs on a thread of its own,
   with a deadline for the whole handshake: a peer that is silent, or sends a
   byte every half second, is cut off when it passes;
@@ -95,10 +96,7 @@ class Door:
         with self._lock:
             in_flight, threads = list(self._in_flight), list(self._handshakes)
         for sock in in_flight:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # ends the handshake's wait at once
-            except OSError:
-                pass
+            _hang_up(sock)
         for thread in threads:
             thread.join(timeout=self.limits.deadline_s)
         self._listener.close()
@@ -142,13 +140,27 @@ class Door:
         self.stopped = "closed"
 
     def _let_in(self, sock: socket.socket, source: str) -> None:
-        """Start ``sock``'s handshake on a thread of its own, or close it at once beyond the bounds."""
+        """Start ``sock``'s handshake on a thread of its own, or close it at once beyond the bounds.
+
+        When every place is taken, a peer from an address with fewer
+        handshakes in flight than the busiest address takes the place of
+        that address's oldest handshake: to keep a newcomer out, a flood
+        needs as many addresses of its own as there are places.
+        """
         with self._lock:
-            crowded = (len(self._in_flight) >= self.limits.in_flight
-                       or self._per_source.get(source, 0) >= self.limits.per_source)
+            mine = self._per_source.get(source, 0)
+            evicted = None
+            if mine < self.limits.per_source and len(self._in_flight) >= self.limits.in_flight:
+                busiest = max(self._per_source, key=self._per_source.__getitem__)
+                if self._per_source[busiest] > mine + 1:
+                    evicted = next(s for s, where in self._in_flight.items() if where == busiest)
+                    self._release(evicted)
+            crowded = mine >= self.limits.per_source or len(self._in_flight) >= self.limits.in_flight
             if not crowded:
                 self._in_flight[sock] = source
-                self._per_source[source] = self._per_source.get(source, 0) + 1
+                self._per_source[source] = mine + 1
+        if evicted is not None:
+            _hang_up(evicted)  # its handshake ends at once, refused
         if crowded:
             self.turned_away += 1
             sock.close()
@@ -170,22 +182,30 @@ class Door:
 
     def _handshake(self, sock: socket.socket, source: str) -> None:
         try:
+            self._admit(sock, source)
+        finally:
+            self._done(sock, threading.current_thread())
+
+    def _admit(self, sock: socket.socket, source: str) -> None:
+        """Admit the peer on ``sock`` and hand it over, or refuse it (told, logged once per source, counted)."""
+        try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             admitted = admit_peer(sock, self.secret, time.monotonic() + self.limits.deadline_s)
-            if not self.serves(admitted.purpose):
+            with self._lock:
+                evicted = not self._release(sock)  # its place was taken at the last moment: it is being hung up
+            if evicted or not self.serves(admitted.purpose):
                 admitted.channel.close()
-                raise AuthenticationFailed(f"a peer asked for a {admitted.purpose!r} channel at the "
-                                           f"{self.name} door")
+                raise AuthenticationFailed("its place was taken by a peer from a less busy address" if evicted
+                                           else f"a peer asked for a {admitted.purpose!r} channel at the "
+                                                f"{self.name} door")
         except (AuthenticationFailed, OSError) as error:  # OSError: TCP_NODELAY on a connection already reset
             sock.close()
             self.on_refused(str(error))
             self._log_once(source, f"refused: {error}")
             with self._lock:
                 self.refused += 1  # last: whoever waits for the count finds the refusal told and logged
-            self._done(sock, threading.current_thread())
             return
         admitted.channel.settimeout(None)
-        self._done(sock, threading.current_thread())
         if self._stop.is_set():
             admitted.channel.close()
             return
@@ -197,14 +217,21 @@ class Door:
 
     def _done(self, sock: socket.socket, thread: threading.Thread) -> None:
         with self._lock:
-            source = self._in_flight.pop(sock, None)
-            if source is not None:
-                left = self._per_source[source] - 1
-                if left:
-                    self._per_source[source] = left
-                else:
-                    del self._per_source[source]
+            self._release(sock)
             self._handshakes.discard(thread)
+
+    def _release(self, sock: socket.socket) -> bool:
+        """Free ``sock``'s place among the handshakes in flight; False if it had none (freed already, or
+        evicted)."""
+        source = self._in_flight.pop(sock, None)
+        if source is None:
+            return False
+        left = self._per_source[source] - 1
+        if left:
+            self._per_source[source] = left
+        else:
+            del self._per_source[source]
+        return True
 
     def _log_once(self, source: str, what: str) -> None:
         """Log what happened to a peer from ``source``, the first time only (a flood is one line)."""
@@ -216,3 +243,11 @@ class Door:
             self._logged.add(source)
         log.warning("%s door: %s %s (further peers from this address are counted, not logged)",
                     self.name, source, what)
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """End a handshake's wait on ``sock`` at once (its thread closes it)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
