@@ -115,7 +115,10 @@ def admit_peer(sock: socket.socket, secret: bytes, deadline: float | None = None
         hello = read_preauth(sock, HELLO, deadline)
         expected = _mac(secret, "device", acceptor_nonce, hello.nonce, hello.device, hello.purpose)
         if not hmac.compare_digest(hello.mac, expected):
-            send_preauth(sock, Rejected(), deadline)
+            try:
+                send_preauth(sock, Rejected(), deadline)
+            except OSError:
+                pass  # a peer that has gone needs no answer; the refusal names what it did
             raise AuthenticationFailed(f"peer {peer} claiming device {hello.device} failed authentication")
         mac = _mac(secret, "portal", hello.nonce, acceptor_nonce, hello.device, hello.purpose)
         send_preauth(sock, Welcome(mac), deadline)

@@ -175,6 +175,7 @@ class Door:
             thread.start()
         except RuntimeError as error:  # no thread to be had: like running out of descriptors
             self._done(sock, thread)
+            self.turned_away += 1
             sock.close()
             self._log_once(source, f"turned away: {error}")
 
