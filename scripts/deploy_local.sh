@@ -36,6 +36,7 @@
 # Each process has its own FLWR_HOME under the work directory, as if on its own
 # machine (and so no two install the app into one directory at once).
 set -euo pipefail
+umask 077  # what the deployment writes (keys, secrets, Flower's state database, logs with tokens) is its owner's
 cd "$(dirname "$0")/.."
 root=$PWD
 start_ns=$(date +%s%N)
@@ -221,7 +222,7 @@ print(json.load(open(sys.argv[1]))["homes"][int(sys.argv[2])]["namespaces"][int(
 if [ "$devices" -gt 0 ]; then
     for ((i = 0; i < homes; i++)); do
         mkdir -p "$work/home-$i"
-        (umask 077 && openssl rand -hex 32 >"$work/home-$i/secret")  # the home's secret, never on a command line
+        openssl rand -hex 32 >"$work/home-$i/secret"  # the home's secret (mode 600), never on a command line
         start "home-service-$i" ecofl home serve --listen "$(home_host "$i"):$(home_port "$i")" --name "home-$i" \
             --secret-file "$work/home-$i/secret" --portal-preset nano-10w ${networks:+--kernel-links}
         for ((j = 0; j < devices; j++)); do
@@ -235,8 +236,7 @@ if [ "$devices" -gt 0 ]; then
         joined=0
         for _ in $(seq 120); do
             joined=$(ecofl home status --home "$(home_host "$i"):$(home_port "$i")" --secret-file "$work/home-$i/secret" \
-                --json 2>/dev/null | "$python" -c 'import json, sys; print(len(json.load(sys.stdin)["devices"]))' \
-                || echo 0)
+                --json 2>/dev/null | "$python" "$tools" devices-joined || true)  # 0 until it answers
             [ "$joined" -ge "$devices" ] && break
             sleep 1
         done

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from ecofl.net.auth import admit_device, join_home
+from ecofl.net.auth import admit_peer, join_home
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.links import PeerLost
 from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
@@ -33,7 +33,7 @@ def sealed_pair() -> tuple[SealedSocket, SealedSocket, socket.socket]:
     joined: list[SealedSocket] = []
     thread = threading.Thread(target=lambda: joined.append(join_home(device_end, SECRET, 3)))
     thread.start()
-    _, portal = admit_device(portal_end, SECRET)
+    portal = admit_peer(portal_end, SECRET).channel
     thread.join(timeout=10)
     return portal, joined[0], device_end
 
@@ -189,13 +189,13 @@ def test_closing_a_link_ends_a_wait_on_it_with_peer_lost():
 def stranger_visits(address: tuple[str, int], hello: dict | None) -> tuple[dict, object]:
     """Connect to a data port; read the challenge; send ``hello`` (None: say nothing); what comes back."""
     with socket.create_connection(address, timeout=10) as sock:
-        challenge, arrays = recv_message(sock, authenticated=False)
+        challenge, arrays = recv_message(sock)
         assert not arrays
         if hello is None:
             return challenge, None
         send_message(sock, hello)
         try:
-            answer = recv_message(sock, authenticated=False)[0]
+            answer = recv_message(sock)[0]
         except ChannelClosed:
             answer = "closed"
         return challenge, answer
@@ -211,7 +211,7 @@ def test_a_stranger_at_the_data_port_gets_a_challenge_and_nothing_else():
         with socket.create_connection(listener.address, timeout=10) as sock:
             join_home(sock, SECRET, 1, "control")
             with pytest.raises(ChannelClosed):
-                recv_message(sock, authenticated=False)
+                recv_message(sock)
         with socket.create_connection(listener.address, timeout=10) as sock:
             sock.sendall(b"\xff" * 64)  # garbage
         deadline = time.monotonic() + 30  # the garbage is refused at once; its handshake thread may lag

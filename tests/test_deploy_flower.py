@@ -268,6 +268,13 @@ def test_deploy_local_refuses_an_unregistered_supernode_and_the_run_completes(tm
     summary = json.loads((work / "out" / "summary.json").read_text())
     assert summary["num_homes"] == 3 and summary["updates"] == 1 and summary["failed_total"] == 0
     assert "refused" in log
+    assert "Traceback" not in log  # it waited for the home services without printing their absence
+    # What the deployment wrote is its owner's only (keys, secrets, logs that hold tokens, Flower's state
+    # database and its write-ahead log); certificates and public keys alone are readable by others.
+    assert (work / "superlink" / "state.db").exists()
+    exposed = [f"{path.relative_to(work)}: {oct(path.lstat().st_mode & 0o777)}" for path in [work, *work.rglob("*")]
+               if not path.is_symlink() and path.suffix not in (".crt", ".pub") and path.lstat().st_mode & 0o077]
+    assert not exposed, exposed
 
 
 @needs_openssl

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ecofl.deploy.home_client import home_status, train_at_home
-from ecofl.deploy.home_service import HomeService
+from ecofl.deploy.home_service import CLIENT, HomeService
 from ecofl.models import build_model
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.wire import recv_message, send_message
@@ -109,14 +109,14 @@ def test_a_daemon_with_the_wrong_secret_is_refused_and_never_gets_data(start_wei
             stop([stranger])
         # a peer without the secret learns nothing but a fresh challenge, and its hello ends the connection
         with socket.create_connection(service.address) as sock:
-            challenge, arrays = recv_message(sock, authenticated=False)
+            challenge, arrays = recv_message(sock)
             assert set(challenge) == {"type", "nonce"} and not arrays
-            send_message(sock, {"type": "hello", "device": -2, "purpose": "home service", "nonce": "0" * 64,
+            send_message(sock, {"type": "hello", "device": 0, "purpose": CLIENT, "nonce": "0" * 64,
                                 "mac": "0" * 64})
-            answer, arrays = recv_message(sock, authenticated=False)
+            answer, arrays = recv_message(sock)
             assert answer == {"type": "rejected"} and not arrays
             with pytest.raises(ChannelClosed):
-                recv_message(sock, authenticated=False)
+                recv_message(sock)
         wait_for(lambda: service.refused == 2)
         assert service.present() == [] and service.rounds == 0
 

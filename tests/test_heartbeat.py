@@ -73,7 +73,7 @@ def test_a_peer_without_the_secret_is_never_watched_and_learns_nothing():
         with pytest.raises(Exception):
             HeartbeatSender(monitor.address, new_secret(), 0, 0.1)
         with socket.create_connection(monitor.address, timeout=5) as intruder:
-            challenge, _ = recv_message(intruder, authenticated=False)
+            challenge, _ = recv_message(intruder)
             assert set(challenge) == {"type", "nonce"}
             send_message(intruder, {"type": "beat"})
             time.sleep(0.3)

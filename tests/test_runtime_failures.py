@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ecofl.devices import DeviceSpec, HomePool
-from ecofl.net.auth import admit_device, join_home
+from ecofl.net.auth import admit_peer, join_home
 from ecofl.net.errors import AuthenticationFailed
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.plan import Plan, StagePlan
@@ -155,7 +155,8 @@ def test_handshake_both_ways(device_secret, portal_secret):
     thread = threading.Thread(target=device)
     thread.start()
     try:
-        device, channel = admit_device(portal_end, portal_secret)
+        admitted = admit_peer(portal_end, portal_secret)
+        device, channel = admitted.device, admitted.channel
         header, arrays = recv_message(channel)  # the sealed channel both ends derived
         outcome["portal"] = (device, header["type"], arrays["x"].tolist())
     except AuthenticationFailed as error:
@@ -184,7 +185,7 @@ def test_device_refuses_a_portal_without_the_secret():
     thread = threading.Thread(target=device)
     thread.start()
     send_message(portal_end, {"type": "challenge", "nonce": "00" * 32})
-    recv_message(portal_end, authenticated=False)
+    recv_message(portal_end)
     send_message(portal_end, {"type": "welcome", "mac": "ff" * 32})  # a forged welcome
     thread.join(timeout=10)
     portal_end.close()

@@ -11,7 +11,7 @@ import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.net.pacing import TokenBucket
-from ecofl.net.wire import PREAUTH_LIMIT, recv_message, send_message
+from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.instructions import device_program
 from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan
 from ecofl.pipeline.runtime.emulation import MemoryLedger
@@ -41,7 +41,7 @@ def test_replicated_stages_exchange_overlapping_sample_ranges():
     assert all(p.bandwidth_bps is None for r in worker_roles(plan, pool, None, emulate=False) for p in r.destinations)
 
 
-def test_wire_round_trips_arrays_and_refuses_strangers_arrays():
+def test_wire_round_trips_arrays_and_refuses_object_arrays():
     a, b = socket.socketpair()
     arrays = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.array(7, dtype=np.int64),
               "e": np.zeros((0, 4), dtype=np.float64)}
@@ -51,14 +51,6 @@ def test_wire_round_trips_arrays_and_refuses_strangers_arrays():
     for name, array in arrays.items():
         assert got[name].dtype == array.dtype and got[name].shape == array.shape
         np.testing.assert_array_equal(got[name], array)
-    send_message(a, {"type": "hello"}, {"w": arrays["w"]})
-    with pytest.raises(ValueError, match="unauthenticated"):
-        recv_message(b, authenticated=False)
-    a.close(), b.close()
-    a, b = socket.socketpair()
-    send_message(a, {"type": "hello", "pad": "x" * PREAUTH_LIMIT})
-    with pytest.raises(ValueError, match="exceeds"):
-        recv_message(b, authenticated=False)
     with pytest.raises(TypeError):
         send_message(a, {}, {"o": np.array([object()])})
     a.close(), b.close()

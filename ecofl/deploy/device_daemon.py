@@ -20,7 +20,7 @@ import socket
 import threading
 
 from ecofl.deploy.device_profile import describe_device
-from ecofl.deploy.home_service import DAEMON, SERVICE
+from ecofl.deploy.home_service import DAEMON
 from ecofl.deploy.warm_workers import WarmWorkers
 from ecofl.net.auth import join_home
 from ecofl.net.errors import AuthenticationFailed, ChannelClosed
@@ -77,7 +77,7 @@ class DeviceDaemon:
     def _serve_once(self) -> None:
         raw = socket.create_connection(self.home, timeout=10.0)
         try:
-            sock = join_home(raw, self.secret, DAEMON, SERVICE)
+            sock = join_home(raw, self.secret, 0, DAEMON)
         except BaseException:
             raw.close()
             raise

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ecofl.deploy.home_service import CLIENT, SERVICE
+from ecofl.deploy.home_service import CLIENT
 from ecofl.net.auth import join_home
 from ecofl.net.sealed import SealedSocket
 from ecofl.net.wire import recv_message, send_message
@@ -30,7 +30,7 @@ class ServiceTraining:
 def _connect(address: tuple[str, int], secret: bytes, timeout_s: float) -> SealedSocket:
     sock = socket.create_connection(address, timeout=timeout_s)
     try:
-        return join_home(sock, secret, CLIENT, SERVICE)
+        return join_home(sock, secret, 0, CLIENT)
     except BaseException:
         sock.close()
         raise

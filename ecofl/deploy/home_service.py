@@ -12,10 +12,10 @@ answers with the trained weights and the measured against the predicted
 sync-round time.
 
 Everyone proves the home's secret first (the mutual HMAC challenge of
-:mod:`ecofl.net.auth`, for a ``"home service"`` channel),
-claiming the number :data:`DAEMON` or :data:`CLIENT`, and the connection
-continues sealed (:mod:`ecofl.net.sealed`); nothing else is read
-from a peer that has not, and nothing is unpickled. The portal is device 0
+:mod:`ecofl.net.auth`, at the service's :class:`~ecofl.net.door.Door`),
+for a :data:`DAEMON` or a :data:`CLIENT` channel, and the connection
+continues sealed (:mod:`ecofl.net.sealed`) on a thread of its own; nothing
+else is read from a peer that has not, and nothing is unpickled. The portal is device 0
 of the pool (it holds the data and computes a stage like any device, in a
 warm worker process of the service's own, :mod:`.warm_workers`); daemons are
 1, 2, ... in joining order.
@@ -36,8 +36,9 @@ import torch
 from ecofl.deploy.device_profile import device_spec, workload_seconds
 from ecofl.deploy.warm_workers import WarmWorkers
 from ecofl.devices import DeviceSpec, HomePool
-from ecofl.net.auth import admit_device
-from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.auth import Admitted
+from ecofl.net.door import Door
+from ecofl.net.errors import ChannelClosed
 from ecofl.net.sealed import SealedSocket
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.planners import make_plan
@@ -51,10 +52,8 @@ from ecofl.train import TrainConfig
 
 log = logging.getLogger(__name__)
 
-DAEMON = -1  # the number a device daemon proves the secret with
-CLIENT = -2  # the number the home's ClientApp proves it with
-SERVICE = "home service"  # the purpose their handshakes prove
-HANDSHAKE_TIMEOUT_S = 10.0
+DAEMON = "device daemon"  # the purpose a device daemon's handshake proves
+CLIENT = "home client"  # the purpose the home's ClientApp (or `ecofl home status`) proves
 SETUP_ATTEMPTS = 3  # a round is planned again on the devices present when they changed while it started
 CLOSE_GRACE_S = 5.0  # closing waits this long in all for the connection threads
 
@@ -93,7 +92,6 @@ class HomeService:
         self.reference_workload_s = workload_seconds()  # this machine profiles the models
         self.portal = portal or DeviceSpec("portal", 1.0, 4 << 30, 100e6 / 8)
         self.members: dict[int, Member] = {}
-        self.refused = 0
         self.rounds = 0
         self.sessions = 0  # pipeline sessions the devices were asked to join
         self.sync_rounds = 0  # sync-rounds completed, over every round trained
@@ -104,17 +102,20 @@ class HomeService:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._channels: set[SealedSocket] = set()  # admitted connections (devices and clients), open now
-        self.listener: socket.socket | None = None
+        self.door: Door | None = None
         self.portal_workers = WarmWorkers(secret)  # the portal's own stage (device 0), warm between rounds
 
     # -- lifetime ------------------------------------------------------------------
 
     def __enter__(self) -> "HomeService":
         self.portal_workers.warm()
-        self.listener = socket.create_server((self.host, self.port))
-        self.listener.settimeout(0.2)
-        self.port = self.listener.getsockname()[1]
-        self._spawn(self._accept_loop)
+        try:
+            self.door = Door(self.host, self.port, self.secret, lambda purpose: purpose in (DAEMON, CLIENT),
+                             lambda admitted: self._spawn(self._serve_connection, admitted), name="home service")
+        except BaseException:
+            self.portal_workers.stop()
+            raise
+        self.port = self.door.address[1]
         log.info("home service %s on %s:%d", self.name, self.host, self.port)
         return self
 
@@ -123,8 +124,8 @@ class HomeService:
 
     def close(self) -> None:
         self._stop.set()
-        if self.listener is not None:
-            self.listener.close()
+        if self.door is not None:
+            self.door.close()
         with self._lock:
             members = list(self.members.values())
         for member in members:
@@ -140,13 +141,20 @@ class HomeService:
             except OSError:
                 pass
         deadline = time.monotonic() + CLOSE_GRACE_S
-        for thread in self._threads:
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self.portal_workers.stop()
 
     @property
     def address(self) -> tuple[str, int]:
         return self.host, self.port
+
+    @property
+    def refused(self) -> int:
+        """Peers that did not prove the secret for one of the service's channels."""
+        return self.door.refused if self.door is not None else 0
 
     def present(self) -> list[Member]:
         """The devices joined now, in joining order (silent ones past ``beat_timeout_s`` left out)."""
@@ -158,39 +166,21 @@ class HomeService:
     def _spawn(self, target, *args) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
         thread.start()
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
     # -- connections -----------------------------------------------------------------
 
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                sock, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            self._spawn(self._serve_connection, sock)
-
-    def _serve_connection(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        try:
-            who, channel = admit_device(sock, self.secret, SERVICE)
-        except (AuthenticationFailed, ChannelClosed, ValueError, OSError) as error:
-            self.refused += 1
-            log.warning("refused a peer: %s", error)
-            sock.close()
-            return
+    def _serve_connection(self, admitted: Admitted) -> None:
+        """Serve an admitted daemon or client on this thread of its own, until it leaves."""
+        channel = admitted.channel
         with self._lock:
             self._channels.add(channel)
         try:
-            if who == DAEMON:
+            if admitted.purpose == DAEMON:
                 self._serve_device(channel)
-            elif who == CLIENT:
-                self._serve_client(channel)
             else:
-                log.warning("a peer with the secret claimed to be %d, neither a device nor the client", who)
+                self._serve_client(channel)
         except (ChannelClosed, OSError):
             pass
         finally:

@@ -16,6 +16,13 @@ it was made for. HMAC-SHA256 (RFC 2104). Both ends then derive the
 connection's keys from the secret and both nonces and continue on a
 :class:`~ecofl.net.sealed.SealedSocket`: whoever did not take part in the
 handshake can neither read nor inject a byte.
+
+Each of these messages comes from a peer that has proved nothing yet, so
+each is a typed message read by :mod:`.preauth` (a deadline for the whole
+handshake, a bounded header, the fields' types, ranges and patterns): a
+claimed device is a number from 0 to :data:`MAX_DEVICE`, a purpose a short
+phrase, a nonce or MAC 64 hex digits. For the acceptor every way a handshake
+can fail ends in :class:`AuthenticationFailed`, and in nothing else.
 """
 
 from __future__ import annotations
@@ -24,14 +31,44 @@ import hashlib
 import hmac
 import secrets
 import socket
+import time
 from dataclasses import dataclass
+from typing import Annotated
 
 from ecofl.net.errors import AuthenticationFailed
+from ecofl.net.preauth import read_preauth, send_preauth
+from ecofl.net.schema import MalformedMessage, Matches, MessageSet, Within, message
 from ecofl.net.sealed import SealedSocket, channel_keys
-from ecofl.net.wire import recv_message, send_message
 
 NONCE_BYTES = 32
 CONTROL = "control"  # the purpose of a worker's control channel to its portal
+MAX_DEVICE = 4095  # the largest device number (or rank) a peer may claim
+HANDSHAKE_DEADLINE_S = 10.0  # a whole handshake, from the challenge to the welcome
+
+Hex32 = Annotated[str, Matches(f"[0-9a-f]{{{2 * NONCE_BYTES}}}")]  # a nonce or a MAC
+
+
+@message("challenge")
+class Challenge:
+    nonce: Hex32
+
+
+@message("hello")
+class Hello:
+    device: Annotated[int, Within(0, MAX_DEVICE)]
+    purpose: Annotated[str, Matches("[a-z0-9 ]{1,64}")]
+    nonce: Hex32
+    mac: Hex32
+
+
+@message("welcome")
+class Welcome:
+    mac: Hex32
+
+
+@message("rejected")
+class Rejected:
+    pass
 
 
 def new_secret() -> bytes:
@@ -60,72 +97,71 @@ class Admitted:
     channel: SealedSocket
 
 
-def admit_peer(sock: socket.socket, secret: bytes) -> Admitted:
+def admit_peer(sock: socket.socket, secret: bytes, deadline: float | None = None) -> Admitted:
     """Acceptor side: challenge the peer on ``sock``; its claim and a sealed channel once it proves the secret.
 
-    Raises :class:`AuthenticationFailed` (after telling the peer) if it does
-    not; the caller checks that the claimed purpose is one it serves.
+    The whole handshake must be over by ``deadline`` (``time.monotonic()``;
+    default :data:`HANDSHAKE_DEADLINE_S` from now). Raises
+    :class:`AuthenticationFailed`, and nothing else, if the peer does not
+    prove the secret by then: a wrong proof (the peer is told ``rejected``),
+    a malformed hello, a connection that ends or breaks, or time out. The
+    caller checks that the claimed purpose is one it serves.
     """
-    acceptor_nonce = secrets.token_hex(NONCE_BYTES)
-    send_message(sock, {"type": "challenge", "nonce": acceptor_nonce})
-    hello, _ = recv_message(sock, authenticated=False)
+    peer = _peer(sock)
+    deadline = time.monotonic() + HANDSHAKE_DEADLINE_S if deadline is None else deadline
     try:
-        device = int(hello["device"])
-        purpose = str(hello["purpose"])
-        connector_nonce = str(hello["nonce"])
-        claimed = str(hello["mac"])
-        bytes.fromhex(connector_nonce)
-    except (KeyError, TypeError, ValueError):
-        raise AuthenticationFailed(f"peer {_peer(sock)} sent a malformed hello") from None
-    if hello.get("type") != "hello" or len(connector_nonce) != 2 * NONCE_BYTES:
-        raise AuthenticationFailed(f"peer {_peer(sock)} sent a malformed hello")
-    if not hmac.compare_digest(claimed, _mac(secret, "device", acceptor_nonce, connector_nonce, device, purpose)):
-        send_message(sock, {"type": "rejected"})
-        raise AuthenticationFailed(f"peer {_peer(sock)} claiming device {device} failed authentication")
-    mac = _mac(secret, "portal", connector_nonce, acceptor_nonce, device, purpose)
-    send_message(sock, {"type": "welcome", "mac": mac})
-    return Admitted(device, purpose, _sealed(sock, secret, acceptor_nonce, connector_nonce, device, purpose, True))
+        acceptor_nonce = secrets.token_hex(NONCE_BYTES)
+        send_preauth(sock, Challenge(acceptor_nonce), deadline)
+        hello = read_preauth(sock, HELLO, deadline)
+        expected = _mac(secret, "device", acceptor_nonce, hello.nonce, hello.device, hello.purpose)
+        if not hmac.compare_digest(hello.mac, expected):
+            try:
+                send_preauth(sock, Rejected(), deadline)
+            except OSError:
+                pass  # a peer that has gone needs no answer; the refusal names what it did
+            raise AuthenticationFailed(f"peer {peer} claiming device {hello.device} failed authentication")
+        mac = _mac(secret, "portal", hello.nonce, acceptor_nonce, hello.device, hello.purpose)
+        send_preauth(sock, Welcome(mac), deadline)
+    except MalformedMessage as error:
+        raise AuthenticationFailed(f"peer {peer} sent a malformed hello: {error}") from None
+    except TimeoutError:
+        raise AuthenticationFailed(f"peer {peer} did not complete the handshake in time") from None
+    except OSError as error:  # ChannelClosed, a reset, a broken pipe
+        raise AuthenticationFailed(f"peer {peer} broke off the handshake: {error}") from None
+    channel = _sealed(sock, secret, acceptor_nonce, hello.nonce, hello.device, hello.purpose, True)
+    return Admitted(hello.device, hello.purpose, channel)
 
 
-def admit_device(sock: socket.socket, secret: bytes, purpose: str = CONTROL) -> tuple[int, SealedSocket]:
-    """Acceptor side for one kind of channel: the peer's device number and sealed channel.
+def join_home(sock: socket.socket, secret: bytes, device: int, purpose: str = CONTROL,
+              deadline: float | None = None) -> SealedSocket:
+    """Connector side: answer the challenge as ``device`` for ``purpose``, check the acceptor's proof in turn.
 
-    A peer with the secret that asks for another kind of channel is refused
-    too (:class:`AuthenticationFailed`).
+    By ``deadline`` (default :data:`HANDSHAKE_DEADLINE_S` from now:
+    TimeoutError after); an acceptor that does not prove the secret, or
+    says anything malformed, is :class:`AuthenticationFailed`; a connection
+    that ends first is :class:`~ecofl.net.errors.ChannelClosed`. The
+    socket's own timeout is as it was afterwards.
     """
-    admitted = admit_peer(sock, secret)
-    if admitted.purpose != purpose:
-        raise AuthenticationFailed(f"peer {_peer(sock)} asked for a {admitted.purpose!r} channel, not {purpose!r}")
-    return admitted.device, admitted.channel
-
-
-def join_home(sock: socket.socket, secret: bytes, device: int, purpose: str = CONTROL) -> SealedSocket:
-    """Connector side: answer the challenge as ``device`` for ``purpose``, check the acceptor's proof in turn."""
-    challenge, _ = recv_message(sock, authenticated=False)
-    if challenge.get("type") != "challenge":
-        raise AuthenticationFailed("the portal did not open with a challenge")
-    acceptor_nonce = str(challenge["nonce"])
-    connector_nonce = secrets.token_hex(NONCE_BYTES)
-    send_message(
-        sock,
-        {
-            "type": "hello",
-            "device": device,
-            "purpose": purpose,
-            "nonce": connector_nonce,
-            "mac": _mac(secret, "device", acceptor_nonce, connector_nonce, device, purpose),
-        },
-    )
-    answer, _ = recv_message(sock, authenticated=False)
-    if answer.get("type") != "welcome":
+    deadline = time.monotonic() + HANDSHAKE_DEADLINE_S if deadline is None else deadline
+    timeout = sock.gettimeout()
+    try:
+        challenge = read_preauth(sock, CHALLENGE, deadline)
+        connector_nonce = secrets.token_hex(NONCE_BYTES)
+        mac = _mac(secret, "device", challenge.nonce, connector_nonce, device, purpose)
+        send_preauth(sock, Hello(device, purpose, connector_nonce, mac), deadline)
+        answer = read_preauth(sock, ANSWER, deadline)
+    except MalformedMessage as error:
+        raise AuthenticationFailed(f"the portal is not one of this home's: {error}") from None
+    if isinstance(answer, Rejected):
         raise AuthenticationFailed(f"the portal rejected device {device}: wrong home secret")
-    expected = _mac(secret, "portal", connector_nonce, acceptor_nonce, device, purpose)
-    if not hmac.compare_digest(str(answer.get("mac")), expected):
+    expected = _mac(secret, "portal", connector_nonce, challenge.nonce, device, purpose)
+    if not hmac.compare_digest(answer.mac, expected):
         raise AuthenticationFailed("the portal failed to prove the home secret")
-    try:
-        return _sealed(sock, secret, acceptor_nonce, connector_nonce, device, purpose, False)
-    except ValueError:
-        raise AuthenticationFailed("the portal sent a malformed challenge") from None
+    sock.settimeout(timeout)
+    return _sealed(sock, secret, challenge.nonce, connector_nonce, device, purpose, False)
+
+
+CHALLENGE, HELLO, ANSWER = MessageSet(Challenge), MessageSet(Hello), MessageSet(Welcome, Rejected)
 
 
 def _peer(sock: socket.socket) -> str:

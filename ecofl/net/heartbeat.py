@@ -6,7 +6,9 @@ A device's :class:`HeartbeatSender` connects to the portal's
 then sealed), then sends
 ``{"type": "beat"}`` every ``period_s`` and answers a ``{"type": "probe"}``
 with ``{"type": "alive"}``, whatever the device's main thread is computing.
-The monitor's thread reads every channel, feeds :class:`.liveness.Liveness`
+The monitor's :class:`~.door.Door` admits the channels (a stranger at the
+port costs the monitor nothing); the monitor's thread reads every admitted
+channel, feeds :class:`.liveness.Liveness`
 (a device is watched from the moment its channel is up: joining has its own
 timeout),
 probes silent devices and records failures (:class:`.liveness.Failure`), which
@@ -21,8 +23,9 @@ import socket
 import threading
 import time
 
-from ecofl.net.auth import admit_device, join_home
-from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.auth import Admitted, join_home
+from ecofl.net.door import Door
+from ecofl.net.errors import ChannelClosed
 from ecofl.net.liveness import Failure, Liveness, LivenessSettings
 from ecofl.net.sealed import SealedSocket
 from ecofl.net.wire import recv_message, send_message
@@ -38,21 +41,22 @@ class HeartbeatMonitor:
         self.secret, self.settings = secret, settings
         self.expected = set(devices)
         self.liveness = Liveness([], settings, time.monotonic())  # a device is watched once its channel is up
-        self._listener = socket.create_server((host, 0))
-        self._listener.setblocking(False)
         self._selector = selectors.DefaultSelector()
-        self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._channels: dict[int, SealedSocket] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="heartbeat-monitor", daemon=True)
+        self._door: Door | None = None
+        self._host = host
 
     @property
     def address(self) -> tuple[str, int]:
-        return self._listener.getsockname()[:2]
+        return self._door.address
 
     def __enter__(self) -> "HeartbeatMonitor":
         self._thread.start()
+        self._door = Door(self._host, 0, self.secret, lambda purpose: purpose == HEARTBEAT, self._welcome,
+                          name="heartbeat")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -82,6 +86,8 @@ class HeartbeatMonitor:
             return set(self._channels)
 
     def close(self) -> None:
+        if self._door is not None:
+            self._door.close()
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
@@ -89,7 +95,6 @@ class HeartbeatMonitor:
             sock.close()
         self._channels.clear()
         self._selector.close()
-        self._listener.close()
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -97,10 +102,7 @@ class HeartbeatMonitor:
             with self._lock:
                 wait = max(0.0, min(self.liveness.next_deadline(now) - now, self.settings.period_s))
             for key, _ in self._selector.select(timeout=wait):
-                if key.data is None:
-                    self._accept()
-                else:
-                    self._read(key.fileobj, key.data)
+                self._read(key.fileobj, key.data)
             now = time.monotonic()
             with self._lock:
                 for device in self.liveness.to_probe(now):
@@ -112,26 +114,17 @@ class HeartbeatMonitor:
                             self.liveness.closed(device, now)
                 self.liveness.check(now)
 
-    def _accept(self) -> None:
-        try:
-            sock, _ = self._listener.accept()
-        except BlockingIOError:
-            return
-        sock.setblocking(True)
-        sock.settimeout(max(1.0, self.settings.suspect_after_s))
-        try:
-            device, channel = admit_device(sock, self.secret, HEARTBEAT)
-        except (AuthenticationFailed, ChannelClosed, ValueError, OSError):
-            sock.close()  # a peer without the secret learns nothing and changes nothing
-            return
+    def _welcome(self, admitted: Admitted) -> None:
+        """A device's channel is up (on the door's handshake thread): watch it from now on."""
+        channel, device = admitted.channel, admitted.device
         with self._lock:
-            if device not in self.expected or device in self._channels:
+            if device not in self.expected or device in self._channels or self._stop.is_set():
                 channel.close()
                 return
+            channel.settimeout(1.0)
             self._channels[device] = channel
             self.liveness.last_seen[device] = time.monotonic()
-        channel.settimeout(1.0)
-        self._selector.register(channel, selectors.EVENT_READ, device)
+            self._selector.register(channel, selectors.EVENT_READ, device)  # the monitor's wait sees it at once
 
     def _read(self, sock: SealedSocket, device: int) -> None:
         try:

@@ -10,8 +10,8 @@ it. Every connection proves the home's secret for exactly that epoch and
 pair (purpose ``"data epoch E to rank R"``, :mod:`.auth`) before the listener
 hands it to anyone, and continues sealed (:mod:`.sealed`): a stranger who
 reaches the port gets a random challenge and nothing else, and cannot slow
-down the others (each handshake runs on a thread of its own, bounded in
-time). Entering a new epoch closes the old epoch's links, which ends any
+down the others (the port is a :class:`~.door.Door`: handshakes on threads
+of their own, each with a deadline, bounded in number). Entering a new epoch closes the old epoch's links, which ends any
 wait on a peer that froze or died.
 
 On the mesh, :meth:`EpochMesh.send` / :meth:`EpochMesh.recv` move tagged
@@ -30,13 +30,13 @@ import time
 
 import torch
 
-from ecofl.net.auth import admit_peer, join_home
-from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.auth import HANDSHAKE_DEADLINE_S, Admitted, join_home
+from ecofl.net.door import Door
+from ecofl.net.errors import ChannelClosed
 from ecofl.net.links import POLL_S, AbortCheck, PeerLink, PeerLost, Ticket, never_aborted
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import SealedSocket
 
-HANDSHAKE_TIMEOUT_S = 10.0
 _PURPOSE = re.compile(r"data epoch (\d+) to rank (\d+)")
 
 
@@ -54,47 +54,28 @@ class DataListener:
     """
 
     def __init__(self, host: str, secret: bytes):
-        self.secret = secret
-        self._server = socket.create_server((host, 0))
-        self._server.settimeout(POLL_S * 10)
         self._admitted: dict[tuple[int, int, int], SealedSocket] = {}
         self._arrived = threading.Condition()
         self._oldest_epoch = 0
-        self._stop = threading.Event()
-        self.refused = 0  # peers that did not prove the secret
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True, name="data-listener")
-        self._thread.start()
+        self._closed = False
+        self._door = Door(host, 0, secret, lambda purpose: _PURPOSE.fullmatch(purpose) is not None, self._file,
+                          name="data")
 
     @property
     def address(self) -> tuple[str, int]:
-        return self._server.getsockname()[:2]
+        return self._door.address
 
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                sock, _ = self._server.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._admit, args=(sock,), daemon=True, name="data-handshake").start()
+    @property
+    def refused(self) -> int:
+        """Peers that did not prove the secret for a data link."""
+        return self._door.refused
 
-    def _admit(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        try:
-            admitted = admit_peer(sock, self.secret)
-            match = _PURPOSE.fullmatch(admitted.purpose)
-            if match is None:
-                raise AuthenticationFailed(f"a peer asked for a {admitted.purpose!r} channel on a data port")
-        except (AuthenticationFailed, ChannelClosed, ValueError, OSError):
-            self.refused += 1
-            sock.close()
-            return
-        sock.settimeout(None)
+    def _file(self, admitted: Admitted) -> None:
+        """File an admitted link until its epoch's mesh claims it (one of an epoch already left is closed)."""
+        match = _PURPOSE.fullmatch(admitted.purpose)
         epoch, to_rank = int(match.group(1)), int(match.group(2))
         with self._arrived:
-            if epoch < self._oldest_epoch or self._stop.is_set():
+            if epoch < self._oldest_epoch or self._closed:
                 admitted.channel.close()
                 return
             old = self._admitted.pop((epoch, admitted.device, to_rank), None)
@@ -122,10 +103,9 @@ class DataListener:
                 self._admitted.pop(key).close()
 
     def close(self) -> None:
-        self._stop.set()
-        self._server.close()
-        self._thread.join(timeout=2.0)
+        self._door.close()
         with self._arrived:
+            self._closed = True
             for channel in self._admitted.values():
                 channel.close()
             self._admitted.clear()
@@ -209,7 +189,7 @@ def _connect(address: tuple[str, int], secret: bytes, rank: int, purpose: str, d
     """Connect to a peer's data listener and prove the secret as ``rank`` for ``purpose``; retry until ``deadline``."""
     while True:
         try:
-            sock = socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S)
+            sock = socket.create_connection(address, timeout=HANDSHAKE_DEADLINE_S)
         except OSError as error:
             if time.monotonic() > deadline:
                 raise PeerLost(f"cannot reach the data port {address[0]}:{address[1]}: {error}") from None

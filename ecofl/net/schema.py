@@ -5,7 +5,10 @@ gives the JSON header (``{"type": name, **fields}``); a :class:`MessageSet`
 turns a received header back into its class, checking every field against
 its annotation: an ``int`` is an int (not a bool), a ``float`` is finite, a
 ``list[int]`` holds ints, a nested dataclass is an object of its fields,
-nothing required is missing and nothing unknown is added. Anything else is a :class:`MalformedMessage` that names the message
+nothing required is missing and nothing unknown is added; a field annotated
+``Annotated[int, Within(0, 99)]`` or ``Annotated[str, Matches("[0-9a-f]{64}")]``
+is range- or pattern-checked too (what a peer that has not proved anything
+may claim). Anything else is a :class:`MalformedMessage` that names the message
 type and the field, so a peer's bad message is a clear error at the door,
 never a ``KeyError`` deep in a handler. Nothing is ever unpickled.
 """
@@ -15,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import types
 import typing
-from typing import Any, Callable, ClassVar, TypeVar, Union
+from typing import Annotated, Any, Callable, ClassVar, TypeVar, Union
 
 #: A JSON object whose fields the receiver reads itself (e.g. a model spec, checked by its own parser).
 JsonObject = dict[str, Any]
@@ -27,6 +31,29 @@ M = TypeVar("M")
 
 class MalformedMessage(ValueError):
     """A received message that does not match its definition (the message type and field are named)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Within:
+    """``Annotated[int, Within(low, high)]``: a number from ``low`` to ``high``, both included."""
+
+    low: float
+    high: float
+
+    def check(self, value: Any, where: str) -> None:
+        if not self.low <= value <= self.high:
+            raise MalformedMessage(f"{where}: {_kind(value)} is not within [{self.low}, {self.high}]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Matches:
+    """``Annotated[str, Matches(pattern)]``: a string the regular expression matches whole."""
+
+    pattern: str
+
+    def check(self, value: Any, where: str) -> None:
+        if re.fullmatch(self.pattern, value) is None:
+            raise MalformedMessage(f"{where}: {_kind(value)} does not match {self.pattern!r}")
 
 
 def message(wire_type: str) -> Callable[[type[M]], type[M]]:
@@ -78,7 +105,7 @@ def _plain(value: Any) -> Any:
 
 @functools.cache
 def _schema(cls: type) -> tuple[tuple[dataclasses.Field, ...], dict[str, Any]]:
-    return dataclasses.fields(cls), typing.get_type_hints(cls)
+    return dataclasses.fields(cls), typing.get_type_hints(cls, include_extras=True)
 
 
 def _decode_fields(cls: type, values: dict[str, Any], where: str) -> Any:
@@ -102,6 +129,12 @@ def checked(value: Any, annotation: Any, where: str) -> Any:
     :class:`MalformedMessage` naming ``where``; an int is accepted (and converted) where a float is expected."""
     origin = typing.get_origin(annotation)
     if annotation is Any:
+        return value
+    if origin is Annotated:
+        base, *constraints = typing.get_args(annotation)
+        value = checked(value, base, where)
+        for constraint in constraints:
+            constraint.check(value, where)
         return value
     if annotation is type(None) or annotation is None:
         if value is not None:

@@ -3,9 +3,10 @@
 Nothing on this channel is ever unpickled. A message is an 8-byte big-endian
 length, a UTF-8 JSON object, and the bytes of the arrays the header lists
 under ``"arrays"`` (name, dtype, shape), back to back. Before a peer has
-authenticated (:mod:`.auth`) the reader accepts only a small header and no
-arrays; after, the messages travel on the connection's
-:class:`~ecofl.net.sealed.SealedSocket`.
+authenticated (:mod:`.auth`) its messages are read by :mod:`.preauth`
+instead (a deadline, a small header, bounded nesting, no arrays); after,
+the messages travel on the connection's
+:class:`~ecofl.net.sealed.SealedSocket` and are read here.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ import numpy as np
 from ecofl.net.framing import recv_exactly
 from ecofl.net.sealed import SealedSocket
 
-PREAUTH_LIMIT = 4096  # bytes of header accepted from an unauthenticated peer
 HEADER_LIMIT = 64 << 20
 
-_LENGTH = struct.Struct(">Q")
+LENGTH = struct.Struct(">Q")  # a message's header length
 Channel = socket.socket | SealedSocket
 
-__all__ = ["Channel", "send_message", "recv_message"]
+__all__ = ["Channel", "LENGTH", "send_message", "recv_message"]
 
 
 def send_message(sock: Channel, header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> None:
@@ -37,24 +37,22 @@ def send_message(sock: Channel, header: dict[str, Any], arrays: dict[str, np.nda
         raise TypeError("object arrays cannot travel on the control channel")
     listing = [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape)} for n, a in contiguous.items()]
     body = json.dumps({**header, "arrays": listing}).encode()
-    sock.sendall(_LENGTH.pack(len(body)) + body)
+    sock.sendall(LENGTH.pack(len(body)) + body)
     for array in contiguous.values():
         if array.size:
             sock.sendall(memoryview(array.reshape(-1)).cast("B"))
 
 
-def recv_message(sock: Channel, *, authenticated: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Receive one message; :class:`~ecofl.net.errors.ChannelClosed` at end of stream, ValueError if malformed."""
-    (length,) = _LENGTH.unpack(recv_exactly(sock, _LENGTH.size))
-    limit = HEADER_LIMIT if authenticated else PREAUTH_LIMIT
-    if length > limit:
-        raise ValueError(f"control message header of {length} bytes exceeds {limit}")
+def recv_message(sock: Channel) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Receive one message from an authenticated peer; :class:`~ecofl.net.errors.ChannelClosed` at end of
+    stream, ValueError if malformed."""
+    (length,) = LENGTH.unpack(recv_exactly(sock, LENGTH.size))
+    if length > HEADER_LIMIT:
+        raise ValueError(f"control message header of {length} bytes exceeds {HEADER_LIMIT}")
     header = json.loads(recv_exactly(sock, length))
     if not isinstance(header, dict):
         raise ValueError("control message header is not a JSON object")
     listing = header.pop("arrays", [])
-    if listing and not authenticated:
-        raise ValueError("an unauthenticated peer may not send arrays")
     arrays: dict[str, np.ndarray] = {}
     for entry in listing:
         dtype = np.dtype(entry["dtype"])

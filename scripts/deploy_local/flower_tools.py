@@ -13,6 +13,9 @@ Run as ``python scripts/deploy_local/flower_tools.py COMMAND ...``:
   string, strings quoted for TOML.
 * ``print-homes JSON``: one line per home of a report: devices, rounds,
   measured against predicted sync-round.
+* ``devices-joined``: the number of devices in what ``ecofl home status
+  --json`` printed on standard input; 0, and nothing on standard error,
+  while the home service does not answer yet (it printed nothing).
 * ``report OUT_DIR HOMES STATUS_DIR REFUSED STATUS TOTAL_S LINKS``: the
   deployment's result as one JSON line (see :func:`report`).
 
@@ -100,6 +103,15 @@ def run_config(pairs: list[str]) -> str:
     return " ".join(out)
 
 
+def devices_joined(status: str) -> int:
+    """The devices of a home's status (``ecofl home status --json``); 0 if there is none (not up yet)."""
+    try:
+        devices = json.loads(status).get("devices", [])
+    except (ValueError, AttributeError):
+        return 0
+    return len(devices) if isinstance(devices, list) else 0
+
+
 def home_rounds(status_dir: Path) -> list[dict]:
     """Per home (``home-<i>.status.json``, what ``ecofl home status --json`` printed): devices joined, rounds
     trained, mean measured and predicted sync-round seconds."""
@@ -168,6 +180,8 @@ def main(argv: list[str]) -> int:
         watch(Path(args[0]), int(args[1]), int(args[2]))
     elif command == "run-config":
         print(run_config(args))
+    elif command == "devices-joined":
+        print(devices_joined(sys.stdin.read()))
     elif command == "report":
         out_dir, homes, status_dir, refused, status, total_s, links = args
         print(json.dumps(report(Path(out_dir), int(homes), Path(status_dir), int(refused), status, float(total_s),

@@ -27,7 +27,6 @@ it is about to be found); a worker whose trap fires says ``Trapped`` first
 from __future__ import annotations
 
 import selectors
-import socket
 import time
 from typing import Callable, Sequence, TypeVar
 
@@ -40,7 +39,7 @@ from ecofl.net.netns import HomeNetwork
 from ecofl.net.schema import encode
 from ecofl.net.sealed import SealedSocket
 from ecofl.net.wire import recv_message, send_message
-from ecofl.pipeline.runtime.admission import admit_devices
+from ecofl.pipeline.runtime.admission import Arrivals, admit_devices
 from ecofl.pipeline.runtime.control_messages import (
     REPLIES,
     Abort,
@@ -80,10 +79,9 @@ class ControlPlane:
         self.devices = LocalDevices()
         self.connections: dict[int, SealedSocket] = {}
         self.data_ports: dict[int, tuple[str, int]] = {}  # device -> its worker's DataListener
-        self.refused: list[str] = []  # why each peer that failed the handshake was turned away
         self.trapped: dict[int, float] = {}  # device -> when its phase-targeted trap fired (:mod:`.traps`)
         self.monitor: HeartbeatMonitor | None = None
-        self.listener: socket.socket | None = None
+        self.arrivals: Arrivals | None = None  # the control port
         self._members: set[int] = set()  # devices started or expected, not yet removed
         self._closed = False
 
@@ -93,9 +91,14 @@ class ControlPlane:
         return self.heartbeat is not None
 
     @property
+    def refused(self) -> list[str]:
+        """Why peers that failed the handshake at the control port were refused (the first few)."""
+        return self.arrivals.refused if self.arrivals is not None else []
+
+    @property
     def address(self) -> tuple[str, int]:
-        """Where devices join: the control listener's host and port."""
-        return self.listener.getsockname()[:2]
+        """Where devices join: the control port's host and port."""
+        return self.arrivals.address
 
     def name(self, device: int) -> str:
         return self.names[device]
@@ -104,7 +107,7 @@ class ControlPlane:
 
     def open(self, watched: Sequence[int]) -> None:
         """Listen for devices; with heartbeats, watch ``watched``."""
-        self.listener = socket.create_server((self.host, self.port))
+        self.arrivals = Arrivals(self.host, self.port, self.secret)
         if self.heartbeat is not None:
             self.monitor = HeartbeatMonitor(self.secret, list(watched), self.heartbeat, self.host)
             self.monitor.__enter__()
@@ -119,8 +122,8 @@ class ControlPlane:
         """Accept and authenticate ``devices`` (:func:`.admission.admit_devices`), watching for lost ones."""
         self._members.update(devices)
         self.connections.update(admit_devices(
-            self.listener, self.secret, {d: self.name(d) for d in devices}, self.timeout_s,
-            lambda: self.check_lost("joining the home"), self.refused, local, then_s,
+            self.arrivals, {d: self.name(d) for d in devices}, self.timeout_s,
+            lambda: self.check_lost("joining the home"), local, then_s,
         ))
 
     def join(self, device: int) -> None:
@@ -165,8 +168,8 @@ class ControlPlane:
         self.connections.clear()
         if self.monitor is not None:
             self.monitor.close()
-        if self.listener is not None:
-            self.listener.close()
+        if self.arrivals is not None:
+            self.arrivals.close()
 
     @property
     def running(self) -> bool:

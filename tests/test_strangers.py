@@ -1,0 +1,605 @@
+"""Strangers at the door: whatever anyone without the home's secret sends to a port of a home, it keeps training.
+
+An attacker on the home network (here: loopback addresses of its own,
+127.0.0.2 and up, as a stranger on a home network has its own address; the
+home's processes are on 127.0.0.1) tries what once knocked a home out of the
+federation (issue 25):
+
+- a handshake that trickles a byte every half second, and 100 silent
+  connections (they once blocked the heartbeat monitor's only thread);
+- malformed hellos: ``"device": 1e400`` (OverflowError), 2,000 nested
+  brackets (RecursionError), negative and huge device numbers, a length
+  prefix of 2**63, an oversized header, bytes that are not JSON;
+- a flood of trickling connections, and one up to the open-file limit
+  (a home service once stopped accepting for good at EMFILE).
+
+Every port of a home is a :class:`~ecofl.net.door.Door`; these tests hold it
+to what the issue asks: the home completes every sync-round, no device is
+declared failed, no thread dies, each refusal is one log line per source,
+and a legitimate peer is admitted at once afterwards. Measured figures are
+printed (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from ecofl.deploy.device_profile import describe_device
+from ecofl.deploy.home_client import home_status
+from ecofl.deploy.home_service import CLIENT, DAEMON
+from ecofl.net.auth import CONTROL, HELLO, join_home
+from ecofl.net.door import Door, DoorLimits
+from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.heartbeat import HEARTBEAT, HeartbeatMonitor
+from ecofl.net.liveness import LivenessSettings
+from ecofl.net.mesh import DataListener, data_purpose
+from ecofl.net.netns import HomeNetwork, unavailable_reason
+from ecofl.net.preauth import parse_bounded, read_preauth
+from ecofl.net.schema import MalformedMessage
+from ecofl.net.wire import recv_message, send_message
+from ecofl.pipeline.runtime.admission import Arrivals
+from tests.test_runtime_transparency import pool
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = bytes(range(32))
+LEGIT = "127.0.0.1"  # where the home's own processes connect from
+NETNS = unavailable_reason()
+
+
+def stranger(n: int) -> str:
+    """The n-th attacker address (1 -> 127.0.0.2): loopback, but not the home's own."""
+    return f"127.0.{n // 250}.{n % 250 + 2}"
+
+
+def connect_from(address: tuple[str, int], source: str, timeout: float = 5.0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.bind((source, 0))
+        sock.connect(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">Q", len(body)) + body
+
+
+def hello(**fields) -> bytes:
+    claim = {"type": "hello", "device": 1, "purpose": CONTROL, "nonce": "00" * 32, "mac": "00" * 32, **fields}
+    return frame(json.dumps(claim).encode())
+
+
+MALFORMED = {
+    "device 1e400": frame(b'{"type": "hello", "device": 1e400, "purpose": "control", "nonce": "' + b"0" * 64
+                          + b'", "mac": "' + b"0" * 64 + b'"}'),
+    "2000 nested brackets": frame(b"[" * 2000),
+    "negative device": hello(device=-1),
+    "huge device": hello(device=10**30),
+    "device NaN": frame(b'{"type": "hello", "device": NaN}'),
+    "device as text": hello(device="1"),
+    "length prefix 2**63": struct.pack(">Q", 2**63),
+    "oversized header": frame(b" " * 5000),
+    "not UTF-8": frame(b'{"type": "\xff\xfe"}'),
+    "garbage": b"\xff" * 64,
+}
+
+
+def send_malformed(address: tuple[str, int], source: str, payload: bytes) -> object:
+    """Read the challenge, send ``payload``: what the door answers ("closed" when it hangs up without a word)."""
+    with connect_from(address, source, timeout=15) as sock:
+        challenge, _ = recv_message(sock)
+        assert set(challenge) == {"type", "nonce"}
+        try:
+            sock.sendall(payload)
+            return recv_message(sock)[0]
+        except (ChannelClosed, ConnectionResetError, BrokenPipeError):
+            return "closed"
+
+
+def legit_join(address: tuple[str, int], purpose: str, device: int = 9, source: str | None = None) -> float:
+    """Seconds a peer with the secret (from ``source``) takes to be admitted at ``address`` (it then leaves)."""
+    start = time.monotonic()
+    with socket.create_connection(address, timeout=10, source_address=(source, 0) if source else None) as sock:
+        join_home(sock, SECRET, device, purpose).close()
+    return time.monotonic() - start
+
+
+# -- attacks -------------------------------------------------------------------------------
+
+
+class Attacker:
+    """The attacks, each for ``seconds`` against one address; every socket closed when it ends."""
+
+    def __init__(self, first_source: int = 1, only_from: str | None = None):
+        self.next_source, self.only_from = first_source, only_from
+
+    def sources(self, count: int) -> list[str]:
+        """``count`` addresses of the attacker's own (all the same one for an attacker ``only_from`` one)."""
+        if self.only_from is not None:
+            return [self.only_from] * count
+        sources = [stranger(self.next_source + i) for i in range(count)]
+        self.next_source += count
+        return sources
+
+    def trickle(self, address, seconds: float, connections: int = 1, sources: int = 1) -> None:
+        """``connections`` handshakes from ``sources`` addresses, each sending a byte every half second."""
+        addresses = self.sources(sources)
+        with ExitStack() as stack:
+            socks = []
+            for i in range(connections):
+                try:
+                    socks.append(stack.enter_context(connect_from(address, addresses[i % sources], timeout=2)))
+                except OSError:
+                    pass  # a full backlog: the flood goes on with the connections it has
+            payload = hello(purpose="x" * 3000)
+            end, offset = time.monotonic() + seconds, 0
+            while time.monotonic() < end:
+                for sock in list(socks):
+                    try:
+                        sock.send(payload[offset % len(payload):offset % len(payload) + 1])
+                    except OSError:
+                        socks.remove(sock)  # the door hung up (its deadline, or beyond its bounds)
+                offset += 1
+                time.sleep(0.5)
+
+    def silent(self, address, seconds: float, connections: int = 100) -> None:
+        """``connections`` connections from one address that say nothing."""
+        [source] = self.sources(1)
+        with ExitStack() as stack:
+            for _ in range(connections):
+                try:
+                    stack.enter_context(connect_from(address, source, timeout=2))
+                except OSError:
+                    pass
+            time.sleep(seconds)
+
+    def malformed(self, address) -> dict[str, object]:
+        """Every malformed hello, each from an address of its own: the answers."""
+        return {what: send_malformed(address, source, payload)
+                for (what, payload), source in zip(MALFORMED.items(), self.sources(len(MALFORMED)))}
+
+
+# -- the parser ----------------------------------------------------------------------------
+
+
+def test_the_preauth_parser_raises_only_malformed_message_whatever_the_bytes():
+    """Every malformed hello, and 2,000 random mutations of a good one, end in MalformedMessage and nothing else."""
+    good = hello()[8:]
+    rng = random.Random(25)
+    bodies = [payload[8:] for payload in MALFORMED.values() if len(payload) > 8]
+    for _ in range(2000):
+        body = bytearray(good)
+        for _ in range(rng.randint(1, 8)):
+            position = rng.randrange(len(body))
+            body[position:position + rng.randint(0, 3)] = bytes(rng.choice(b'[]{}",:0123456789e-.+ \\naNIfxy')
+                                                               for _ in range(rng.randint(0, 4)))
+        bodies.append(bytes(body))
+    for body in bodies:
+        try:
+            HELLO.decode(parse_bounded(body))
+        except MalformedMessage:
+            pass
+    assert HELLO.decode(parse_bounded(good)).device == 1
+
+
+@pytest.mark.parametrize("what", [w for w in MALFORMED if w != "garbage"])
+def test_each_malformed_hello_is_one_malformed_message(what):
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(MALFORMED[what])
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(MalformedMessage):
+            read_preauth(b, HELLO, time.monotonic() + 5)
+
+
+def test_a_trickled_message_ends_at_the_handshakes_deadline_not_per_read():
+    a, b = socket.socketpair()
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for byte in hello():
+            if stop.wait(0.1):
+                return
+            a.send(bytes([byte]))
+
+    thread = threading.Thread(target=trickle)
+    thread.start()
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            read_preauth(b, HELLO, start + 1.0)  # every read gets a byte within 0.1 s; the whole cannot be late
+        print(f"\ntrickle cut off after {time.monotonic() - start:.2f} s (deadline 1 s)")
+    finally:
+        stop.set()
+        thread.join()
+        a.close(), b.close()
+
+
+# -- one door ------------------------------------------------------------------------------
+
+
+@contextmanager
+def door(limits: DoorLimits = DoorLimits(), purpose: str = CONTROL):
+    admitted: list[int] = []
+
+    def take(peer) -> None:
+        admitted.append(peer.device)
+        peer.channel.close()
+
+    with Door(LEGIT, 0, SECRET, lambda p: p == purpose, take, name="test", limits=limits) as d:
+        yield d, admitted
+
+
+def test_trickling_and_silent_strangers_are_cut_off_at_the_deadline_and_never_hold_up_a_peer():
+    with door(DoorLimits(deadline_s=1.5, in_flight=8, per_source=4)) as (d, admitted):
+        attacker = Attacker()
+        stop = threading.Event()
+        hung_up: list[float] = []
+
+        def trickle() -> None:
+            start = time.monotonic()
+            with connect_from(d.address, stranger(0)) as sock:
+                recv_message(sock)  # the challenge
+                for byte in hello():
+                    try:
+                        sock.send(bytes([byte]))
+                        if sock.recv(1, socket.MSG_DONTWAIT) == b"":
+                            break
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        break
+                    if stop.wait(0.3):
+                        return
+                hung_up.append(time.monotonic() - start)
+
+        trickler = threading.Thread(target=trickle)
+        trickler.start()
+        silent = threading.Thread(target=attacker.silent, args=(d.address, 3.0, 50))
+        silent.start()
+        try:
+            joins = [legit_join(d.address, CONTROL, device) for device in range(3)]
+        finally:
+            silent.join()
+            stop.set()
+            trickler.join()
+        assert admitted == [0, 1, 2]
+        assert hung_up, "the trickler was never cut off"
+        assert d.turned_away >= 50 - 4  # one address holds at most per_source handshakes
+        print(f"\nlegit handshakes under attack: {', '.join(f'{t * 1e3:.0f} ms' for t in joins)}; "
+              f"trickler cut off after {hung_up[0]:.2f} s (deadline 1.5 s); turned away {d.turned_away}")
+
+
+def test_a_flood_from_several_addresses_cannot_keep_a_newcomer_out():
+    """Every place taken by two addresses: a peer from a third takes the busiest address's oldest place."""
+    with door(DoorLimits(deadline_s=60, in_flight=8, per_source=8)) as (d, admitted):
+        with ExitStack() as flood:
+            for i in range(16):
+                flood.enter_context(connect_from(d.address, stranger(i % 2)))
+            wait_for(lambda: d.turned_away + len(d._in_flight) == 16)
+            assert len(d._in_flight) == 8  # full
+            legit_join(d.address, CONTROL, 5)
+            wait_for(lambda: d.refused == 1)  # the evicted handshake
+        assert admitted == [5]
+
+
+@pytest.mark.parametrize("kind", ["control", "heartbeat", "data"])
+def test_malformed_hellos_are_one_log_line_each_and_no_thread_dies(kind, caplog, monkeypatch):
+    """Each port of a pipeline: every malformed hello is refused, logged once, and nothing dies."""
+    died: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    threads_before = threading.active_count()
+    with ExitStack() as stack:
+        if kind == "control":
+            arrivals = Arrivals(LEGIT, 0, SECRET)
+            stack.callback(arrivals.close)
+            address, purpose, door_of = arrivals.address, CONTROL, arrivals.door
+        elif kind == "heartbeat":
+            monitor = stack.enter_context(HeartbeatMonitor(SECRET, [9], LivenessSettings()))
+            address, purpose, door_of = monitor.address, HEARTBEAT, monitor._door
+        else:
+            listener = stack.enter_context(DataListener(LEGIT, SECRET))
+            address, purpose, door_of = listener.address, data_purpose(999, 0), listener._door
+        serving = threading.active_count()
+        with caplog.at_level(logging.WARNING, logger="ecofl.net.door"):
+            answers = Attacker().malformed(address)
+            wait_for(lambda: door_of.refused == len(MALFORMED))
+        assert set(answers.values()) == {"closed"}, answers  # no answer to a malformed hello, not even "rejected"
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == len(MALFORMED), lines  # one line per source
+        assert all("refused" in line for line in lines)
+        wait_for(lambda: threading.active_count() == serving)  # the handshake threads ended, none else
+        assert legit_join(address, purpose) < 5
+        if kind == "heartbeat":
+            assert monitor._thread.is_alive()
+    assert not died
+    wait_for(lambda: threading.active_count() == threads_before)
+    print(f"\n{kind}: threads {threads_before} before, {serving} serving, {threading.active_count()} after; "
+          + "; ".join(lines[:3]))
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+DOOR_AT_THE_FILE_LIMIT = """
+import logging, resource, sys
+from ecofl.net.door import Door, DoorLimits
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+resource.setrlimit(resource.RLIMIT_NOFILE, (48, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+def take(peer):
+    print("admitted", peer.device, flush=True)
+    peer.channel.close()
+unbounded = DoorLimits(deadline_s=120, in_flight=10_000, per_source=10_000)  # only the file limit stops it
+with Door("127.0.0.1", 0, bytes(range(32)), lambda p: p == "control", take, name="test", limits=unbounded) as door:
+    print(door.address[1], flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_door_at_the_open_file_limit_pauses_says_so_once_and_goes_on():
+    """A door without bounds, at 48 open files: a flood meets EMFILE; afterwards a peer gets in at once."""
+    child = subprocess.Popen([sys.executable, "-c", DOOR_AT_THE_FILE_LIMIT], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    log: list[str] = []
+    reader = threading.Thread(target=lambda: log.extend(child.stderr), daemon=True)
+    reader.start()
+    try:
+        address = (LEGIT, int(child.stdout.readline()))
+        flood = ExitStack()
+        with flood:
+            for i in range(150):
+                try:
+                    flood.enter_context(connect_from(address, stranger(i % 10), timeout=0.5))
+                except OSError:
+                    pass  # the listener's backlog is full too
+            time.sleep(1.0)
+        start = time.monotonic()
+        with socket.create_connection(address, timeout=10) as sock:
+            join_home(sock, SECRET, 3).close()
+        admitted_after = time.monotonic() - start
+        assert child.stdout.readline().strip() == "admitted 3"
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        reader.join(timeout=10)
+        child.stdout.close(), child.stdin.close()
+    text = "".join(log)
+    assert text.count("pauses accepting: Too many open files") == 1, text[-2000:]
+    assert "accepts again" in text and "Traceback" not in text
+    print(f"\nafter the flood at 48 open files a peer was admitted in {admitted_after * 1e3:.0f} ms; door log:\n"
+          + "\n".join(line for line in text.splitlines() if "pauses" in line or "again" in line))
+
+
+def test_an_accept_loop_that_cannot_go_on_says_why(caplog):
+    with caplog.at_level(logging.ERROR, logger="ecofl.net.door"), door() as (d, _):
+        d._listener.close()  # what no door does to itself: the port gone from under it
+        wait_for(lambda: d.stopped is not None)
+    assert d.stopped.startswith("accepting failed")
+    assert [r.getMessage() for r in caplog.records if "stops accepting" in r.getMessage()]
+
+
+# -- a home training under attack --------------------------------------------------------------
+
+
+def attack_every_port(ports: dict[str, tuple[tuple[str, int], str]], heartbeat_s: float, other_s: float,
+                      attacker: Attacker, legit_from: str | None = None) -> list[str]:
+    """Each attack against each port in turn; during and after each, a peer with the secret (from
+    ``legit_from``) is admitted: the figures."""
+    figures = []
+    for name, (address, purpose) in ports.items():
+        seconds = heartbeat_s if name == "heartbeat" else other_s
+        attacks = {
+            "trickle": lambda: attacker.trickle(address, seconds),
+            "100 silent": lambda: attacker.silent(address, seconds),
+            "malformed": lambda: attacker.malformed(address),
+            "flood of 200 trickling": lambda: attacker.trickle(address, seconds, connections=200, sources=10),
+        }
+        for attack, run in attacks.items():
+            attacking = threading.Thread(target=run)
+            attacking.start()
+            try:
+                time.sleep(0.5)  # under way (a peer that joins now once waited for a trickler to finish)
+                during_s = legit_join(address, purpose, source=legit_from)
+            finally:
+                attacking.join()
+            after_s = legit_join(address, purpose, source=legit_from)
+            figures.append(f"{name}, {attack}: admitted in {during_s * 1e3:.0f} ms during, "
+                           f"{after_s * 1e3:.0f} ms after")
+    return figures
+
+
+def train_while(attack, devices: int = 3, network=None) -> None:
+    """Rounds of 10 sync-rounds (3 devices, fault tolerance on) until ``attack(ports, detection_bound_s)``, on a
+    thread, is over: every sync-round completes, none is lost, no device is declared failed."""
+    from ecofl.pipeline.runtime import HomePipeline
+    from ecofl.pipeline.runtime.faults import FaultTolerance
+    from tests.test_runtime_recovery import FAST_HEARTBEAT, PROFILE, THREE_STAGES
+    from tests.test_runtime_transparency import WITHOUT_BATCH_NORM, data
+
+    x, y = data()
+    figures: list[str] = []
+    failed: list[BaseException] = []
+    results = []
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(devices), THREE_STAGES, profile=PROFILE, emulate=False,
+                      timeout_s=60, secret=SECRET, network=network,
+                      fault_tolerance=FaultTolerance(heartbeat=FAST_HEARTBEAT)) as home:
+        control = home.control
+        ports = {"control": (control.address, CONTROL), "heartbeat": (control.monitor.address, HEARTBEAT)}
+        ports.update({f"data {d}": (address, data_purpose(999, 0)) for d, address in home.data_ports.items()})
+
+        def run() -> None:
+            try:
+                figures.extend(attack(ports, FAST_HEARTBEAT.detection_bound_s))
+            except BaseException as error:  # noqa: BLE001 - reported by the test
+                failed.append(error)
+
+        attacker = threading.Thread(target=run)
+        started = time.monotonic()
+        attacker.start()
+        try:
+            while attacker.is_alive() or not results:
+                results.append(home.train(None, x, y, 10, lr=0.1))
+        finally:
+            attacker.join()
+        failures = control.monitor.failures()
+        refused = control.arrivals.door.refused
+    assert not failed, failed
+    assert all(r.rounds_completed == 10 and not r.events and r.lost_rounds == 0 for r in results)
+    assert failures == {}
+    assert refused >= len(MALFORMED)
+    print(f"\n{len(results)} x 10 sync-rounds in {time.monotonic() - started:.0f} s under attack, none lost; "
+          + "; ".join(figures))
+
+
+@pytest.mark.slow
+def test_a_home_trains_every_sync_round_while_a_stranger_attacks_every_port():
+    """Loopback: every attack at every port (control, heartbeat, each worker's data port) in turn; at the
+    heartbeat port for longer than it takes to declare a device failed (what a blocked monitor once did)."""
+    train_while(lambda ports, detection_s: attack_every_port(ports, detection_s + 1, 1.0, Attacker()))
+
+
+ATTACK_FROM_A_NAMESPACE = """
+import json, sys
+from tests.test_strangers import Attacker, attack_every_port
+ports = {name: (tuple(address), purpose) for name, (address, purpose) in json.loads(sys.argv[1]).items()}
+print(json.dumps(attack_every_port(ports, float(sys.argv[2]), float(sys.argv[3]), Attacker(only_from=sys.argv[4]),
+                                   legit_from=sys.argv[5])))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NETNS is not None, reason=str(NETNS))
+def test_a_home_on_its_own_network_trains_while_a_stranger_on_that_network_attacks_every_port():
+    """Network namespaces: the workers on their devices' addresses, the attacker at one more address of the
+    home network (a fourth device's namespace, not in the plan), and a peer with the secret at another. A
+    second each (how long a blocked monitor takes to fail a device is the loopback test's matter)."""
+    with HomeNetwork(pool(4), [0, 1, 2, 3]) as network:
+        legit = str(network.subnet[200])
+        subprocess.run([*network.prefix(3), "ip", "addr", "add", f"{legit}/24", "dev", "eth0"], check=True)
+
+        def attack(ports, _detection_s: float) -> list[str]:
+            done = subprocess.run(
+                [*network.prefix(3), sys.executable, "-c", ATTACK_FROM_A_NAMESPACE, json.dumps(ports), "1", "1",
+                 network.address(3), legit],
+                capture_output=True, text=True, timeout=240, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            assert done.returncode == 0, done.stderr[-3000:]
+            return [f"from {network.address(3)}"] + json.loads(done.stdout.splitlines()[-1])
+
+        train_while(attack, devices=4, network=network)
+
+
+# -- the home service ----------------------------------------------------------------------------
+
+
+@contextmanager
+def home_service(tmp_path: Path, open_files: int):
+    """``ecofl home serve`` at a soft limit of ``open_files`` (as a service manager may give it): its address
+    and log."""
+    import resource
+
+    secret_file, port_file, log = tmp_path / "secret", tmp_path / "port", tmp_path / "home.log"
+    secret_file.write_text(SECRET.hex())
+    secret_file.chmod(0o600)
+    limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE,  # noqa: E731
+                                       (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    with open(log, "w") as out:
+        service = subprocess.Popen(
+            [sys.executable, "-m", "ecofl", "home", "serve", "--listen", f"{LEGIT}:0", "--name", "attacked",
+             "--secret-file", str(secret_file), "--port-file", str(port_file)],
+            stdout=out, stderr=subprocess.STDOUT, preexec_fn=limit, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        wait_for(lambda: port_file.exists() and port_file.read_text().strip() or service.poll() is not None, 180)
+        assert service.poll() is None, log.read_text()[-2000:]
+        yield (LEGIT, int(port_file.read_text())), log
+    finally:
+        service.terminate()
+        try:
+            service.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            service.kill()
+            service.wait()
+
+
+class FakeDaemon:
+    """A registered device that beats every half second (a device daemon's part of the protocol, no workers)."""
+
+    def __init__(self, address: tuple[str, int]):
+        raw = socket.create_connection(address, timeout=10)
+        try:
+            self.sock = join_home(raw, SECRET, 0, DAEMON)
+        except BaseException:
+            raw.close()
+            raise
+        send_message(self.sock, {"type": "register", **describe_device("beating", "nano-10w", 100.0)})
+        assert recv_message(self.sock)[0]["type"] == "registered"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        while not self.stop.wait(0.5):
+            send_message(self.sock, {"type": "beat", "sessions": 0})
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+def test_a_home_service_at_256_open_files_answers_at_once_after_a_flood_of_1000(tmp_path):
+    """At `ulimit -n 256`: malformed hellos (one log line each), then 1,000 trickling connections from 100
+    addresses; a registered device stays present throughout and `ecofl home status` answers at once after."""
+    with home_service(tmp_path, 256) as (address, log):
+        daemon = FakeDaemon(address)
+        try:
+            answers = Attacker(1).malformed(address)
+            Attacker(100).trickle(address, 3.0, connections=1000, sources=100)
+            start = time.monotonic()
+            status = home_status(address, SECRET)
+            answered_s = time.monotonic() - start
+            (tmp_path / "secret").chmod(0o600)
+            start = time.monotonic()
+            cli = subprocess.run([sys.executable, "-m", "ecofl", "home", "status", "--home", f"{LEGIT}:{address[1]}",
+                                  "--secret-file", str(tmp_path / "secret"), "--json"], capture_output=True,
+                                 text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            cli_s = time.monotonic() - start
+        finally:
+            daemon.close()
+        text = log.read_text()
+    assert set(answers.values()) == {"closed"}, answers
+    assert answered_s < 10, answered_s  # the issue asks for 2 s (figure printed); it once never answered again
+    assert cli.returncode == 0 and json.loads(cli.stdout)["devices"] == status["devices"], cli.stderr[-2000:]
+    assert [d["name"] for d in status["devices"]] == ["beating"]  # its beats were read all along
+    assert status["refused"] >= len(MALFORMED)
+    for n in range(1, 1 + len(MALFORMED)):
+        assert text.count(f"{stranger(n)} refused") == 1, text[-3000:]  # one line per source
+    assert "Traceback" not in text, text[-3000:]
+    print(f"\nafter the flood: status answered in {answered_s * 1e3:.0f} ms (the CLI, with its imports, in "
+          f"{cli_s:.1f} s); {status['refused']} refused; log lines: {len(text.splitlines())}")
