@@ -39,10 +39,10 @@ import pytest
 
 from ecofl.deploy.device_profile import describe_device
 from ecofl.deploy.home_client import home_status
-from ecofl.deploy.home_service import CLIENT, DAEMON
+from ecofl.deploy.home_service import DAEMON
 from ecofl.net.auth import CONTROL, HELLO, join_home
 from ecofl.net.door import Door, DoorLimits
-from ecofl.net.errors import AuthenticationFailed, ChannelClosed
+from ecofl.net.errors import ChannelClosed
 from ecofl.net.heartbeat import HEARTBEAT, HeartbeatMonitor
 from ecofl.net.liveness import LivenessSettings
 from ecofl.net.mesh import DataListener, data_purpose
@@ -51,7 +51,7 @@ from ecofl.net.preauth import parse_bounded, read_preauth
 from ecofl.net.schema import MalformedMessage
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.admission import Arrivals
-from tests.test_runtime_transparency import pool
+from pipeline_kit import pool
 
 pytestmark = pytest.mark.timeout(300)
 
