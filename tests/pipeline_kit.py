@@ -17,7 +17,7 @@ import torch
 
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.net.liveness import LivenessSettings
-from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime import HomePipeline, LayerList
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
@@ -129,14 +129,16 @@ def instances(seed: int, count: int, layers=(4, 8), devices=(2, 5)):
 # -- a fault-tolerant run that must be exact (the recovery tests) -------------------------------------
 
 PROFILE = random_profile(np.random.default_rng(0), 5)
+THREE_STAGES = Plan("hand", (StagePlan((0, 1), (0,), (4,), 5), StagePlan((2, 3), (1,), (4,), 3),
+                             StagePlan((4, 4), (2,), (4,), 1)), micro_batch=4, num_micro_batches=6)
 # Fast enough for a test, slow enough that a loaded machine does not make a live device look dead (a full-suite
-# run once failed the exactness check with 0.5 s bounds; a live device declared dead is another test's matter).
-FAST_HEARTBEAT = LivenessSettings(period_s=0.1, suspect_after_s=3.0, probe_timeout_s=3.0)
+# run once failed the exactness check with 0.5 s bounds, and three test processes beside another job once made
+# 3 s too short at start-up; a live device declared dead is another test's matter).
+FAST_HEARTBEAT = LivenessSettings(period_s=0.1, suspect_after_s=5.0, probe_timeout_s=5.0)
 
 
-
-def train_exactly(plan: Plan, events: list[str], devices: int = 3, *, spec=WITHOUT_BATCH_NORM, profile=PROFILE, rounds=8,
-        **settings):
+def train_exactly(plan: Plan, events: list[str], devices: int = 3, *, spec=WITHOUT_BATCH_NORM, profile=PROFILE,
+                  rounds=8, **settings):
     """Train ``rounds`` sync-rounds with ``events`` injected; the weights equal one process's, every round
     completed, no worker left. The result and the final plan."""
     x, y = data()

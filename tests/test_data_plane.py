@@ -245,7 +245,7 @@ def test_a_stranger_at_a_workers_data_port_learns_nothing_and_disturbs_nothing()
     """A running pipeline: silent connections, forged hellos and garbage at every worker's data port."""
     from ecofl.pipeline.plan import Plan, StagePlan
     from ecofl.pipeline.runtime import HomePipeline
-    from tests.test_runtime_transparency import WITHOUT_BATCH_NORM, assert_same, data, pool, single_process
+    from pipeline_kit import WITHOUT_BATCH_NORM, assert_same, data, pool, single_process
 
     plan = Plan("hand", (StagePlan((0, 1), (0,), (4,), 5), StagePlan((2, 3), (1,), (4,), 3),
                          StagePlan((4, 4), (2,), (4,), 1)), micro_batch=4, num_micro_batches=4)

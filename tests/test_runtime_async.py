@@ -127,7 +127,7 @@ def test_async_plans_refuse_what_they_cannot_do():
         Plan("hand", (StagePlan((0, 4), (0, 1), (2, 2), 1),), micro_batch=4, num_micro_batches=2,
              schedule="async-1f1b")
     from ecofl.pipeline.runtime.faults import FaultTolerance
-    from tests.test_planners import random_profile
+    from pipeline_kit import random_profile
 
     profile = random_profile(np.random.default_rng(0), 5)
     x, y = data(8)

@@ -18,12 +18,10 @@ from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import HomePipeline
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.schedule import ScheduleError
-from pipeline_kit import FAST_HEARTBEAT, PROFILE, WITHOUT_BATCH_NORM, assert_same, data, pool, single_process, train_exactly
+from pipeline_kit import FAST_HEARTBEAT, PROFILE, THREE_STAGES, WITHOUT_BATCH_NORM, assert_same, data, pool, single_process, train_exactly
 
 pytestmark = pytest.mark.timeout(240)
 
-THREE_STAGES = Plan("hand", (StagePlan((0, 1), (0,), (4,), 5), StagePlan((2, 3), (1,), (4,), 3),
-                             StagePlan((4, 4), (2,), (4,), 1)), micro_batch=4, num_micro_batches=6)
 HYBRID = Plan("hand", (StagePlan((0, 1), (0, 1), (2, 2), 3), StagePlan((2, 4), (2,), (4,), 1)),
               micro_batch=4, num_micro_batches=6)
 

@@ -440,8 +440,7 @@ def train_while(attack, devices: int = 3, network=None) -> None:
     thread, is over: every sync-round completes, none is lost, no device is declared failed."""
     from ecofl.pipeline.runtime import HomePipeline
     from ecofl.pipeline.runtime.faults import FaultTolerance
-    from tests.test_runtime_recovery import FAST_HEARTBEAT, PROFILE, THREE_STAGES
-    from tests.test_runtime_transparency import WITHOUT_BATCH_NORM, data
+    from pipeline_kit import FAST_HEARTBEAT, PROFILE, THREE_STAGES, WITHOUT_BATCH_NORM, data
 
     x, y = data()
     figures: list[str] = []

@@ -214,13 +214,16 @@ class _Stream:
         self._release(m)
 
     def _release(self, m: int) -> None:
-        """Micro-batch m has left this device: room for another, and a credit to each source."""
-        for p in self.role.sources:
-            self.mesh.send(p.rank, torch.zeros(1), CREDIT_TAG)
+        """Micro-batch m has left this device: room for another, and a credit to each source.
+
+        The room is made before the credits go: a source that gets a credit may send the next micro-batch at
+        once, and it must find m gone (else this device briefly counts K + 1 held)."""
         with self._changed:
             self._held.discard(m)
             self._released.add(m)
             self._changed.notify_all()
+        for p in self.role.sources:
+            self.mesh.send(p.rank, torch.zeros(1), CREDIT_TAG)
 
     def close(self) -> None:
         self._stopped.set()
