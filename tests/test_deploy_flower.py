@@ -32,9 +32,9 @@ import pytest
 from server.config import experiment_from_run_config
 from server.server_app import measured_latency
 
-# Flower simulations, deployments and Ray clusters run one at a time (one xdist worker): each is several
-# processes, and Ray's ports and sessions are shared machine-wide.
-pytestmark = pytest.mark.xdist_group("flower")
+# Deployments run one at a time (one xdist worker), beside the simulations: a deployment's SuperLink, SuperNodes
+# and home services listen on free ports of their own, and none of it uses Ray.
+pytestmark = pytest.mark.xdist_group("deploy")
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("flower_tools",

@@ -22,8 +22,8 @@ from flwr.superlink.federation import NoOpFederationManager
 
 from server.linkstate_index import FLOWER_GET_MESSAGE_INS, index_messages_by_node, sweep_nodes_with_messages
 
-# Flower simulations, deployments and Ray clusters run one at a time (one xdist worker): each is several
-# processes, and Ray's ports and sessions are shared machine-wide.
+# Flower simulations and Ray clusters run one at a time (one xdist worker): each is several processes, and
+# Ray's ports and sessions are shared machine-wide.
 pytestmark = pytest.mark.xdist_group("flower")
 
 RUN_ID = 7

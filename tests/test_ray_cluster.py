@@ -26,8 +26,8 @@ from ecofl.errors import UserError
 from simulations.ray_cluster import check_reachable
 from processes import processes_matching
 
-# Flower simulations, deployments and Ray clusters run one at a time (one xdist worker): each is several
-# processes, and Ray's ports and sessions are shared machine-wide.
+# Flower simulations and Ray clusters run one at a time (one xdist worker): each is several processes, and
+# Ray's ports and sessions are shared machine-wide.
 pytestmark = pytest.mark.xdist_group("flower")
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,6 +40,7 @@ import pytest
 from ecofl.deploy.device_profile import describe_device
 from ecofl.deploy.home_client import home_status
 from ecofl.deploy.home_service import DAEMON
+from ecofl.deploy.service_messages import DaemonBeat
 from ecofl.net.auth import CONTROL, HELLO, join_home
 from ecofl.net.door import Door, DoorLimits
 from ecofl.net.errors import ChannelClosed
@@ -48,7 +49,7 @@ from ecofl.net.liveness import LivenessSettings
 from ecofl.net.mesh import DataListener, data_purpose
 from ecofl.net.netns import HomeNetwork, unavailable_reason
 from ecofl.net.preauth import parse_bounded, read_preauth
-from ecofl.net.schema import MalformedMessage
+from ecofl.net.schema import MalformedMessage, encode
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.admission import Arrivals
 from pipeline_kit import pool
@@ -486,7 +487,7 @@ def test_a_home_trains_every_sync_round_while_a_stranger_attacks_every_port():
 
 ATTACK_FROM_A_NAMESPACE = """
 import json, sys
-from tests.test_strangers import Attacker, attack_every_port
+from test_strangers import Attacker, attack_every_port
 ports = {name: (tuple(address), purpose) for name, (address, purpose) in json.loads(sys.argv[1]).items()}
 print(json.dumps(attack_every_port(ports, float(sys.argv[2]), float(sys.argv[3]), Attacker(only_from=sys.argv[4]),
                                    legit_from=sys.argv[5])))
@@ -507,7 +508,8 @@ def test_a_home_on_its_own_network_trains_while_a_stranger_on_that_network_attac
             done = subprocess.run(
                 [*network.prefix(3), sys.executable, "-c", ATTACK_FROM_A_NAMESPACE, json.dumps(ports), "1", "1",
                  network.address(3), legit],
-                capture_output=True, text=True, timeout=240, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                capture_output=True, text=True, timeout=240, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
             assert done.returncode == 0, done.stderr[-3000:]
             return [f"from {network.address(3)}"] + json.loads(done.stdout.splitlines()[-1])
 
@@ -556,7 +558,7 @@ class FakeDaemon:
         except BaseException:
             raw.close()
             raise
-        send_message(self.sock, {"type": "register", **describe_device("beating", "nano-10w", 100.0)})
+        send_message(self.sock, encode(describe_device("beating", "nano-10w", 100.0)))
         assert recv_message(self.sock)[0]["type"] == "registered"
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._beat)
@@ -564,7 +566,7 @@ class FakeDaemon:
 
     def _beat(self) -> None:
         while not self.stop.wait(0.5):
-            send_message(self.sock, {"type": "beat", "sessions": 0})
+            send_message(self.sock, encode(DaemonBeat(0)))
 
     def close(self) -> None:
         self.stop.set()

@@ -20,11 +20,13 @@ import socket
 import threading
 
 from ecofl.deploy.device_profile import describe_device
+from ecofl.deploy.service_messages import TO_DAEMON, Bye, DaemonBeat, Registered, Session
 from ecofl.deploy.home_service import DAEMON
 from ecofl.deploy.warm_workers import WarmWorkers
 from ecofl.net.auth import join_home
 from ecofl.net.errors import AuthenticationFailed, ChannelClosed
 from ecofl.net.sealed import SealedSocket
+from ecofl.net.schema import encode
 from ecofl.net.wire import recv_message, send_message
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ class DeviceDaemon:
     def __init__(self, home: tuple[str, int], secret: bytes, name: str, preset: str | None = None,
                  bandwidth_mbps: float = 100.0, beat_s: float = 1.0, max_backoff_s: float = 10.0):
         self.home, self.secret, self.beat_s, self.max_backoff_s = home, secret, beat_s, max_backoff_s
-        self.registration = {"type": "register", **describe_device(name, preset, bandwidth_mbps)}
+        self.registration = describe_device(name, preset, bandwidth_mbps)
         self.stop = threading.Event()
         self.sessions = 0
         self.joins = 0
@@ -83,22 +85,24 @@ class DeviceDaemon:
             raise
         self._sock = sock
         try:
-            send_message(sock, self.registration)
-            answer, _ = recv_message(sock)
-            if answer.get("type") != "registered":
-                raise ChannelClosed(f"unexpected answer {answer.get('type')!r}")
+            send_message(sock, encode(self.registration))
+            header, _ = recv_message(sock)
+            answer = TO_DAEMON.decode(header)
+            if not isinstance(answer, Registered):
+                raise ChannelClosed(f"unexpected answer {answer.TYPE!r}")
             self.joins += 1
-            log.info("joined home %s:%d as device id %d (speed %.3g)", *self.home, answer["id"], answer["speed"])
+            log.info("joined home %s:%d as device id %d (speed %.3g)", *self.home, answer.id, answer.speed)
             self.workers.warm()
             sock.settimeout(None)
             beats = threading.Thread(target=self._beat, args=(sock,), daemon=True)
             beats.start()
             while not self.stop.is_set():
-                message, _ = recv_message(sock)
-                if message.get("type") == "session":
-                    self.workers.run({"portal": message["portal"], "device": int(message["device"])})
+                header, _ = recv_message(sock)
+                message = TO_DAEMON.decode(header)
+                if isinstance(message, Session):
+                    self.workers.run({"portal": list(message.portal), "device": message.device})
                     self.sessions += 1
-                elif message.get("type") == "bye":
+                elif isinstance(message, Bye):
                     raise ChannelClosed("the home service is stopping")
         finally:
             self._sock = None
@@ -108,7 +112,7 @@ class DeviceDaemon:
         while not self.stop.wait(self.beat_s):
             try:
                 with self._send_lock:
-                    send_message(sock, {"type": "beat", "sessions": self.sessions})
+                    send_message(sock, encode(DaemonBeat(self.sessions)))
             except OSError:
                 return
 

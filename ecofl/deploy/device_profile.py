@@ -17,6 +17,7 @@ import time
 import torch
 from torch import nn
 
+from ecofl.deploy.service_messages import Register
 from ecofl.devices import MBPS, DeviceSpec, preset
 
 _WORKLOAD_REPEATS = 5
@@ -53,20 +54,20 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def describe_device(name: str, preset_name: str | None, bandwidth_mbps: float) -> dict:
+def describe_device(name: str, preset_name: str | None, bandwidth_mbps: float) -> Register:
     """The registration a daemon sends: a preset's numbers, or this machine's measured ones."""
     if preset_name is not None:
         spec = preset(preset_name)
-        return {"name": name, "preset": preset_name, "speed": spec.speed, "memory_bytes": spec.memory_bytes,
-                "bandwidth_bps": bandwidth_mbps * MBPS}
-    return {"name": name, "preset": None, "workload_s": workload_seconds(), "memory_bytes": available_memory_bytes(),
-            "bandwidth_bps": bandwidth_mbps * MBPS}
+        return Register(name, preset_name, spec.memory_bytes, bandwidth_mbps * MBPS, speed=spec.speed)
+    return Register(name, None, available_memory_bytes(), bandwidth_mbps * MBPS, workload_s=workload_seconds())
 
 
-def device_spec(registration: dict, reference_workload_s: float) -> DeviceSpec:
+def device_spec(registration: Register, reference_workload_s: float) -> DeviceSpec:
     """The :class:`DeviceSpec` of a registration (measured speed relative to ``reference_workload_s``)."""
-    speed = registration.get("speed")
+    speed = registration.speed
     if speed is None:
-        speed = reference_workload_s / float(registration["workload_s"])
-    return DeviceSpec(name=str(registration["name"]), speed=float(speed),
-                      memory_bytes=int(registration["memory_bytes"]), bandwidth_bps=float(registration["bandwidth_bps"]))
+        if registration.workload_s is None or registration.workload_s <= 0:
+            raise ValueError(f"register: {registration.name!r} gives neither a speed nor a positive workload time")
+        speed = reference_workload_s / registration.workload_s
+    return DeviceSpec(name=registration.name, speed=speed, memory_bytes=registration.memory_bytes,
+                      bandwidth_bps=registration.bandwidth_bps)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ecofl.deploy.home_service import CLIENT
+from ecofl.deploy.service_messages import TO_CLIENT, HomeStatus, ServiceError, StatusRequest, Train, Trained
 from ecofl.net.auth import join_home
 from ecofl.net.sealed import SealedSocket
+from ecofl.net.schema import encode
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.errors import HomePipelineError
 from ecofl.pipeline.runtime.model_spec import ZooModel
@@ -41,19 +44,24 @@ def train_at_home(address: tuple[str, int], secret: bytes, model: ZooModel, weig
     """Train ``weights`` on ``x, y`` through the home service's pipeline; its error is a HomePipelineError."""
     arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(weights)}
     arrays.update(x=x.numpy(), y=y.numpy())
-    request = {"type": "train", "model": model.to_json(), "train": asdict(config), "num_weights": len(weights)}
     with _connect(address, secret, timeout_s) as sock:
-        send_message(sock, request, arrays)
-        reply, out = recv_message(sock)
-    if reply.get("type") != "trained":
-        raise HomePipelineError(f"the home service could not train: {reply.get('message', reply.get('type'))}")
-    return ServiceTraining([out[f"w{i}"] for i in range(int(reply["num_weights"]))], float(reply["loss"]),
-                           int(reply["num_samples"]), dict(reply["metrics"]), list(reply["devices"]))
+        send_message(sock, encode(Train(model.to_json(), config, len(weights))), arrays)
+        header, out = recv_message(sock)
+    reply = TO_CLIENT.decode(header)
+    if isinstance(reply, ServiceError):
+        raise HomePipelineError(f"the home service could not train: {reply.message}")
+    if not isinstance(reply, Trained):
+        raise HomePipelineError(f"the home service answered {reply.TYPE!r} to a training request")
+    return ServiceTraining([out[f"w{i}"] for i in range(reply.num_weights)], reply.loss, reply.num_samples,
+                           dict(reply.metrics), list(reply.devices))
 
 
 def home_status(address: tuple[str, int], secret: bytes, timeout_s: float = 10.0) -> dict:
     """The service's registry: devices present, rounds trained, peers refused."""
     with _connect(address, secret, timeout_s) as sock:
-        send_message(sock, {"type": "status"})
-        reply, _ = recv_message(sock)
-    return reply
+        send_message(sock, encode(StatusRequest()))
+        header, _ = recv_message(sock)
+    reply = TO_CLIENT.decode(header)
+    if not isinstance(reply, HomeStatus):
+        raise HomePipelineError(f"the home service answered {reply.TYPE!r} to a status request")
+    return dataclasses.asdict(reply)

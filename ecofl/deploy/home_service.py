@@ -34,12 +34,27 @@ import numpy as np
 import torch
 
 from ecofl.deploy.device_profile import device_spec, workload_seconds
+from ecofl.deploy.service_messages import (
+    FROM_CLIENT,
+    FROM_DAEMON,
+    Bye,
+    DaemonBeat,
+    HomeStatus,
+    Register,
+    Registered,
+    ServiceError,
+    Session,
+    StatusRequest,
+    Train,
+    Trained,
+)
 from ecofl.deploy.warm_workers import WarmWorkers
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.net.auth import Admitted
 from ecofl.net.door import Door
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.sealed import SealedSocket
+from ecofl.net.schema import MalformedMessage, encode
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
@@ -64,15 +79,15 @@ class Member:
 
     id: int
     spec: DeviceSpec
-    registration: dict
+    registration: Register
     sock: SealedSocket
     joined_at: float = field(default_factory=time.time)
     last_beat: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one writer on the socket at a time
 
-    def send(self, header: dict) -> None:
+    def send(self, message: Registered | Session | Bye) -> None:
         with self.lock:
-            send_message(self.sock, header)
+            send_message(self.sock, encode(message))
 
 
 @lru_cache(maxsize=8)
@@ -130,7 +145,7 @@ class HomeService:
             members = list(self.members.values())
         for member in members:
             try:
-                member.send({"type": "bye"})
+                member.send(Bye())
             except OSError:
                 pass
         with self._lock:
@@ -183,27 +198,32 @@ class HomeService:
                 self._serve_client(channel)
         except (ChannelClosed, OSError):
             pass
+        except ValueError as error:  # a malformed message, or a registration no device can have
+            log.warning("closed the channel of an admitted %s: %s", admitted.purpose, error)
         finally:
             with self._lock:
                 self._channels.discard(channel)
             channel.close()
 
     def _serve_device(self, sock: SealedSocket) -> None:
-        registration, _ = recv_message(sock)
-        if registration.get("type") != "register":
-            return
+        header, _ = recv_message(sock)
+        registration = FROM_DAEMON.decode(header)
+        if not isinstance(registration, Register):
+            raise MalformedMessage(f"a device daemon must register first, not send {registration.TYPE!r}")
         spec = device_spec(registration, self.reference_workload_s)
         with self._lock:
             member = Member(self._next_id, spec, registration, sock)
             self._next_id += 1
             self.members[member.id] = member
-        member.send({"type": "registered", "id": member.id, "speed": spec.speed})
+        member.send(Registered(member.id, spec.speed))
         log.info("device %s joined (id %d, speed %.3g, %.1f GiB)", spec.name, member.id, spec.speed,
                  spec.memory_bytes / 2**30)
         sock.settimeout(None)
         try:
             while not self._stop.is_set():
-                recv_message(sock)  # beats: the daemon is alive
+                header, _ = recv_message(sock)  # beats: the daemon is alive
+                if not isinstance(FROM_DAEMON.decode(header), DaemonBeat):
+                    raise MalformedMessage(f"a registered device daemon sends beats, not {header.get('type')!r}")
                 member.last_beat = time.time()
         finally:
             with self._lock:
@@ -213,30 +233,30 @@ class HomeService:
     def _serve_client(self, sock: SealedSocket) -> None:
         sock.settimeout(None)
         while not self._stop.is_set():
-            request, arrays = recv_message(sock)
-            if request.get("type") == "status":
-                send_message(sock, self.status())
-                continue
+            header, arrays = recv_message(sock)
             try:
-                header, out = self.train(request, arrays)
+                request = FROM_CLIENT.decode(header)
+                if isinstance(request, StatusRequest):
+                    reply, out = self.status(), None
+                else:
+                    reply, out = self.train(request, arrays)
             except Exception as error:  # noqa: BLE001 - the client gets the reason, the service keeps serving
-                header, out = {"type": "error", "message": f"{type(error).__name__}: {error}"}, None
-            send_message(sock, header, out)
+                reply, out = ServiceError(f"{type(error).__name__}: {error}"), None
+            send_message(sock, encode(reply), out)
 
     # -- training --------------------------------------------------------------------
 
-    def status(self) -> dict:
-        return {"type": "status", "name": self.name, "rounds": self.rounds, "sessions": self.sessions,
-                "sync_rounds": self.sync_rounds, "refused": self.refused,
-                "devices": [{"id": m.id, **asdict(m.spec)} for m in self.present()], "round_log": self.round_log}
+    def status(self) -> HomeStatus:
+        return HomeStatus(self.name, self.rounds, self.sessions, self.sync_rounds, self.refused,
+                          [{"id": m.id, **asdict(m.spec)} for m in self.present()], list(self.round_log))
 
-    def train(self, request: dict, arrays: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    def train(self, request: Train, arrays: dict[str, np.ndarray]) -> tuple[Trained, dict[str, np.ndarray]]:
         """One training task: plan on the devices present, run the round, return weights and timings."""
-        model = spec_from_json(request["model"])
+        model = spec_from_json(request.model)
         if not isinstance(model, ZooModel):
             raise ValueError("a home service trains zoo models (ecofl.models), which it can profile")
-        config = TrainConfig(**request["train"])
-        weights = [arrays[f"w{i}"] for i in range(int(request["num_weights"]))]
+        config = request.train
+        weights = [arrays[f"w{i}"] for i in range(request.num_weights)]
         x, y = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"]).long()
         with self._train_lock:
             for attempt in range(1, SETUP_ATTEMPTS + 1):
@@ -251,10 +271,9 @@ class HomeService:
                     log.warning("the home's devices changed (%s); re-planning on the devices present", error)
             self.rounds += 1
             self.round_log.append({"devices": [m.spec.name for m in members], **trained.metrics()})
-        header = {"type": "trained", "num_weights": len(trained.weights), "loss": trained.loss,
-                  "num_samples": trained.num_samples, "metrics": trained.metrics(),
-                  "devices": [m.spec.name for m in members]}
-        return header, {f"w{i}": np.asarray(w) for i, w in enumerate(trained.weights)}
+        reply = Trained(len(trained.weights), float(trained.loss), trained.num_samples, trained.metrics(),
+                        [m.spec.name for m in members])
+        return reply, {f"w{i}": np.asarray(w) for i, w in enumerate(trained.weights)}
 
 
     def _train_on(self, members: list[Member], model: ZooModel, weights, x, y, config: TrainConfig):
@@ -274,13 +293,12 @@ class HomeService:
                 """Ask the devices to join the pipeline listening at ``address`` (it listens already)."""
                 if departed():  # before inviting anyone: an invitation to a dead round ties a worker up
                     raise DevicesLost({d: "its device left the home" for d in departed()})
-                session = {"type": "session", "portal": list(address)}
                 for device in devices:
                     if device == 0:
                         self.portal_workers.run({"portal": list(address), "device": 0})
                         continue
                     try:
-                        members[device - 1].send({**session, "device": device})
+                        members[device - 1].send(Session(address, device))
                     except OSError:
                         raise DevicesLost({device: "its device left the home"}) from None
                 self.sessions += 1

@@ -4,8 +4,8 @@ A device's :class:`HeartbeatSender` connects to the portal's
 :class:`HeartbeatMonitor`, proves the home's secret for a heartbeat channel
 (the same mutual HMAC challenge-response as the control channel, :mod:`.auth`,
 then sealed), then sends
-``{"type": "beat"}`` every ``period_s`` and answers a ``{"type": "probe"}``
-with ``{"type": "alive"}``, whatever the device's main thread is computing.
+:class:`Beat` every ``period_s`` and answers a :class:`Probe` with
+:class:`Alive` (typed messages, :mod:`.schema`), whatever the device's main thread is computing.
 The monitor's :class:`~.door.Door` admits the channels (a stranger at the
 port costs the monitor nothing); the monitor's thread reads every admitted
 channel, feeds :class:`.liveness.Liveness`
@@ -28,7 +28,27 @@ from ecofl.net.door import Door
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.liveness import Failure, Liveness, LivenessSettings
 from ecofl.net.sealed import SealedSocket
+from ecofl.net.schema import MessageSet, encode, message
 from ecofl.net.wire import recv_message, send_message
+
+
+@message("beat")
+class Beat:
+    """A device is alive (sent every period)."""
+
+
+@message("probe")
+class Probe:
+    """The monitor asks a silent device whether it is alive."""
+
+
+@message("alive")
+class Alive:
+    """A device's answer to a probe."""
+
+
+FROM_DEVICE = MessageSet(Beat, Alive)
+TO_DEVICE = MessageSet(Probe)
 
 
 HEARTBEAT = "heartbeat"  # the purpose a heartbeat channel's handshake proves
@@ -109,7 +129,7 @@ class HeartbeatMonitor:
                     sock = self._channels.get(device)
                     if sock is not None:
                         try:
-                            send_message(sock, {"type": "probe"})
+                            send_message(sock, encode(Probe()))
                         except OSError:
                             self.liveness.closed(device, now)
                 self.liveness.check(now)
@@ -129,15 +149,15 @@ class HeartbeatMonitor:
     def _read(self, sock: SealedSocket, device: int) -> None:
         try:
             header, _ = recv_message(sock)
+            FROM_DEVICE.decode(header)  # a beat or an answer to a probe: the device is alive
         except (ChannelClosed, ValueError, OSError):
             with self._lock:
                 self.liveness.closed(device, time.monotonic())
                 self._channels.pop(device, None)
             self._drop(sock)
             return
-        if header.get("type") in ("beat", "alive"):
-            with self._lock:
-                self.liveness.heard(device, time.monotonic())
+        with self._lock:
+            self.liveness.heard(device, time.monotonic())
 
     def _drop(self, sock: SealedSocket) -> None:
         try:
@@ -171,18 +191,18 @@ class HeartbeatSender:
             while not self._stop.is_set():
                 try:
                     if time.monotonic() >= next_beat:
-                        self._send({"type": "beat"})
+                        self._send(Beat())
                         next_beat += self.period_s
                     if selector.select(timeout=max(0.0, next_beat - time.monotonic())):
                         header, _ = recv_message(self._sock)
-                        if header.get("type") == "probe":
-                            self._send({"type": "alive"})
+                        TO_DEVICE.decode(header)  # the monitor's only message: a probe
+                        self._send(Alive())
                 except (ChannelClosed, ValueError, OSError):
                     return  # the portal is gone; the control channel notices too
 
-    def _send(self, header: dict) -> None:
+    def _send(self, beat: Beat | Alive) -> None:
         with self._send_lock:
-            send_message(self._sock, header)
+            send_message(self._sock, encode(beat))
 
     def close(self) -> None:
         self._stop.set()

@@ -121,7 +121,10 @@ def _decode_fields(cls: type, values: dict[str, Any], where: str) -> Any:
                 raise MalformedMessage(f"{where}: missing field {f.name!r}")
             continue
         checked_values[f.name] = checked(values[f.name], hints[f.name], f"{where}.{f.name}")
-    return cls(**checked_values)
+    try:
+        return cls(**checked_values)
+    except (TypeError, ValueError) as error:  # the class's own checks (__post_init__) refuse the values
+        raise MalformedMessage(f"{where}: {error}") from None
 
 
 def checked(value: Any, annotation: Any, where: str) -> Any:

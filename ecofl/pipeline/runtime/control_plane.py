@@ -287,11 +287,12 @@ class ControlPlane:
     # -- losses and failures -------------------------------------------------------------
 
     def lost(self) -> dict[int, str]:
-        """The devices of the home known to be lost, and why: failed heartbeats, a local worker process that
-        exited with an error, a remote device that left its home."""
+        """The devices of the home known to be lost, and why: failed heartbeats (of an admitted device: one
+        still joining may not beat yet), a local worker process that exited with an error, a remote device
+        that left its home."""
         lost: dict[int, str] = {}
         if self.monitor is not None:
-            lost.update({d: f.reason for d, f in self.monitor.failures().items() if d in self._members})
+            lost.update({d: f.reason for d, f in self.monitor.failures().items() if d in self.connections})
         for device, code in self.devices.exited().items():
             if code != 0 and device in self._members:
                 lost.setdefault(device, f"its process exited with code {code}")

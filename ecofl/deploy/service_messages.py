@@ -1,0 +1,91 @@
+"""The home service's protocol: typed messages between the service, its device daemons and its clients.
+
+Every message is a frozen dataclass (:mod:`ecofl.net.schema`) on an
+authenticated, sealed channel (:mod:`ecofl.net.auth`), validated on receipt
+so a malformed one is refused naming its type and field::
+
+    daemon  -> service   Register (name, preset or measured workload, memory, link)  -> Registered (id, speed)
+    daemon  -> service   DaemonBeat, every few seconds (sessions served)
+    service -> daemon    Session (join the portal at this address as device d), Bye
+    client  -> service   StatusRequest -> HomeStatus;  Train (+ weights, data) -> Trained (+ weights) or ServiceError
+"""
+
+from __future__ import annotations
+
+from ecofl.net.schema import JsonObject, MessageSet, message
+from ecofl.train import TrainConfig
+
+
+@message("register")
+class Register:
+    name: str
+    preset: str | None  # a preset's numbers, or (None) this machine's measured workload
+    memory_bytes: int
+    bandwidth_bps: float
+    speed: float | None = None
+    workload_s: float | None = None
+
+
+@message("registered")
+class Registered:
+    id: int
+    speed: float
+
+
+@message("beat")
+class DaemonBeat:
+    sessions: int
+
+
+@message("session")
+class Session:
+    portal: tuple[str, int]
+    device: int
+
+
+@message("bye")
+class Bye:
+    pass
+
+
+@message("status")
+class StatusRequest:
+    pass
+
+
+@message("home_status")
+class HomeStatus:
+    name: str
+    rounds: int
+    sessions: int
+    sync_rounds: int
+    refused: int
+    devices: list[JsonObject]
+    round_log: list[JsonObject]
+
+
+@message("train")
+class Train:
+    model: JsonObject  # :meth:`ModelSpec.to_json`
+    train: TrainConfig
+    num_weights: int
+
+
+@message("trained")
+class Trained:
+    num_weights: int
+    loss: float
+    num_samples: int
+    metrics: JsonObject
+    devices: list[str]
+
+
+@message("error")
+class ServiceError:
+    message: str
+
+
+FROM_DAEMON = MessageSet(Register, DaemonBeat)
+TO_DAEMON = MessageSet(Registered, Session, Bye)
+FROM_CLIENT = MessageSet(StatusRequest, Train)
+TO_CLIENT = MessageSet(HomeStatus, Trained, ServiceError)
