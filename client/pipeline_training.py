@@ -25,6 +25,7 @@ from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
 from ecofl.pipeline.runtime import HomePipeline, ZooModel
+from ecofl.net.liveness import LivenessSettings
 from ecofl.pipeline.runtime.faults import FaultTolerance
 from ecofl.pipeline.runtime.round_training import PipelineTraining, train_round
 from ecofl.train import TrainConfig
@@ -40,6 +41,12 @@ def home_plan(
     profile = profile_zoo_model(model, tuple(input_shape), num_classes, granularity)
     pool = resolve_pool(pool_name)
     return pool, profile, make_plan(planner, profile, pool, batch_size)
+
+
+#: The pipeline homes of a simulation share one machine with each other and with Flower: a live device there can
+#: go without CPU for seconds, so its heartbeat silence is bounded at 10 s, not a real device's default 2 s (a
+#: live device was once declared lost with three test processes on two cores).
+SHARED_HOST_HEARTBEAT = LivenessSettings(period_s=0.2, suspect_after_s=5.0, probe_timeout_s=5.0)
 
 
 def train_through_pipeline(
@@ -58,6 +65,7 @@ def train_through_pipeline(
         pool, profile, plan = home_plan(model.name, tuple(model.input_shape), model.num_classes, model.granularity,
                                         pool_name, planner, size)
         return HomePipeline(model, pool, plan, profile=profile, emulate=settings.emulate, timeout_s=settings.timeout_s,
-                            fault_tolerance=FaultTolerance(planner=planner) if settings.fault_tolerance else None)
+                            fault_tolerance=FaultTolerance(planner=planner, heartbeat=SHARED_HOST_HEARTBEAT)
+                            if settings.fault_tolerance else None)
 
     return train_round(open_pipeline, weights, x, y, config, pool_name)
