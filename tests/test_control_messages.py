@@ -84,7 +84,7 @@ def test_a_message_travels_with_its_arrays_on_the_wire():
     np.testing.assert_array_equal(received["inputs"], arrays["inputs"])
 
 
-def test_a_set_of_messages_names_each_type_once():
+def test_a_field_with_a_default_may_be_left_out_and_a_defined_one_is_checked():
     @message("ping")
     class Ping:
         count: int = 0
@@ -92,6 +92,8 @@ def test_a_set_of_messages_names_each_type_once():
     pings = MessageSet(Ping)
     assert pings.decode({"type": "ping"}) == Ping()
     assert pings.decode({"type": "ping", "count": 3}).count == 3
+    with pytest.raises(MalformedMessage, match="ping.count: expected an integer"):
+        pings.decode({"type": "ping", "count": 1.5})
 
 
 def test_a_worker_refuses_a_malformed_request_and_the_portal_says_which_field():

@@ -42,7 +42,6 @@ if TYPE_CHECKING:  # a type hint only: a plan is plain data, and a worker need n
     from ecofl.pipeline.profile import ModelProfile
 
 
-
 class ScheduleKind(StrEnum):
     """How a plan's stages run. ``str(kind)`` is the form configs, the CLI and plan JSON use."""
 
