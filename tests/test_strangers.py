@@ -282,6 +282,7 @@ def test_trickling_and_silent_strangers_are_cut_off_at_the_deadline_and_never_ho
             silent.join()
             stop.set()
             trickler.join()
+        wait_for(lambda: len(admitted) == 3)  # the door hands a peer on just after welcoming it
         assert admitted == [0, 1, 2]
         assert hung_up, "the trickler was never cut off"
         assert d.turned_away >= 50 - 4  # one address holds at most per_source handshakes
@@ -299,6 +300,7 @@ def test_a_flood_from_several_addresses_cannot_keep_a_newcomer_out():
             assert len(d._in_flight) == 8  # full
             legit_join(d.address, CONTROL, 5)
             wait_for(lambda: d.refused == 1)  # the evicted handshake
+            wait_for(lambda: admitted != [])  # handed on just after the welcome the peer saw
         assert admitted == [5]
 
 
