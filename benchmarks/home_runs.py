@@ -6,12 +6,12 @@ The benchmarks of the home pipeline (``pipeline.py``, ``versus_pipelining.py``,
 device, one warm-up sync-round (a fresh process's first round pays one-time
 costs: lazy imports, allocator growth), then ``rounds`` measured sync-rounds
 on synthetic data. The report is ``ecofl home train --json``'s
-(:func:`ecofl.cli.home.describe`: measured and predicted sync-round, per-stage
+(:func:`ecofl.cli.home_train.describe`: measured and predicted sync-round, per-stage
 memory as the model predicts it, as the runtime accounts it and as the
 worker's resident set measures it) plus what a shared machine needs beside
 it: the load average and the CPU the run's processes actually received.
 
-The prediction is the CLI's (:func:`ecofl.cli.home.predict`): the emulated
+The prediction is the CLI's (:func:`ecofl.cli.home_train.predict`): the emulated
 pool's cost model under emulation (where measured equals predicted by
 construction but for communication and scheduling), the host pool's with the
 devices sharing this machine's cores without it.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ecofl.cli.home import describe, predict
+from ecofl.cli.home_train import describe, predict
 from ecofl.devices import HomePool
 from ecofl.net.netns import HomeNetwork
 from ecofl.pipeline.plan import Plan, ScheduleKind
@@ -65,7 +65,7 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
              timeout_s: float, network: HomeNetwork | None = None, cache_dir: str | None = None) -> dict:
     """Train one warm-up and ``rounds`` measured sync-rounds of ``plan``; measured against predicted.
 
-    Adds to :func:`ecofl.cli.home.describe`'s report: ``plan_text``,
+    Adds to :func:`ecofl.cli.home_train.describe`'s report: ``plan_text``,
     ``planner_error`` (|predicted - measured| / measured, median round),
     ``cpu_cores_used`` (CPU seconds of the workers and this portal during
     the measured rounds / their wall time: below the host's cores when other

@@ -18,8 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from ecofl.deploy.home_client import home_status, train_at_home
-from ecofl.deploy.home_service import CLIENT, HomeService
+from ecofl.deploy.home_client import train_at_home
+from ecofl.deploy.home_status import home_status
+from ecofl.deploy.home_service import HomeService
+from ecofl.deploy.service_messages import CLIENT
 from ecofl.models import build_model
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.wire import recv_message, send_message

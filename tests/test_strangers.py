@@ -38,8 +38,8 @@ from pathlib import Path
 import pytest
 
 from ecofl.deploy.device_profile import describe_device
-from ecofl.deploy.home_client import home_status
-from ecofl.deploy.home_service import DAEMON
+from ecofl.deploy.home_status import home_status
+from ecofl.deploy.service_messages import DAEMON
 from ecofl.deploy.service_messages import DaemonBeat
 from ecofl.net.auth import CONTROL, HELLO, join_home
 from ecofl.net.door import Door, DoorLimits

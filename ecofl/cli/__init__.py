@@ -1,8 +1,13 @@
-"""The ``ecofl`` command line: one sub-command per module in this package.
+"""The ``ecofl`` command line: one module in this package per command.
 
-Each module has ``register(subparsers)`` which adds its sub-command and sets
-``func`` (taking the parsed arguments, returning an exit code). User errors
-are raised as :class:`ecofl.errors.UserError` and printed without a traceback.
+Each module has ``register(subparsers)`` which adds its command's parser and
+sets ``func`` (taking the parsed arguments, returning an exit code). User
+errors are raised as :class:`ecofl.errors.UserError` and printed without a
+traceback.
+
+A command's module is imported only when that command is asked for (all of
+them for ``ecofl --help``): the training commands need torch and take seconds
+to import, while ``ecofl home status`` must answer at once.
 """
 
 from __future__ import annotations
@@ -10,30 +15,59 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
 
 from ecofl.errors import UserError
 from ecofl.interrupt import INTERRUPTED_EXIT, sigterm_as_interrupt
 
-# Sub-command modules, in the order ``ecofl --help`` lists them.
-COMMAND_MODULES = ("data", "train", "plan", "home", "device")
+# Command words -> the module in this package that registers it, in the order ``ecofl --help`` lists them.
+COMMANDS: dict[tuple[str, ...], str] = {
+    ("data",): "data",
+    ("train",): "train",
+    ("plan",): "plan",
+    ("home", "train"): "home_train",
+    ("home", "infer"): "home_infer",
+    ("home", "serve"): "home_serve",
+    ("home", "status"): "home_status",
+    ("device", "serve"): "device_serve",
+}
+GROUPS = {
+    "home": "run a home's pipeline (emulated devices), or serve a deployed home",
+    "device": "serve as one device of a home (deployment)",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser of the commands ``argv`` may name (every command when it names none we know)."""
+    words = _leading_words(argv)
+    asked = [path for path in COMMANDS if all(a == b for a, b in zip(path, words))] or list(COMMANDS)
     parser = argparse.ArgumentParser(prog="ecofl", description=__doc__.splitlines()[0])
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"ecofl.cli.{name}")
-        except ModuleNotFoundError as error:
-            if error.name == f"ecofl.cli.{name}":
-                continue  # that part of the platform is not installed yet
-            raise
-        module.register(subparsers)
+    commands = parser.add_subparsers(dest="command", required=True)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for path in asked:
+        subparsers = commands
+        if len(path) == 2:
+            if path[0] not in groups:
+                group = commands.add_parser(path[0], help=GROUPS[path[0]])
+                groups[path[0]] = group.add_subparsers(dest=f"{path[0]}_command", required=True)
+            subparsers = groups[path[0]]
+        importlib.import_module(f"ecofl.cli.{COMMANDS[path]}").register(subparsers)
     return parser
 
 
+def _leading_words(argv: Sequence[str]) -> list[str]:
+    """The command words: the arguments before the first option."""
+    words = []
+    for arg in argv:
+        if arg.startswith("-"):
+            break
+        words.append(arg)
+    return words
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         with sigterm_as_interrupt():  # `kill` stops a run as Ctrl-C does: its workers and namespaces are cleaned up
             return int(args.func(args) or 0)

@@ -1,24 +1,21 @@
-"""``ecofl home serve`` (the home service beside the Flower SuperNode) and ``ecofl home status`` (docs/deploy.md)."""
+"""``ecofl home serve``: the home service beside the Flower SuperNode (docs/deploy.md)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import threading
 
-from ecofl.cli.device import parse_address
-from ecofl.deploy.home_client import home_status
+from ecofl.cli.address import parse_address
 from ecofl.deploy.home_service import HomeService
 from ecofl.deploy.secrets import read_secret
 from ecofl.devices import MBPS, DeviceSpec, preset
-from ecofl.errors import UserError
-from ecofl.net.errors import AuthenticationFailed
 from ecofl.pipeline.planners import PLANNERS, check_planner
 
 
 def register(commands: argparse._SubParsersAction) -> None:
+    """``ecofl home serve``."""
     parser = commands.add_parser("serve", help="the home service: registry of the devices, trains for the ClientApp")
     parser.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="address for device daemons and the ClientApp (default: loopback, a free port)")
@@ -33,28 +30,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a device may take to join or answer")
     parser.add_argument("--port-file", default=None, help="write the port listened on to this file once ready")
     parser.set_defaults(func=run_serve)
-    status = commands.add_parser("status", help="a running home service's devices and rounds")
-    status.add_argument("--home", required=True, metavar="HOST:PORT")
-    status.add_argument("--secret-file", default=None,
-                        help="the home's secret (hex); default $ECOFL_HOME_SECRET_FILE or $ECOFL_HOME_SECRET")
-    status.add_argument("--json", action="store_true", help="print one JSON object")
-    status.set_defaults(func=run_status)
-
-
-def run_status(args: argparse.Namespace) -> int:
-    try:
-        report = home_status(parse_address(args.home), read_secret(args.secret_file))
-    except (OSError, AuthenticationFailed) as error:  # unreachable, or another secret
-        raise UserError(f"no home service at {args.home}: {error}") from None
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    print(f"home {report['name']}: {len(report['devices'])} device(s), {report['rounds']} round(s) trained, "
-          f"{report['refused']} peer(s) refused")
-    for device in report["devices"]:
-        print(f"  {device['id']}: {device['name']} speed {device['speed']:.3g}, "
-              f"{device['memory_bytes'] / 2**30:.1f} GiB")
-    return 0
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@
   registry of the devices present, plans each round on them and runs the
   pipeline for the home's Flower ClientApp;
 - :mod:`.home_client`: what the ClientApp calls to train at its home service;
+- :mod:`.home_status`: `ecofl home status`, a light query of a running service;
 - :mod:`.device_profile`: how a device measures its speed and memory;
 - :mod:`.secrets`: reading the home's secret from a file or the environment.
 

@@ -21,7 +21,7 @@ import threading
 
 from ecofl.deploy.device_profile import describe_device
 from ecofl.deploy.service_messages import TO_DAEMON, Bye, DaemonBeat, Registered, Session
-from ecofl.deploy.home_service import DAEMON
+from ecofl.deploy.service_messages import DAEMON
 from ecofl.deploy.warm_workers import WarmWorkers
 from ecofl.net.auth import join_home
 from ecofl.net.errors import AuthenticationFailed, ChannelClosed

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-import socket
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ecofl.deploy.home_service import CLIENT
-from ecofl.deploy.service_messages import TO_CLIENT, HomeStatus, ServiceError, StatusRequest, Train, Trained
-from ecofl.net.auth import join_home
-from ecofl.net.sealed import SealedSocket
+from ecofl.deploy.home_status import connect_to_service
+from ecofl.deploy.service_messages import TO_CLIENT, ServiceError, Train, Trained
 from ecofl.net.schema import encode
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.errors import HomePipelineError
@@ -30,21 +26,12 @@ class ServiceTraining:
     devices: list[str]
 
 
-def _connect(address: tuple[str, int], secret: bytes, timeout_s: float) -> SealedSocket:
-    sock = socket.create_connection(address, timeout=timeout_s)
-    try:
-        return join_home(sock, secret, 0, CLIENT)
-    except BaseException:
-        sock.close()
-        raise
-
-
 def train_at_home(address: tuple[str, int], secret: bytes, model: ZooModel, weights: Weights, x: torch.Tensor,
                   y: torch.Tensor, config: TrainConfig, timeout_s: float = 900.0) -> ServiceTraining:
     """Train ``weights`` on ``x, y`` through the home service's pipeline; its error is a HomePipelineError."""
     arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(weights)}
     arrays.update(x=x.numpy(), y=y.numpy())
-    with _connect(address, secret, timeout_s) as sock:
+    with connect_to_service(address, secret, timeout_s) as sock:
         send_message(sock, encode(Train(model.to_json(), config, len(weights))), arrays)
         header, out = recv_message(sock)
     reply = TO_CLIENT.decode(header)
@@ -55,13 +42,3 @@ def train_at_home(address: tuple[str, int], secret: bytes, model: ZooModel, weig
     return ServiceTraining([out[f"w{i}"] for i in range(reply.num_weights)], reply.loss, reply.num_samples,
                            dict(reply.metrics), list(reply.devices))
 
-
-def home_status(address: tuple[str, int], secret: bytes, timeout_s: float = 10.0) -> dict:
-    """The service's registry: devices present, rounds trained, peers refused."""
-    with _connect(address, secret, timeout_s) as sock:
-        send_message(sock, encode(StatusRequest()))
-        header, _ = recv_message(sock)
-    reply = TO_CLIENT.decode(header)
-    if not isinstance(reply, HomeStatus):
-        raise HomePipelineError(f"the home service answered {reply.TYPE!r} to a status request")
-    return dataclasses.asdict(reply)

@@ -35,6 +35,8 @@ import torch
 
 from ecofl.deploy.device_profile import device_spec, workload_seconds
 from ecofl.deploy.service_messages import (
+    CLIENT,
+    DAEMON,
     FROM_CLIENT,
     FROM_DAEMON,
     Bye,
@@ -67,8 +69,6 @@ from ecofl.train import TrainConfig
 
 log = logging.getLogger(__name__)
 
-DAEMON = "device daemon"  # the purpose a device daemon's handshake proves
-CLIENT = "home client"  # the purpose the home's ClientApp (or `ecofl home status`) proves
 SETUP_ATTEMPTS = 3  # a round is planned again on the devices present when they changed while it started
 CLOSE_GRACE_S = 5.0  # closing waits this long in all for the connection threads
 

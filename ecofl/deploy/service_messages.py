@@ -13,7 +13,10 @@ so a malformed one is refused naming its type and field::
 from __future__ import annotations
 
 from ecofl.net.schema import JsonObject, MessageSet, message
-from ecofl.train import TrainConfig
+from ecofl.train_config import TrainConfig
+
+DAEMON = "device daemon"  # the purpose a device daemon's handshake proves
+CLIENT = "home client"  # the purpose the home's ClientApp (or `ecofl home status`) proves
 
 
 @message("register")

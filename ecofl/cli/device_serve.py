@@ -6,15 +6,15 @@ import argparse
 import logging
 import socket
 
+from ecofl.cli.address import parse_address
 from ecofl.deploy.device_daemon import serve
 from ecofl.deploy.secrets import read_secret
 from ecofl.errors import UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    device = subparsers.add_parser("device", help="serve as one device of a home (deployment)")
-    commands = device.add_subparsers(dest="device_command", required=True)
-    parser = commands.add_parser("serve", help="join the home service and run pipeline workers until stopped")
+    """``ecofl device serve``."""
+    parser = subparsers.add_parser("serve", help="join the home service and run pipeline workers until stopped")
     parser.add_argument("--home", required=True, metavar="HOST:PORT", help="the home service's address")
     parser.add_argument("--secret-file", default=None,
                         help="the home's secret (hex); default $ECOFL_HOME_SECRET_FILE or $ECOFL_HOME_SECRET")
@@ -23,14 +23,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="claim a device preset (emulated: tests and demos) instead of measuring this machine")
     parser.add_argument("--bandwidth", type=float, default=100.0, help="this device's link in Mbps")
     parser.set_defaults(func=run)
-
-
-def parse_address(text: str, allow_any_port: bool = False) -> tuple[str, int]:
-    """HOST:PORT; with ``allow_any_port`` port 0 (any free port) too."""
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not (0 if allow_any_port else 1) <= int(port) < 65536:
-        raise UserError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,7 +27,6 @@ import json
 import statistics
 import sys
 
-from ecofl.cli import home_infer, home_serve
 from ecofl.devices import host_cores, host_pool
 from ecofl.pools import load_pool
 from ecofl.pipeline.profile import profile_zoo_model
@@ -46,11 +45,8 @@ from ecofl.pipeline.runtime.host_overhead import host_operation_overhead_s
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    home = subparsers.add_parser("home", help="run a home's pipeline (emulated devices), or serve a deployed home")
-    commands = home.add_subparsers(dest="home_command", required=True)
-    home_serve.register(commands)
-    home_infer.register(commands)
-    parser = commands.add_parser("train", help="train through the home pipeline and measure it")
+    """``ecofl home train``."""
+    parser = subparsers.add_parser("train", help="train through the home pipeline and measure it")
     parser.add_argument("--model", required=True)
     parser.add_argument("--pool", required=True, help="a named pool (conf/home), a pool file (YAML) or presets a,b,c")
     parser.add_argument("--dataset", required=True, help=f"one of {', '.join(DATASETS)}")

@@ -1,0 +1,42 @@
+"""Asking a running home service what it holds (``ecofl home status``), and the client's channel to it.
+
+Kept free of torch and the pipeline so that a status query starts and answers
+in well under a second, even while the home is under attack (issue 25).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+
+from ecofl.deploy.service_messages import CLIENT, TO_CLIENT, HomeStatus, StatusRequest
+from ecofl.net.auth import join_home
+from ecofl.net.schema import encode
+from ecofl.net.sealed import SealedSocket
+from ecofl.net.wire import recv_message, send_message
+
+
+def connect_to_service(address: tuple[str, int], secret: bytes, timeout_s: float) -> SealedSocket:
+    """A sealed channel to the home service at ``address``, as its client (proves the home's secret)."""
+    sock = socket.create_connection(address, timeout=timeout_s)
+    try:
+        return join_home(sock, secret, 0, CLIENT)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def home_status(address: tuple[str, int], secret: bytes, timeout_s: float = 10.0) -> dict:
+    """The service's registry: devices present, rounds trained, peers refused.
+
+    Raises ``OSError`` when the service is unreachable, ``AuthenticationFailed``
+    when it holds another secret, and ``ValueError`` when it answers anything
+    but a status.
+    """
+    with connect_to_service(address, secret, timeout_s) as sock:
+        send_message(sock, encode(StatusRequest()))
+        header, _ = recv_message(sock)
+    reply = TO_CLIENT.decode(header)
+    if not isinstance(reply, HomeStatus):
+        raise ValueError(f"the home service answered {reply.TYPE!r} to a status request")
+    return dataclasses.asdict(reply)
