@@ -29,7 +29,8 @@ def alive(pid: int) -> bool:
 
 def test_sigterm_to_ecofl_home_train_stops_its_workers_and_says_so(tmp_path):
     command = [sys.executable, "-m", "ecofl.cli", "home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn",
-               "--dataset", "digits", "--batch", "16", "--rounds", "100000", "--cache-dir", str(tmp_path)]
+               "--dataset", "digits", "--batch", "16", "--rounds", "100000", "--emulate", "sleep",
+               "--cache-dir", str(tmp_path)]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 240

@@ -16,10 +16,12 @@ def test_home_train_json_and_timeline(tmp_path, capsys):
     code = main([
         "home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",
         "--batch", "16", "--rounds", "2", "--json", "--timeline", str(timeline), "--cache-dir", str(tmp_path),
+        "--emulate", "sleep",
     ])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert {"throughput", "sync_round_s", "predicted_sync_round_s", "stages"} <= set(report)
+    assert report["emulation"] == "sleep"
     assert report["throughput"] > 0 and report["sync_round_s"] > 0 and report["predicted_sync_round_s"] > 0
     assert len(report["sync_rounds_s"]) == 2
     for stage in report["stages"]:
@@ -43,7 +45,7 @@ def test_home_train_at_host_speed_reports_real_memory_and_a_host_prediction(tmp_
     ])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["emulated"] is False and report["cores"] >= 1
+    assert report["emulation"] == "none" and report["cores"] >= 1
     for stage in report["stages"]:
         assert stage["peak_rss_bytes"] > stage["training_rss_bytes"] > 0  # measured, above the bare process
     # The prediction is the host's: the devices as processes sharing its cores, each operation costing the

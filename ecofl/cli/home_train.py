@@ -8,15 +8,19 @@ first samples of the dataset's training split. Prints per-stage utilisation
 and memory, measured against predicted; ``--json`` prints one object;
 ``--timeline FILE`` draws the measured timeline as a Gantt chart.
 
-Under emulation every operation sleeps until the cost model's time, so
-measured and predicted agree by construction except for communication and
-scheduling overhead. ``--no-emulate`` runs the same plan with every device at
-host speed (no time dilation, no link pacing, no memory budgets) and predicts
-it from the host profile with the devices sharing this machine's cores
-(:func:`ecofl.devices.host_pool`): there nothing forces the two to agree, so
-the error is the planner's. Memory is reported both ways: the accounting
-(weights, gradients, optimizer state, saved activations) and each worker
-process's measured peak resident set.
+``--emulate cgroup`` (the default where cgroups are writable) confines each
+device's worker to its speed in cores and its memory budget; the devices
+first time the model in their cgroups (:mod:`ecofl.pipeline.runtime.calibration`),
+the planner plans from those measured speeds, and nothing forces measured
+and predicted to agree: the difference is the planner's error on a home of
+truly different devices. ``--emulate sleep`` makes every operation sleep
+until the cost model's time, so the two agree by construction except for
+communication and scheduling overhead. ``--emulate none`` (``--no-emulate``)
+runs every device at host speed (no link pacing, no memory budgets),
+predicted from the host profile with the devices sharing this machine's
+cores (:func:`ecofl.devices.host_pool`). Memory is reported as accounted
+(weights, gradients, optimizer state, saved activations) and as measured
+(each worker's peak resident set; confined: each cgroup's peak and limit).
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ from ecofl.pipeline.replan import REPLAN_KINDS
 from ecofl.pipeline.runtime.faults import INJECTION_SYNTAX, FaultTolerance, Injection
 from ecofl.pipeline.runtime.traps import PHASES
 from ecofl.pipeline.runtime.portal import HomePipeline
+from ecofl.pipeline.runtime.calibration import measure_speeds
+from ecofl.pipeline.runtime.confinement import Confinement, pool_limits
+from ecofl.pipeline.runtime.emulation import Emulation
+from ecofl.cli.emulation_option import add_emulation_argument, chosen_emulation
 from ecofl.pipeline.runtime.host_overhead import host_operation_overhead_s
 
 
@@ -62,8 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--granularity", default="block", help=f"one of {', '.join(GRANULARITIES)}")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--no-emulate", dest="emulate", action="store_false",
-                        help="every device at host speed (no dilation, no link pacing); predicted from the host profile")
+    add_emulation_argument(parser)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds any step may take before failing")
     parser.add_argument("--cache-dir", default=None, help="profile cache (default ~/.cache/ecofl/profiles)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -88,15 +95,17 @@ def run(args: argparse.Namespace) -> int:
     data = load_dataset(args.dataset)
     shape = tuple(int(d) for d in data.input_shape)
     profile = profile_zoo_model(args.model, shape, data.num_classes, args.granularity, args.cache_dir)
-    options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
-    plan = make_plan(args.planner, profile, pool, args.batch, **options)
-    if args.schedule is not None:
-        try:
-            plan = dataclasses.replace(plan, schedule=args.schedule)
-        except ValueError as error:
-            raise UserError(f"{args.planner} plan with {args.schedule}: {error}") from None
-    predicted = predict(plan, profile, pool, args.emulate, args.rounds, args.cache_dir)
+    mode = chosen_emulation(args)
     spec = ZooModel(args.model, shape, data.num_classes, args.granularity)
+    plan = _plan(args, profile, pool)
+    limits, calibration = None, {}
+    if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
+        limits = pool_limits(pool)
+        if not args.json:
+            print(f"each device times {args.model} in its cgroup ...", file=sys.stderr, flush=True)
+        pool, calibration = measure_speeds(spec, shape, profile, pool, Confinement(limits), plan.micro_batch)
+        plan = _plan(args, profile, pool)
+    predicted = predict(plan, profile, pool, mode, args.rounds, args.cache_dir)
     x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]
     events = [Injection.parse(text) for text in args.inject]
     tolerance = None
@@ -104,16 +113,17 @@ def run(args: argparse.Namespace) -> int:
         tolerance = FaultTolerance(replan=args.replan, replicate_every=args.replicate_every,
                                    global_copy_every=args.global_copy_every, planner=args.planner)
     try:
-        with HomePipeline(spec, pool, plan, profile=profile, emulate=args.emulate, timeout_s=args.timeout,
+        with HomePipeline(spec, pool, plan, profile=profile, emulate=mode, limits=limits, timeout_s=args.timeout,
                           fault_tolerance=tolerance, aggregate_every=args.aggregate_every) as home:
             result = home.train(None, x, y, args.rounds, lr=args.lr, momentum=args.momentum,
                                 progress=None if args.json else _progress(args.rounds), inject=events)
-            final_plan = home.plan
+            final_plan, confined = home.plan, home.confinement_report()
     except HomePipelineError as error:
         raise UserError(str(error)) from None
     if final_plan != plan:
-        predicted = predict(final_plan, profile, pool, args.emulate, args.rounds, args.cache_dir)
-    report = describe(final_plan, pool, predicted, result, args.emulate, args.rounds)
+        predicted = predict(final_plan, profile, pool, mode, args.rounds, args.cache_dir)
+    report = describe(final_plan, pool, predicted, result, mode, args.rounds)
+    report["devices"] = device_report(final_plan, pool, result, calibration, confined)
     if args.timeline:
         from ecofl.pipeline.gantt import plot_gantt
 
@@ -121,6 +131,29 @@ def run(args: argparse.Namespace) -> int:
                    device_names={d: spec.name for d, spec in enumerate(pool.devices)})
     print(json.dumps(report) if args.json else table(report))
     return 0
+
+
+def _plan(args: argparse.Namespace, profile, pool) -> Plan:
+    options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
+    plan = make_plan(args.planner, profile, pool, args.batch, **options)
+    if args.schedule is not None:
+        try:
+            plan = dataclasses.replace(plan, schedule=args.schedule)
+        except ValueError as error:
+            raise UserError(f"{args.planner} plan with {args.schedule}: {error}") from None
+    return plan
+
+
+def device_report(plan: Plan, pool, result: PipelineResult, calibration: dict, confined: dict) -> list[dict]:
+    """Per device of the plan: its speed for the planner (measured in its cgroup when confined), its quota,
+    memory limit and the cgroup's peak, and its worker's peak resident set (the stage's largest)."""
+    devices = []
+    for s, stage in enumerate(plan.stages):
+        for device in stage.devices:
+            devices.append({"device": device, "name": pool.devices[device].name, "stage": s,
+                            "speed": pool.devices[device].speed, **calibration.get(device, {}),
+                            **confined.get(device, {}), "peak_rss_bytes": result.peak_rss_bytes[s]})
+    return devices
 
 
 def _event_line(event: dict) -> str:
@@ -148,24 +181,28 @@ def _progress(total: int):
     return show
 
 
-def predict(plan: Plan, profile, pool, emulate: bool, rounds: int = 1, cache_dir: str | None = None
+def predict(plan: Plan, profile, pool, emulation: Emulation | bool, rounds: int = 1, cache_dir: str | None = None
             ) -> SyncRoundCost:
-    """The cost model's sync-round: of the emulated pool, or of its devices as processes of this machine.
+    """The cost model's sync-round: of the pool (confined: at the speeds its devices measured), or of its
+    devices as processes of this machine (``emulation`` none).
 
-    At host speed the devices share this machine's cores and every operation costs the runtime's own
-    overhead on this host (:mod:`ecofl.pipeline.runtime.host_overhead`, measured once into ``cache_dir``).
-    An asynchronous 1F1B plan runs the call's ``rounds`` x M micro-batches as one pass: that pass is predicted.
+    At host speed the devices share this machine's cores; at host speed and confined, every operation
+    costs the runtime's own overhead on this host (:mod:`ecofl.pipeline.runtime.host_overhead`, measured
+    once into ``cache_dir``), at the device's speed. An asynchronous 1F1B plan runs the call's ``rounds`` x M micro-batches as one pass: that pass is predicted.
     """
     if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
         plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * rounds)
-    if emulate:
+    emulation = Emulation.parse(emulation)
+    if emulation == Emulation.SLEEP:
         return simulate(plan, profile, pool)
+    if emulation == Emulation.CGROUP:  # each device its own cores; the runtime's work at the device's speed too
+        return simulate(plan, profile, pool, operation_overhead_s=host_operation_overhead_s(cache_dir))
     return simulate(plan, profile, host_pool(pool), cores=host_cores(),
                     operation_overhead_s=host_operation_overhead_s(cache_dir))
 
 
-def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult, emulated: bool = True,
-             rounds: int = 1) -> dict:
+def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,
+             emulation: Emulation | bool = Emulation.SLEEP, rounds: int = 1) -> dict:
     """Measured against predicted, as one JSON-ready object (sync-round: median over the final plan's rounds).
 
     ``plan`` is the one the pipeline ran last (a re-planned pipeline reports
@@ -177,6 +214,7 @@ def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,
     An asynchronous 1F1B pass of ``rounds`` x M micro-batches has no sync-rounds: its time per M
     micro-batches (pass / ``rounds``) stands in for one, measured and predicted alike.
     """
+    emulation = Emulation.parse(emulation)
     per_pass = rounds if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B else 1
     measured = statistics.median(result.final_plan_round_s) / per_pass
     stages = []
@@ -199,8 +237,8 @@ def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,
             "backward_s": result.backward_s[s],
         })
     return {
-        "emulated": emulated,
-        "cores": None if emulated else host_cores(),
+        "emulation": str(emulation),
+        "cores": host_cores() if emulation == Emulation.NONE else None,
         "planner": plan.planner,
         "schedule": plan.schedule,
         "batch_size": plan.batch_size,
@@ -252,8 +290,12 @@ def table(report: dict) -> str:
     for event in report["events"]:
         lines.append(_event_line(event))
     error = abs(report["predicted_sync_round_s"] - report["sync_round_s"]) / report["sync_round_s"]
-    how = ("emulated devices (measured = predicted by construction, but for communication and scheduling)"
-           if report["emulated"] else f"host speed, {report['cores']} shared cores, no emulation")
+    how = {
+        "cgroup": "devices confined by cgroups (real CPU quota and memory limit; planned from their measured speeds)",
+        "sleep": "devices sleeping to the cost model (measured = predicted by construction, but for communication "
+                 "and scheduling)",
+        "none": f"host speed, {report['cores']} shared cores, no emulation",
+    }[report["emulation"]]
     return "\n".join([
         f"{report['planner']} plan, {report['schedule']}: mini-batch {report['batch_size']} = "
         f"{report['num_micro_batches']} x {report['micro_batch']}, mean loss {report['loss']:.4f}; {how}",

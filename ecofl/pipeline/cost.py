@@ -34,14 +34,15 @@ What is simulated (choices documented here, not in the papers):
   more devices compute than there are cores. The flush's optimizer steps
   take a free core each. ``cores=None``: every device is its own machine.
   (The two dispatch rules of :mod:`ecofl.pipeline.event_simulation`.)
-- **The runtime's own time** (``operation_overhead_s``, host runs): every
-  forward and backward costs that much more than its layers' profiled time:
-  the runtime's bookkeeping, the CPU its messages cost (framing, sealing,
-  thread hand-offs) and the kernel's time slices, which are about the same
-  per operation whatever its size. It is measured once per host by
-  :mod:`ecofl.pipeline.runtime.host_overhead` on a model whose layers cost
-  next to nothing; an emulated device's operations sleep to the cost model's
-  time, which hides it (0 there).
+- **The runtime's own time** (``operation_overhead_s``, host and confined
+  runs): every forward and backward costs that much more host time than its
+  layers' profiled time: the runtime's bookkeeping, the CPU its messages
+  cost (framing, sealing, thread hand-offs) and the kernel's time slices,
+  which are about the same per operation whatever its size. A device spends
+  it at its speed, like its layers (a confined device under its CPU quota).
+  It is measured once per host by :mod:`ecofl.pipeline.runtime.host_overhead`
+  on a model whose layers cost next to nothing; a device that sleeps to the
+  cost model's time hides it (0 there).
 - **Memory.** Each device's peak by Asteroid eq. 3, with the forward tasks
   the schedule keeps resident (:mod:`ecofl.pipeline.memory_model`).
 """
@@ -145,7 +146,8 @@ def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: Ho
     workers = []
     for device, lo, hi in sample_ranges(stage):
         f, b = stage_compute_s(profile, pool.devices[device], stage.layers, hi - lo)
-        worker = Worker(device, index, len(workers), lo, hi, f + overhead_s, b + overhead_s, plan.num_micro_batches)
+        overhead = overhead_s / pool.devices[device].speed
+        worker = Worker(device, index, len(workers), lo, hi, f + overhead, b + overhead, plan.num_micro_batches)
         if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
             worker.step_s = _step_s(profile, stage.layers) / pool.devices[device].speed
         workers.append(worker)

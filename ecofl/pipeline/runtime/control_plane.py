@@ -52,8 +52,9 @@ from ecofl.pipeline.runtime.control_messages import (
     Stop,
     Trapped,
 )
-from ecofl.pipeline.runtime.errors import DevicesLost, WorkerFailed, WorkerTimeout
+from ecofl.pipeline.runtime.errors import DeviceOutOfMemory, DevicesLost, WorkerFailed, WorkerTimeout
 from ecofl.pipeline.runtime.failures import root_cause
+from ecofl.pipeline.runtime.confinement import Confinement
 from ecofl.pipeline.runtime.launch import LocalDevices
 
 R = TypeVar("R")
@@ -68,15 +69,16 @@ class ControlPlane:
     device is recoverable (:class:`DevicesLost`), else a failure is fatal and
     named by its root cause. ``network``: workers start in their device's
     namespace. ``departed()`` names remote devices known to have left.
+    ``confinement``: the local workers run in cgroups of their own.
     """
 
     def __init__(self, names: Sequence[str], secret: bytes, timeout_s: float, *, host: str = "127.0.0.1",
                  port: int = 0, network: HomeNetwork | None = None, heartbeat: LivenessSettings | None = None,
-                 departed: Callable[[], set[int]] | None = None):
+                 departed: Callable[[], set[int]] | None = None, confinement: Confinement | None = None):
         self.names, self.secret, self.timeout_s = list(names), secret, timeout_s
         self.host, self.port, self.network, self.heartbeat = host, port, network, heartbeat
         self.departed = departed
-        self.devices = LocalDevices()
+        self.devices = LocalDevices(confinement)
         self.connections: dict[int, SealedSocket] = {}
         self.data_ports: dict[int, tuple[str, int]] = {}  # device -> its worker's DataListener
         self.trapped: dict[int, float] = {}  # device -> when its phase-targeted trap fired (:mod:`.traps`)
@@ -140,6 +142,13 @@ class ControlPlane:
         for device, ready in self.gather(Ready, devices).items():
             host, port = ready.data
             self.data_ports[device] = (host, port)
+            confinement = self.devices.confinement
+            if confinement is not None and device in confinement.groups:
+                try:
+                    confinement.throttle(device, ready.baseline_rss_bytes or 0)
+                except OSError as error:  # the kernel could not bring its usage under the limit
+                    raise DeviceOutOfMemory(f"device {device} ({self.name(device)}) is out of memory already with "
+                                            f"its model built: {error.strerror or error}") from None
 
     def remove(self, device: int) -> None:
         """A lost device leaves: its process killed (if started here), its channel closed, no longer watched."""
@@ -295,6 +304,8 @@ class ControlPlane:
             lost.update({d: f.reason for d, f in self.monitor.failures().items() if d in self.connections})
         for device, code in self.devices.exited().items():
             if code != 0 and device in self._members:
+                if self.devices.out_of_memory(device):
+                    lost[device] = "out of memory: the kernel killed its worker at its cgroup's limit"
                 lost.setdefault(device, f"its process exited with code {code}")
         for device in self.departed() if self.departed is not None else ():
             if device in self._members:

@@ -1,5 +1,19 @@
 """Emulating a home's devices on one machine (docs/pipeline.md).
 
+Three modes (:class:`Emulation`), named in every result:
+
+- ``cgroup``: each device's worker is confined by the kernel to the
+  device's CPU and memory (:mod:`ecofl.cgroups`,
+  :mod:`ecofl.pipeline.runtime.confinement`); nothing sleeps, every time is
+  real and the devices truly differ;
+- ``sleep``: every device sleeps to the cost model's time (below), so
+  measured equals predicted by construction and only overheads are
+  measured: the model's figures;
+- ``none``: every device at host speed (real, but all alike).
+
+Links are paced by a token bucket in ``cgroup`` and ``sleep`` mode (or shaped
+by the kernel in network namespaces). What ``sleep`` mode does:
+
 - **Time dilation**: an operation takes the longer of its real time and its
   emulated time: the cost model's time for it when a profile is given (host
   profile / device speed, :func:`ecofl.pipeline.cost.stage_compute_s`), else
@@ -18,10 +32,39 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 
 import torch
 
+from ecofl.cgroups import find_hierarchy
+from ecofl.errors import UserError
 from ecofl.pipeline.runtime.errors import EmulatedOOM
+
+
+class Emulation(StrEnum):
+    """How a home's devices are emulated on this machine."""
+
+    CGROUP = "cgroup"  # confined by cgroups: real CPU quota and memory limit
+    SLEEP = "sleep"  # sleeping to the cost model's time: the model's figures
+    NONE = "none"  # host speed
+
+    @classmethod
+    def parse(cls, value: "bool | str | Emulation") -> "Emulation":
+        """A mode from its name, or from the old boolean ``emulate`` (True: sleep, False: none)."""
+        if isinstance(value, bool):
+            return cls.SLEEP if value else cls.NONE
+        try:
+            return cls(value)
+        except ValueError:
+            raise UserError(f"unknown emulation {value!r}; valid: {', '.join(cls)}") from None
+
+
+def default_emulation() -> tuple[Emulation, str]:
+    """``cgroup`` where this machine's cgroups are writable, else ``sleep``; with the one line that says why."""
+    found = find_hierarchy()
+    if isinstance(found, str):
+        return Emulation.SLEEP, f"emulation: sleep (devices sleep to the cost model's time; no cgroups: {found})"
+    return Emulation.CGROUP, f"emulation: cgroup ({found.name}; each device confined to its cores and memory)"
 
 
 def dilate(started: float, emulated_s: float | None, speed: float, abort: Callable[[], None] | None = None) -> float:

@@ -19,6 +19,10 @@ class WorkerDied(HomePipelineError):
     """A worker's process or connection ended while the pipeline needed it."""
 
 
+class DeviceOutOfMemory(WorkerDied):
+    """The kernel killed a confined device's worker at its cgroup's memory limit (``--emulate cgroup``)."""
+
+
 class WorkerFailed(HomePipelineError):
     """A worker raised an error; its message is carried to the portal."""
 

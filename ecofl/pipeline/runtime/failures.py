@@ -15,7 +15,7 @@ import time
 from typing import Callable
 
 from ecofl.pipeline.runtime.control_messages import REPLIES, Error
-from ecofl.pipeline.runtime.errors import EmulatedOOM, HomePipelineError, WorkerDied, WorkerFailed
+from ecofl.pipeline.runtime.errors import DeviceOutOfMemory, EmulatedOOM, HomePipelineError, WorkerDied, WorkerFailed
 from ecofl.pipeline.runtime.launch import LocalDevices
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.wire import recv_message
@@ -42,7 +42,8 @@ def root_cause(
         silent.insert(0, device)  # exited before it ever connected
     if silent:
         gone = silent[0] if device not in silent else device
-        return WorkerDied(death_notice(gone, during, devices, name) + _echoes(reports, name))
+        error = DeviceOutOfMemory if devices.out_of_memory(gone) else WorkerDied
+        return error(death_notice(gone, during, devices, name) + _echoes(reports, name))
     first, error = min(reports.items(), key=lambda item: item[1].time)
     if error.kind == "EmulatedOOM":
         return EmulatedOOM(error.message)
@@ -60,6 +61,10 @@ def death_notice(device: int, during: str, devices: LocalDevices, name: Callable
     detail = f" (exit code {code})" if code is not None else ""
     tail = devices.log_tail(device)
     log = f"; its last output: {tail}" if tail else ""
+    if devices.out_of_memory(device):
+        limit = devices.confinement.limits[device].memory_bytes
+        return (f"device {device} ({name(device)}) ran out of memory while {during}: the kernel killed its worker "
+                f"at its cgroup's limit of {limit / 2**20:.0f} MiB{detail}{log}")
     return f"device {device} ({name(device)}) went away{detail} while {during}{log}"
 
 

@@ -5,7 +5,9 @@ Each device is ``python -m ecofl.pipeline.runtime.worker`` in its own process
 travels in the environment, never on the command line. A worker asks the
 kernel to kill it when the portal process dies (``PR_SET_PDEATHSIG``), so a
 killed portal leaves nothing behind either; :meth:`LocalDevices.stop` stops
-and reaps every process it started.
+and reaps every process it started. With a :class:`~.confinement.Confinement`
+each worker runs in a cgroup of its own (``--emulate cgroup``), removed when
+the worker is killed or stopped.
 """
 
 from __future__ import annotations
@@ -18,27 +20,32 @@ import sys
 import tempfile
 import time
 
+from ecofl.pipeline.runtime.confinement import THREADS_ENV, Confinement
+
 SECRET_ENV = "ECOFL_HOME_SECRET"  # the home's secret, hex
 PORTAL_PID_ENV = "ECOFL_PORTAL_PID"  # set when the portal started the worker itself
+
+
+def worker_environment(extra: dict[str, str]) -> dict[str, str]:
+    """A device process's environment: this one's, one torch thread unless ``extra`` says otherwise."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", THREADS_ENV: "1", **extra}
 
 
 class LocalDevices:
     """The worker processes of one home pipeline, by device index."""
 
-    def __init__(self) -> None:
+    def __init__(self, confinement: Confinement | None = None) -> None:
+        self.confinement = confinement
         self.processes: dict[int, subprocess.Popen] = {}
         self._stderr: dict[int, tempfile._TemporaryFileWrapper] = {}
 
     def start(self, device: int, portal: tuple[str, int], secret: bytes, prefix: list[str] | None = None,
               extra_env: dict[str, str] | None = None) -> None:
         """Start device ``device``'s worker; ``prefix`` wraps the command (e.g. ``ip netns exec NS``)."""
-        env = {
-            **os.environ,
-            SECRET_ENV: secret.hex(),
-            PORTAL_PID_ENV: str(os.getpid()),
-            "OMP_NUM_THREADS": "1",
-            **(extra_env or {}),
-        }
+        env = worker_environment({SECRET_ENV: secret.hex(), PORTAL_PID_ENV: str(os.getpid()), **(extra_env or {})})
+        if self.confinement is not None:  # the cgroup is entered first: `ip netns exec` hides /sys/fs/cgroup
+            entry, confined_env = self.confinement.enter(device)
+            prefix, env = entry + (prefix or []), {**env, **confined_env}
         log = tempfile.NamedTemporaryFile(prefix=f"ecofl-device{device}-", suffix=".log", delete=True)
         command = [sys.executable, "-m", "ecofl.pipeline.runtime.worker",
                    "--portal", f"{portal[0]}:{portal[1]}", "--device", str(device)]
@@ -69,12 +76,18 @@ class LocalDevices:
             process.send_signal(signum)
 
     def kill(self, device: int) -> None:
-        """Kill device ``device``'s worker (also a frozen one) and reap it."""
+        """Kill device ``device``'s worker (also a frozen one) and reap it; remove its cgroup."""
         process = self.processes.get(device)
         if process is not None:
             if process.poll() is None:
                 process.kill()
             process.wait()
+        if self.confinement is not None:
+            self.confinement.release(device)
+
+    def out_of_memory(self, device: int) -> bool:
+        """Whether the kernel killed ``device``'s worker at its cgroup's memory limit."""
+        return self.confinement is not None and self.confinement.out_of_memory(device)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Wait up to ``grace_s`` for the workers to exit, then kill the rest; reap all."""
@@ -86,6 +99,8 @@ class LocalDevices:
                 process.kill()
         for process in self.processes.values():
             process.wait()
+        if self.confinement is not None:
+            self.confinement.close()
         for log in self._stderr.values():
             log.close()
         self._stderr.clear()

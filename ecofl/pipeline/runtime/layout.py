@@ -28,8 +28,8 @@ from ecofl.pipeline.schedule import validate
 class PipelineLayout:
     """``plan`` over ``pool`` for the model ``full_model`` cut into ``layers``.
 
-    ``emulate`` and ``pace_links`` say whether the workers emulate their
-    devices and pace their links (the roles carry the targets);
+    ``emulate`` says whether the workers sleep to the cost model's times and
+    ``pace_links`` whether they pace their links (the roles carry the targets);
     ``aggregate_every`` is asynchronous 1F1B's weight aggregation period.
     """
 
@@ -79,7 +79,7 @@ class PipelineLayout:
 
     def link_rate(self, device: int) -> float | None:
         """``device``'s emulated link rate (bytes/s) for moving state; None when links are not paced."""
-        if not self.emulate or not self.pace_links:
+        if not self.pace_links:
             return None
         return float(self.pool.devices[device].bandwidth_bps)
 

@@ -23,17 +23,20 @@ slow device makes the pipeline re-plan and continue (:mod:`.recovery`).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from ecofl.cgroups import DeviceLimits
 from ecofl.devices import HomePool
 from ecofl.pipeline.plan import Plan, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.net.auth import new_secret
 from ecofl.pipeline.runtime.control_messages import Config, Entered
+from ecofl.pipeline.runtime.confinement import Confinement
 from ecofl.pipeline.runtime.control_plane import ControlPlane
+from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.errors import HomePipelineError
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.layout import PipelineLayout
@@ -53,9 +56,12 @@ class HomePipeline:
     ``local_devices`` are the devices whose workers this portal starts itself
     (default: all of the plan's); the others must join from their own machine
     with ``python -m ecofl.pipeline.runtime.worker`` within ``timeout_s``.
-    ``emulate`` dilates time, paces links and enforces memory budgets per
-    device (:mod:`ecofl.pipeline.runtime.emulation`), with the cost model's
-    times when a ``profile`` is given. With a ``network``
+    ``emulate`` (:class:`~ecofl.pipeline.runtime.emulation.Emulation`; True
+    is ``"sleep"``, False ``"none"``): ``"cgroup"`` confines each local
+    worker to ``limits`` (default: its device's speed in cores and memory
+    budget) and paces links; ``"sleep"`` dilates time, paces links and
+    enforces memory budgets per device, with the cost model's times when a
+    ``profile`` is given; ``"none"`` runs at host speed. With a ``network``
     (:class:`~ecofl.net.netns.HomeNetwork`, entered) each worker
     runs in its device's namespace and the kernel shapes the links instead.
     ``pace_links=False`` leaves the emulated devices' link rates to the
@@ -76,7 +82,8 @@ class HomePipeline:
         plan: Plan,
         *,
         profile: ModelProfile | None = None,
-        emulate: bool = True,
+        emulate: bool | str = True,
+        limits: Mapping[int, DeviceLimits] | None = None,
         secret: bytes | None = None,
         timeout_s: float = 60.0,
         host: str = "127.0.0.1",
@@ -94,17 +101,23 @@ class HomePipeline:
             raise ValueError("fault tolerance re-plans from the model's profile: pass profile=")
         self.model, self.timeout_s, self.fault_tolerance = model, timeout_s, fault_tolerance
         self.invite, self.join_timeout_s = invite, join_timeout_s
+        self.emulation = Emulation.parse(emulate)
         full_model, layers = model.build()
-        self.layout = PipelineLayout(full_model, layers, pool, plan, profile, emulate=emulate,
-                                     pace_links=network is None if pace_links is None else pace_links,
+        pace = self.emulation != Emulation.NONE and (network is None if pace_links is None else pace_links)
+        self.layout = PipelineLayout(full_model, layers, pool, plan, profile,
+                                     emulate=self.emulation == Emulation.SLEEP, pace_links=pace,
                                      aggregate_every=aggregate_every)
         self.weights: Weights = get_weights(full_model)
         self.local_devices = self.layout.devices if local_devices is None else list(local_devices)
+        confinement = None
+        if self.emulation == Emulation.CGROUP:
+            confinement = (Confinement.of_pool(pool, self.local_devices) if limits is None
+                           else Confinement({d: limits[d] for d in self.local_devices}))
         self.control = ControlPlane(
             [d.name for d in pool.devices], secret if secret is not None else new_secret(), timeout_s,
             host=network.portal_address if network is not None else host,  # namespaces: links shaped by the kernel
             port=port, network=network, heartbeat=fault_tolerance.heartbeat if fault_tolerance else None,
-            departed=departed,
+            departed=departed, confinement=confinement,
         )
 
     @property
@@ -128,6 +141,11 @@ class HomePipeline:
     @property
     def data_ports(self) -> dict[int, tuple[str, int]]:
         return self.control.data_ports
+
+    def confinement_report(self) -> dict[int, dict]:
+        """Each confined device's CPU quota, memory limit and cgroup peak (empty unless ``emulate="cgroup"``)."""
+        confinement = self.control.devices.confinement
+        return {} if confinement is None else {d: confinement.report(d) for d in sorted(confinement.groups)}
 
     def predicted_sync_round_s(self) -> float | None:
         """The cost model's sync-round of the current plan (None without a profile)."""

@@ -89,8 +89,12 @@ class Recovery:
             self.control.send(event.device, Arm(event.kind, event.phase, event.count))
             self.control.gather(Armed, [event.device])
             self.events.append(FaultEvent(event.kind, event.device, r, phase=event.phase))  # timed when it strikes
+        confinement = self.control.devices.confinement
         for event in self._due(r, ("slow",)):
-            self.slowdowns[event.device] = event.factor
+            if confinement is not None and event.device in confinement.limits:
+                confinement.slow(event.device, event.factor)  # a real load: the worker is not told
+            else:
+                self.slowdowns[event.device] = event.factor  # the worker sleeps F times longer
             self._record(FaultEvent("slow", event.device, r))
         for event in self._due(r, ("join",)):
             self.join(event.device, r)
@@ -129,7 +133,8 @@ class Recovery:
         for event in self._waiting:
             event.recovered_after_s = now - event.struck_at
         self._waiting.clear()
-        if self.ft is not None and self.ft.adapt and self.layout.emulate:
+        confined = self.control.devices.confinement is not None
+        if self.ft is not None and self.ft.adapt and (self.layout.emulate or confined):
             self._watch_speeds(r, replies)
 
     def _watch_speeds(self, r: int, replies: dict[int, Done]) -> None:

@@ -119,15 +119,17 @@ PER_CALL_PROGRAMS = (ScheduleKind.STREAM, ScheduleKind.ASYNC_ONE_F_ONE_B)
 
 
 def worker_roles(
-    plan: Plan, pool: HomePool, profile: ModelProfile | None, emulate: bool, pace_links: bool = True,
+    plan: Plan, pool: HomePool, profile: ModelProfile | None, emulate: bool, pace_links: bool | None = None,
     schedule: Schedule | None = None, aggregate_every: int = 1,
 ) -> list[WorkerRole]:
     """One role per device the plan uses, in rank order, each with its stage's actions of ``schedule``.
 
     ``schedule`` defaults to the plan's (:func:`ecofl.pipeline.plan.plan_schedule`); the portal passes
-    the one it validated. ``pace_links=False`` leaves link rates to the kernel
-    (:mod:`ecofl.net.netns`).
+    the one it validated. ``emulate`` gives each operation the cost model's time to sleep to;
+    ``pace_links`` (default: as ``emulate``) paces each link to the pool's rate, False leaves link rates
+    to the kernel (:mod:`ecofl.net.netns`) or to the host (devices at host speed).
     """
+    pace_links = emulate if pace_links is None else pace_links
     used = [d for stage in plan.stages for d in stage.devices]
     if len(set(used)) != len(used):
         raise ValueError(f"a device may serve one stage only: {used}")
@@ -143,7 +145,7 @@ def worker_roles(
 
     def link(a: int, b: int) -> float | None:
         rate = float(pool.bandwidth_bps[a, b])
-        return rate if emulate and pace_links and rate != float("inf") else None
+        return rate if pace_links and rate != float("inf") else None
 
     roles = []
     for s, stage in enumerate(plan.stages):
@@ -194,7 +196,7 @@ def worker_roles(
                     forward_s=forward,
                     backward_s=backward,
                     step_s=step,
-                    allreduce_bps=_slowest_link(pool, stage.devices) if emulate and len(stage.devices) > 1 else None,
+                    allreduce_bps=_slowest_link(pool, stage.devices) if pace_links and len(stage.devices) > 1 else None,
                     next_hold=0 if last_stage else plan.stages[s + 1].in_flight,
                     output_bps=link(device, 0) if stream and last_stage and device != 0 else None,
                     aggregate_every=aggregate_every,

@@ -40,6 +40,7 @@ import torch
 from ecofl.net.schema import encode
 from ecofl.pipeline.plan import ScheduleKind
 from ecofl.pipeline.instructions import Program, async_program, check_program
+from ecofl.pipeline.runtime.confinement import worker_threads
 from ecofl.pipeline.runtime.control_messages import (
     REQUESTS,
     Abort,
@@ -99,7 +100,7 @@ class Worker:
         self.device = device
         self.timeout_s = config.timeout_s
         self.keeps_snapshots = config.snapshots
-        torch.set_num_threads(1)
+        torch.set_num_threads(worker_threads())  # one, or a confined device's whole cores
         self.model, self.layers = spec_from_json(config.model).build()
         self.state = StageState(self.model, self.layers)
         self.settings: Optimization | None = None

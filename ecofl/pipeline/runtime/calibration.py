@@ -1,0 +1,143 @@
+"""Confined devices measure themselves under their limits: each one's speed on the model it will train.
+
+Asteroid §3.3 profiles every layer on every device before planning; Eco-FL
+§4.2 plans from each device's measured compute. Here a confined device
+(``--emulate cgroup``, :mod:`.confinement`) times whole training steps of
+the model (forward, loss and backward of one micro-batch) in its own
+cgroup, at its own quota, for at least ``min_seconds``: many CFS periods,
+so the burst of quota an idle device starts with does not flatter it. Its
+speed for the planner is the host profile's time for the same step over
+the measured time (:func:`speed_from_step`), so the cost model's time for
+the whole model on the device is what the device measured, split across
+layers in the host profile's proportions.
+
+Each device runs :func:`main` (``python -m ecofl.pipeline.runtime.calibration``)
+as a process in its cgroup: it imports torch and builds the model at the
+start-up quota, says ``ready``, and times the steps once the portal has put
+it under its own quota and said ``go``. The devices measure at the same
+time, as they will train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import selectors
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from ecofl.devices import HomePool
+from ecofl.pipeline.profile import ModelProfile
+from ecofl.pipeline.replan import with_speeds
+from ecofl.pipeline.runtime.confinement import Confinement, worker_threads
+from ecofl.pipeline.runtime.launch import worker_environment
+from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
+from ecofl.pipeline.runtime.process_memory import rss_bytes
+
+READY, GO = "ready", "go"
+
+
+def seconds_per_call(step: Callable[[], object], min_seconds: float, min_calls: int = 3) -> float:
+    """Mean seconds of ``step`` over at least ``min_calls`` calls lasting at least ``min_seconds`` in all."""
+    calls, start = 0, time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < min_seconds:
+        step()
+        calls += 1
+    return (time.perf_counter() - start) / calls
+
+
+def host_step_s(profile: ModelProfile, micro_batch: int) -> float:
+    """The host profile's seconds for one training step (forward and backward of every layer)."""
+    forward, backward = profile.layer_times(micro_batch)
+    return float(forward.sum() + backward.sum())
+
+
+def speed_from_step(profile: ModelProfile, micro_batch: int, measured_s: float) -> float:
+    """A device's speed (host cores) given its measured seconds per training step of ``micro_batch``."""
+    return host_step_s(profile, micro_batch) / measured_s
+
+
+def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile, pool: HomePool,
+                   confinement: Confinement, micro_batch: int, min_seconds: float = 2.0, timeout_s: float = 300.0
+                   ) -> tuple[HomePool, dict]:
+    """``pool`` with each confined device's speed as measured in its cgroup, and what each measured."""
+    devices = sorted(confinement.limits)
+    processes: dict[int, subprocess.Popen] = {}
+    try:
+        for device in devices:
+            entry, env = confinement.enter(device)
+            command = [sys.executable, "-m", "ecofl.pipeline.runtime.calibration", "--model", json.dumps(
+                model.to_json()), "--input-shape", ",".join(map(str, input_shape)), "--micro-batch",
+                str(micro_batch), "--seconds", str(min_seconds)]
+            processes[device] = subprocess.Popen(entry + command, env=worker_environment(env), text=True,
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        for device, process in processes.items():
+            said = _line(process, timeout_s)
+            if not said.startswith(READY):
+                raise RuntimeError(f"device {device} could not calibrate: {said or 'it exited'}")
+            confinement.throttle(device, int(said.split()[1]))
+        for process in processes.values():
+            process.stdin.write(GO + "\n")
+            process.stdin.flush()
+        measured = {}
+        for device, process in processes.items():
+            said = _line(process, timeout_s)
+            if not said:
+                why = "out of memory" if confinement.out_of_memory(device) else f"exit code {process.wait()}"
+                raise RuntimeError(f"device {device} could not calibrate: {why}")
+            measured[device] = json.loads(said)["seconds_per_step"]
+    finally:
+        for process in processes.values():
+            process.kill()
+            process.wait()
+        for device in processes:
+            confinement.release(device)
+    speeds = {d: speed_from_step(profile, micro_batch, s) for d, s in measured.items()}
+    report = {d: {"quota_cores": confinement.limits[d].cores, "step_s": measured[d], "measured_speed": speeds[d]}
+              for d in devices}
+    return with_speeds(pool, speeds), report
+
+
+def _line(process: subprocess.Popen, timeout_s: float) -> str:
+    """The next line ``process`` prints ("" if it exits first), within ``timeout_s``."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout_s):
+            raise TimeoutError(f"a calibrating device said nothing in {timeout_s:.0f} s")
+    return process.stdout.readline().strip()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="time training steps of a model here (in a device's cgroup)")
+    parser.add_argument("--model", required=True, help="the model as JSON (ModelSpec.to_json)")
+    parser.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 1,28,28")
+    parser.add_argument("--micro-batch", type=int, required=True)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    baseline = rss_bytes() or 0
+    torch.set_num_threads(worker_threads())
+    model, _ = spec_from_json(json.loads(args.model)).build()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(args.micro_batch, *map(int, args.input_shape.split(",")), generator=generator)
+    with torch.no_grad():
+        classes = model(x).shape[1]
+    y = torch.randint(0, classes, (args.micro_batch,), generator=generator)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+
+    step()  # allocations and first-call work, not measured
+    print(READY, baseline, flush=True)
+    if sys.stdin.readline().strip() != GO:
+        return 1
+    print(json.dumps({"seconds_per_step": seconds_per_call(step, args.seconds)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Devices confined by cgroups (``--emulate cgroup``): real CPU quotas and memory limits, nothing slept.
+
+The first tests check the cgroup files written, on a fake cgroup tree, and
+run anywhere. The rest confine real worker processes and skip, with the
+reason, where this machine's cgroups are not writable (not root, or no cpu
+and memory controllers).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ecofl.cgroups import DeviceLimits, Hierarchy, cpu_bandwidth, find_hierarchy
+from ecofl.devices import GB, DeviceSpec, HomePool
+from ecofl.errors import UserError
+from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.profile import profile_model
+from ecofl.pipeline.runtime import LayerList
+from ecofl.pipeline.runtime.calibration import measure_speeds
+from ecofl.pipeline.runtime.confinement import Confinement, check_fits, pool_limits
+from ecofl.pipeline.runtime.emulation import Emulation
+from ecofl.pipeline.runtime.errors import DeviceOutOfMemory
+from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
+from ecofl.pipeline.runtime.portal import HomePipeline
+from pipeline_kit import FAST_HEARTBEAT, THREE_STAGES, assert_gone
+from processes import worker_processes
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[1]
+FOUND = find_hierarchy()
+needs_cgroups = pytest.mark.skipif(isinstance(FOUND, str), reason=f"cgroups not writable here: {FOUND}")
+
+
+def convolutions(side: int) -> LayerList:
+    """Five layers (THREE_STAGES' cut) whose operations take milliseconds, not microseconds: what a quota
+    throttles (an operation shorter than the 1 ms quota runs at host speed whatever the quota)."""
+    return LayerList((
+        ("Conv2d", {"in_channels": 3, "out_channels": 16, "kernel_size": 3, "padding": 1}),
+        ("ReLU", {}),
+        ("Conv2d", {"in_channels": 16, "out_channels": 16, "kernel_size": 3, "padding": 1}),
+        ("AdaptiveAvgPool2d", {"output_size": 1}),
+        ("Flatten", {}),  # 16 logits
+    ))
+
+
+def images(n: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(n, 3, side, side, generator=generator), torch.randint(0, 16, (n,), generator=generator)
+
+
+# -- the files written (a fake cgroup tree) ------------------------------------------------------------
+
+
+def test_the_quota_is_1_ms_per_period_so_no_idle_device_bursts_for_long():
+    assert cpu_bandwidth(0.1) == (1000, 10000)
+    assert cpu_bandwidth(0.25) == (1000, 4000)
+    assert cpu_bandwidth(1.5) == (1500, 1000)
+    quota, period = cpu_bandwidth(0.0694)
+    assert quota == 1000 and quota / period == pytest.approx(0.0694, rel=1e-3)
+    with pytest.raises(ValueError):
+        cpu_bandwidth(0)
+
+
+def fake_tree(root: Path, version: int) -> Hierarchy:
+    """Directories that look like cgroups: every file the code writes exists and is empty."""
+    if version == 1:
+        cpu, memory = root / "cpu" / "me", root / "memory" / "me"
+        for path in (cpu, memory):
+            path.mkdir(parents=True)
+        (root / "cpu" / "me" / "cgroup.procs").write_text("")
+        return Hierarchy(1, cpu, memory)
+    root.mkdir(exist_ok=True)
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    return Hierarchy(2, root, root)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_device_cgroup_gets_its_quota_and_memory_limit_in_each_version(tmp_path, version):
+    group = fake_tree(tmp_path, version).create("device1", DeviceLimits(0.2, 3 * GB))
+    if version == 1:
+        assert (group.cpu_dir / "cpu.cfs_quota_us").read_text() == "1000"
+        assert (group.cpu_dir / "cpu.cfs_period_us").read_text() == "5000"
+        assert (group.memory_dir / "memory.limit_in_bytes").read_text() == str(3 * GB)
+        assert group.cpu_dir.parent.parent.name == "cpu" and group.memory_dir.parent.parent.name == "memory"
+    else:
+        assert (group.cpu_dir / "cpu.max").read_text() == "1000 5000"
+        assert (group.cpu_dir / "memory.max").read_text() == str(3 * GB)
+    assert group.cores == pytest.approx(0.2) and group.cpu_dir.name.startswith("ecofl-")
+    group.set_cores(0.05)  # a quota cut
+    assert group.cores == pytest.approx(0.05)
+
+
+def test_the_hierarchy_found_is_named_and_a_missing_one_is_a_reason(tmp_path):
+    v1 = tmp_path / "v1"
+    for controller in ("cpu", "memory"):
+        (v1 / controller / "slice").mkdir(parents=True)
+    found = find_hierarchy(v1, "4:memory:/slice\n1:cpu:/slice\n0::/\n")
+    assert isinstance(found, Hierarchy) and found.name == "cgroup v1"
+    assert found.memory == v1 / "memory" / "slice"
+    v2 = tmp_path / "v2"
+    fake_tree(v2, 2)
+    (v2 / "ecofl-devices").mkdir()  # the kernel would fill a new cgroup directory with its files
+    (v2 / "ecofl-devices" / "cgroup.subtree_control").write_text("")
+    found = find_hierarchy(v2, "0::/\n")
+    assert isinstance(found, Hierarchy) and found.name == "cgroup v2"
+    assert "+cpu +memory" in (v2 / "cgroup.subtree_control").read_text()
+    assert isinstance(find_hierarchy(tmp_path / "none"), str)
+
+
+def test_a_pool_whose_quotas_do_not_fit_this_machine_is_refused():
+    check_fits({0: DeviceLimits(0.5, GB), 1: DeviceLimits(0.9, GB)}, cores=2)
+    with pytest.raises(UserError, match=r"add up to 1.6 cores .* less 0.5 for the portal"):
+        check_fits({0: DeviceLimits(0.7, GB), 1: DeviceLimits(0.9, GB)}, cores=2)
+
+
+def test_the_emulation_modes_parse_from_names_and_the_old_flag():
+    assert Emulation.parse(True) == Emulation.SLEEP and Emulation.parse(False) == Emulation.NONE
+    assert Emulation.parse("cgroup") == Emulation.CGROUP
+    with pytest.raises(UserError, match="valid: cgroup, sleep, none"):
+        Emulation.parse("docker")
+
+
+# -- real cgroups --------------------------------------------------------------------------------------
+
+
+def our_cgroups() -> list[str]:
+    """Every cgroup of ecofl's under this process's own (all tests' processes: names carry their pid)."""
+    if isinstance(FOUND, str):
+        return []
+    return sorted(path.name for parent in {FOUND.cpu, FOUND.memory} for path in parent.glob("ecofl-*"))
+
+
+def mine() -> list[str]:
+    import os
+
+    return [name for name in our_cgroups() if name.startswith(f"ecofl-{os.getpid()}-")]
+
+
+@needs_cgroups
+def test_ecofl_home_train_confined_reports_quota_limit_and_real_memory_and_leaves_nothing(tmp_path):
+    """The issue's must-show, on the small CNN: emulation cgroup, measured against predicted, per device its
+    quota, memory limit and peak resident set; afterwards no cgroup and no worker."""
+    command = [sys.executable, "-m", "ecofl.cli", "home", "train", "--model", "cnn", "--pool",
+               "nano-10w,nano-10w,tx2-maxq", "--dataset", "digits", "--batch", "32", "--rounds", "3",
+               "--emulate", "cgroup", "--json", "--cache-dir", str(tmp_path)]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["emulation"] == "cgroup"
+    assert report["sync_round_s"] > 0 and report["predicted_sync_round_s"] > 0
+    used = report["devices"]
+    assert used, report
+    for device in used:
+        assert device["cgroup"].startswith("cgroup v")
+        assert device["cpu_quota"] == pytest.approx(device["quota_cores"], rel=0.01)
+        assert device["memory_limit_bytes"] > device["memory_budget_bytes"]  # the budget on top of the runtime
+        assert device["peak_rss_bytes"] > 0 and device["measured_speed"] > 0
+    print(f"\nconfined cnn on nano,nano,tx2-maxq: sync-round {report['sync_round_s']:.3f} s measured, "
+          f"{report['predicted_sync_round_s']:.3f} s predicted; speeds measured "
+          + ", ".join(f"{d['name']} {d['measured_speed']:.3f} (quota {d['cpu_quota']:.3f})" for d in used))
+    assert not [name for name in our_cgroups() if not name.startswith(f"ecofl-{_pid_of(name)}-")]
+    assert not worker_processes(None)
+
+
+def _pid_of(name: str) -> int:
+    return int(name.split("-")[1])
+
+
+@needs_cgroups
+def test_a_worker_over_its_real_memory_limit_is_named_out_of_memory_and_nothing_is_left():
+    """A device whose budget cannot hold even its activations: the kernel kills its worker at the limit, the
+    portal says which device and that it ran out of memory (not that it crashed), and everything is gone."""
+    x, y = images(64, 128)  # device 1's input alone is 64 MiB
+    tiny = HomePool("tiny", (DeviceSpec("roomy", 0.3, 2 * GB, 1e9), DeviceSpec("tiny", 0.3, 32 << 20, 1e9),
+                             DeviceSpec("roomy", 0.3, 2 * GB, 1e9)))
+    plan = Plan("hand", THREE_STAGES.stages, 64, 1)  # one micro-batch of 64: the most activations at once
+    pids: list[int] = []
+    with pytest.raises(DeviceOutOfMemory, match=r"device 1 \(tiny\) ran out of memory") as raised:
+        with HomePipeline(convolutions(128), tiny, plan, emulate="cgroup", timeout_s=120) as home:
+            pids = list(home.worker_pids.values())
+            home.train(None, x, y, 2, lr=0.1)
+    assert "kernel killed its worker" in str(raised.value)
+    assert_gone(pids)
+    assert not mine()
+
+
+@needs_cgroups
+def test_a_quota_cut_is_detected_from_measured_times_and_the_slowed_device_gets_less_work():
+    """Eco-FL §4.4 for real: device 1's quota is divided by 4 at round 2 (its worker is not told); the portal
+    sees its compute times grow and re-plans it to less work."""
+    model, side = convolutions(48), 48
+    x, y = images(64, side)
+    presets = HomePool("even", (DeviceSpec("a", 0.4, GB, 1e9),) * 3)
+    layers = model.build()[1]
+    profile = profile_model(layers, (3, side, side), (4, 8), name=f"confined-convolutions-{side}", repeats=3)
+    limits = pool_limits(presets)
+    measured, _ = measure_speeds(model, (3, side, side), profile, presets, Confinement(limits), 4, min_seconds=1.0)
+    ft = FaultTolerance(heartbeat=FAST_HEARTBEAT)
+    with HomePipeline(model, measured, THREE_STAGES, profile=profile, emulate="cgroup", limits=limits,
+                      timeout_s=120, fault_tolerance=ft) as home:
+        quota_before = home.confinement_report()[1]["cpu_quota"]
+        result = home.train(None, x, y, 8, lr=0.1, inject=[Injection.parse("slow:1*4@2")])
+        final_plan, quota_after = home.plan, home.confinement_report()[1]["cpu_quota"]
+    assert quota_after == pytest.approx(quota_before / 4, rel=0.05)
+    [event] = result.events
+    assert event["kind"] == "slow" and event["detected_after_s"] is not None and event["replan"]
+
+    def layers_of(plan: Plan, device: int) -> int:
+        stage = next(s for s in plan.stages if device in s.devices)
+        return stage.layers[1] - stage.layers[0] + 1
+
+    assert layers_of(final_plan, 1) < layers_of(THREE_STAGES, 1) or 1 not in {
+        d for s in final_plan.stages for d in s.devices}
+    assert not mine()
+
+
+@needs_cgroups
+def test_sigterm_to_a_confined_home_train_removes_its_cgroups(tmp_path):
+    command = [sys.executable, "-m", "ecofl.cli", "home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn",
+               "--dataset", "digits", "--batch", "16", "--rounds", "100000", "--emulate", "cgroup",
+               "--cache-dir", str(tmp_path)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while len(worker_processes(process.pid)) < 2 and time.time() < deadline and process.poll() is None:
+            time.sleep(0.5)
+        assert len(worker_processes(process.pid)) == 2, f"never started (exit {process.poll()})"
+        assert [n for n in our_cgroups() if n.startswith(f"ecofl-{process.pid}-")]
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, stderr
+    assert not [n for n in our_cgroups() if n.startswith(f"ecofl-{process.pid}-")]
