@@ -13,6 +13,13 @@ devices of one home) is a YAML file::
         speed: 0.3                # relative to one host core (ecofl.devices)
         memory_gb: 8
         bandwidth_mbps: 300
+      - name: my-board            # the same, said as what a confined device gets
+        cores: 0.25               # its CPU quota in host cores (= speed; --emulate cgroup)
+        memory_gb: 2              # its memory budget for training (the limit is this + its runtime)
+
+To match a real board: time one layer (or the whole model) on the board and
+on one core of the machine that profiles, and give the board
+``cores = host time / board time`` (docs/pipeline.md, "Confined devices").
 
 Device 0 is the portal (it holds the home's data). The named pools are the
 files in ``conf/home/`` (Asteroid's Env A-D and Eco-FL's testbeds); wherever
@@ -37,7 +44,7 @@ POOLS_DIR = Path(__file__).resolve().parent.parent / "conf" / "home"
 DEFAULT_BANDWIDTH_MBPS = 100.0
 
 _POOL_KEYS = {"name", "bandwidth_mbps", "devices"}
-_DEVICE_KEYS = {"preset", "name", "speed", "memory_gb", "bandwidth_mbps"}
+_DEVICE_KEYS = {"preset", "name", "speed", "cores", "memory_gb", "bandwidth_mbps"}
 
 
 def pool_names() -> list[str]:
@@ -111,6 +118,10 @@ def _device(path: Path, where: str, entry: Any, bandwidth_mbps: float) -> Device
     if not isinstance(entry, dict):
         raise UserError(f"{path}: {where} must be a preset name or a mapping, got {entry!r}")
     _no_unknown(path, f"{where}.", entry, _DEVICE_KEYS)
+    if "cores" in entry:  # a confined device's quota: the same number as its speed
+        if "speed" in entry:
+            raise UserError(f"{path}: {where} gives both 'speed' and 'cores' (they are the same number: give one)")
+        entry = {("speed" if k == "cores" else k): v for k, v in entry.items()}
     if "preset" in entry:
         try:
             base = preset(str(entry["preset"]))
@@ -120,7 +131,7 @@ def _device(path: Path, where: str, entry: Any, bandwidth_mbps: float) -> Device
     else:
         missing = [k for k in ("name", "speed", "memory_gb") if k not in entry]
         if missing:
-            raise UserError(f"{path}: {where} needs 'preset', or 'name', 'speed' and 'memory_gb' (missing "
+            raise UserError(f"{path}: {where} needs 'preset', or 'name', 'speed' (or 'cores') and 'memory_gb' (missing "
                             f"{', '.join(missing)})")
         speed, memory, name = None, None, None
     speed = _positive(path, f"{where}.speed", entry.get("speed", speed))

@@ -100,3 +100,13 @@ def test_a_bad_file_is_one_line_naming_the_field(text, message, tmp_path, capsys
 def test_a_missing_file_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="cannot read home pool file"):
         load_pool(str(tmp_path / "nowhere.yaml"))
+
+
+def test_a_device_may_give_its_quota_as_cores_the_same_number_as_speed(tmp_path):
+    path = tmp_path / "board.yaml"
+    path.write_text("devices:\n  - {name: board, cores: 0.25, memory_gb: 2}\n  - nano-10w\n")
+    board = load_pool(str(path)).devices[0]
+    assert board.speed == 0.25 and board.memory_bytes == 2 * GB
+    path.write_text("devices:\n  - {name: board, cores: 0.25, speed: 0.3, memory_gb: 2}\n")
+    with pytest.raises(UserError, match="both 'speed' and 'cores'"):
+        load_pool(str(path))

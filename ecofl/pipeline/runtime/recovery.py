@@ -76,6 +76,8 @@ class Recovery:
         self.global_copy: tuple[int, dict[str, np.ndarray]] | None = None
         self.lost_rounds = 0
         self._slow: dict[int, int] = {}
+        self._pace: dict[int, float] = {}  # each device's best seconds per micro-batch in the current plan
+        self._pace_epoch = 0
         self._token = 0
 
     # -- between sync-rounds -------------------------------------------------------------
@@ -138,8 +140,15 @@ class Recovery:
             self._watch_speeds(r, replies)
 
     def _watch_speeds(self, r: int, replies: dict[int, Done]) -> None:
-        """Eco-FL §4.4: a sustained deviation of a device's compute time from the plan re-plans the pipeline."""
+        """Eco-FL §4.4: a sustained deviation of a device's compute time from the plan re-plans the pipeline.
+
+        A device deviates when its seconds per micro-batch exceed ``slowdown_ratio`` times the larger of
+        the cost model's and its own best pace in the current plan: the model alone would flag a device
+        the model underestimates (the runtime's overhead on a stage of next to no compute, a confined
+        device's measured speed a little off) as slow from its first round."""
         layout, profile = self.layout, self.layout.profile
+        if self._pace_epoch != self.epoch:
+            self._pace, self._pace_epoch = {}, self.epoch
         measured: dict[int, float] = {}
         slow = []
         for role in layout.roles:
@@ -151,7 +160,8 @@ class Recovery:
             expected = sum(stage_compute_s(profile, with_speeds(layout.pool, self.speeds).devices[role.device],
                                            role.layers, role.samples))
             measured[role.device] = per_micro_batch
-            if per_micro_batch > self.ft.slowdown_ratio * expected:
+            pace = self._pace[role.device] = min(self._pace.get(role.device, per_micro_batch), per_micro_batch)
+            if per_micro_batch > self.ft.slowdown_ratio * max(expected, pace):
                 self._slow[role.device] = self._slow.get(role.device, 0) + 1
                 if self._slow[role.device] >= self.ft.slowdown_rounds:
                     slow.append(role.device)
