@@ -214,7 +214,6 @@ def test_a_quota_cut_is_detected_from_measured_times_and_the_slowed_device_gets_
         result = home.train(None, x, y, 8, lr=0.1, inject=[Injection.parse("slow:1*4@2")])
         final_plan, quota_after = home.plan, home.confinement_report()[1]["cpu_quota"]
     assert quota_after == pytest.approx(quota_before / 4, rel=0.05)
-    print("\nevents:", result.events, "\nfinal plan:", final_plan, "\nrounds:", result.sync_round_s)
     [event] = result.events
     assert event["kind"] == "slow" and event["detected_after_s"] is not None and event["replan"]
 
