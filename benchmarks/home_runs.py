@@ -11,10 +11,14 @@ memory as the model predicts it, as the runtime accounts it and as the
 worker's resident set measures it) plus what a shared machine needs beside
 it: the load average and the CPU the run's processes actually received.
 
-The prediction is the CLI's (:func:`ecofl.cli.home_train.predict`): the emulated
-pool's cost model under emulation (where measured equals predicted by
-construction but for communication and scheduling), the host pool's with the
-devices sharing this machine's cores without it.
+The prediction is the CLI's (:func:`ecofl.cli.home_train.predict`): with
+confined devices (``cgroup``) the cost model of the speeds the devices
+measured in their cgroups (:func:`ecofl.pipeline.runtime.calibration.confine_pool`:
+``pool`` is then the measured pool and ``limits`` the presets' quotas), with
+devices that sleep to the model (``sleep``) the emulated pool's (measured
+equals predicted by construction but for communication and scheduling), the
+host pool's with the devices sharing this machine's cores at host speed
+(``none``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ecofl.cli.home_train import describe, predict
+from ecofl.cgroups import DeviceLimits
 from ecofl.devices import HomePool
 from ecofl.net.netns import HomeNetwork
 from ecofl.pipeline.plan import Plan, ScheduleKind
@@ -61,8 +66,9 @@ def describe_plan(plan: Plan, pool: HomePool) -> str:
     return f"{plan.planner}{schedule} {plan.num_micro_batches}x{plan.micro_batch} [{stages}]"
 
 
-def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, *, emulate: bool, rounds: int,
-             timeout_s: float, network: HomeNetwork | None = None, cache_dir: str | None = None) -> dict:
+def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, *, emulate: bool | str, rounds: int,
+             timeout_s: float, network: HomeNetwork | None = None, cache_dir: str | None = None,
+             limits: dict[int, DeviceLimits] | None = None) -> dict:
     """Train one warm-up and ``rounds`` measured sync-rounds of ``plan``; measured against predicted.
 
     Adds to :func:`ecofl.cli.home_train.describe`'s report: ``plan_text``,
@@ -75,7 +81,7 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
     """
     x, y = synthetic_batch(spec, plan.batch_size)
     load_before = os.getloadavg()[0]
-    with HomePipeline(spec, pool, plan, profile=profile, emulate=emulate, timeout_s=timeout_s,
+    with HomePipeline(spec, pool, plan, profile=profile, emulate=emulate, limits=limits, timeout_s=timeout_s,
                       network=network) as home:
         home.train(None, x, y, 1, lr=LR, momentum=MOMENTUM)
         pids = [*home.worker_pids.values(), os.getpid()]
@@ -83,6 +89,7 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
         result = home.train(None, x, y, rounds, lr=LR, momentum=MOMENTUM)
         wall = time.time() - started
         cpu = sum(map(cpu_seconds, pids)) - cpu_before
+        confined = home.confinement_report()
     report = describe(plan, pool, predict(plan, profile, pool, emulate, cache_dir=cache_dir), result, emulate)
     compute: dict[int, float] = {}
     for event in result.timeline:
@@ -96,5 +103,6 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
         load_average=[load_before, os.getloadavg()[0]],
         compute_s={str(d): s / rounds for d, s in sorted(compute.items())},
         network="tc tbf in network namespaces" if network is not None else None,
+        confined={str(d): r for d, r in confined.items()},
     )
     return report

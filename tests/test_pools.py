@@ -23,7 +23,7 @@ def composition(name: str) -> dict[str, int]:
 
 def test_named_pools_are_the_papers_testbeds_at_100_mbps():
     assert set(pool_names()) == {"asteroid-a", "asteroid-b", "asteroid-c", "asteroid-d",
-                                 "ecofl-2stage", "ecofl-3stage", "ecofl-hetero"}
+                                 "ecofl-2stage", "ecofl-3stage", "ecofl-hetero", "mixed-rpi"}
     assert composition("asteroid-a") == {"nano-10w": 5}
     assert composition("asteroid-b") == {"nx": 3, "tx2-maxn": 2}
     assert composition("asteroid-c") == {"nx": 1, "tx2-maxn": 2, "nano-10w": 3}
@@ -31,6 +31,7 @@ def test_named_pools_are_the_papers_testbeds_at_100_mbps():
     assert composition("ecofl-2stage") == {"nano-5w": 1, "nano-10w": 1}
     assert composition("ecofl-3stage") == {"nano-10w": 2, "tx2-maxq": 1}
     assert composition("ecofl-hetero") == {"nano-10w": 1, "tx2-maxn": 1}
+    assert composition("mixed-rpi") == {"phone": 1, "rpi4": 1, "nano-10w": 1, "tx2-maxn": 1}
     for name in pool_names():
         pool = load_pool(name)
         assert pool.name == name

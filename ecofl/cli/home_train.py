@@ -45,8 +45,7 @@ from ecofl.pipeline.replan import REPLAN_KINDS
 from ecofl.pipeline.runtime.faults import INJECTION_SYNTAX, FaultTolerance, Injection
 from ecofl.pipeline.runtime.traps import PHASES
 from ecofl.pipeline.runtime.portal import HomePipeline
-from ecofl.pipeline.runtime.calibration import measure_speeds
-from ecofl.pipeline.runtime.confinement import Confinement, pool_limits
+from ecofl.pipeline.runtime.calibration import confine_pool
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.cli.emulation_option import add_emulation_argument, chosen_emulation
 from ecofl.pipeline.runtime.host_overhead import host_operation_overhead_s
@@ -100,10 +99,10 @@ def run(args: argparse.Namespace) -> int:
     plan = _plan(args, profile, pool)
     limits, calibration = None, {}
     if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
-        limits = pool_limits(pool)
         if not args.json:
             print(f"each device times {args.model} in its cgroup ...", file=sys.stderr, flush=True)
-        pool, calibration = measure_speeds(spec, shape, profile, pool, Confinement(limits), plan.micro_batch)
+        confined = confine_pool(spec, shape, profile, pool, plan.micro_batch)
+        pool, limits, calibration = confined.pool, confined.limits, confined.measured
         plan = _plan(args, profile, pool)
     predicted = predict(plan, profile, pool, mode, args.rounds, args.cache_dir)
     x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]

@@ -27,13 +27,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import with_speeds
-from ecofl.pipeline.runtime.confinement import Confinement, worker_threads
+from ecofl.cgroups import DeviceLimits
+from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
 from ecofl.pipeline.runtime.launch import worker_environment
 from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
 from ecofl.pipeline.runtime.process_memory import rss_bytes
@@ -100,6 +102,25 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
     report = {d: {"quota_cores": confinement.limits[d].cores, "step_s": measured[d], "measured_speed": speeds[d]}
               for d in devices}
     return with_speeds(pool, speeds), report
+
+
+@dataclass(frozen=True)
+class ConfinedPool:
+    """A pool of confined devices: the speeds they measured (for the planner and the cost model), the limits
+    they run under (from the presets), and what each measured."""
+
+    pool: HomePool
+    limits: dict[int, DeviceLimits]
+    measured: dict[int, dict]
+
+
+def confine_pool(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile, presets: HomePool,
+                 micro_batch: int, min_seconds: float = 2.0) -> ConfinedPool:
+    """Each device of ``presets`` confined to its speed in cores and its budget, its speed measured there."""
+    limits = pool_limits(presets)
+    pool, measured = measure_speeds(model, input_shape, profile, presets, Confinement(limits), micro_batch,
+                                    min_seconds)
+    return ConfinedPool(pool, limits, measured)
 
 
 def _line(process: subprocess.Popen, timeout_s: float) -> str:

@@ -1,0 +1,181 @@
+"""Confined devices: the planner's real error and the pipeline's efficiency on homes of truly different devices.
+
+Every device is a worker process in a cgroup of its own, its CPU quota its
+speed in host cores and its memory limit its budget (``--emulate cgroup``,
+docs/pipeline.md, "Confined devices"); nothing sleeps to the cost model.
+For each model (MobileNetV2 and EfficientNet-B0, block granularity, 3x32x32
+inputs, 10 classes, synthetic data) and pool:
+
+1. the host profile is measured now, into a fresh cache (with the runtime's
+   overhead per operation, :mod:`ecofl.pipeline.runtime.host_overhead`);
+2. each device times training steps of the model in its cgroup, all at
+   once (:mod:`ecofl.pipeline.runtime.calibration`): its measured speed;
+3. the planner plans on the measured speeds, the cost model predicts the
+   sync-round, and the plan runs confined: one warm-up and ``--rounds``
+   measured sync-rounds. **Planner error** = |predicted - measured| / measured
+   (target: at most 10% on every row). **Pipeline efficiency** = measured
+   throughput / the sum of every device's own training throughput in its
+   cgroup (its micro-batch over its measured step time; target: at least
+   0.85). Each device's quota, memory limit, cgroup peak and worker peak RSS
+   are recorded.
+4. Beside it, the same planner on the presets with every device sleeping to
+   the cost model (``--emulate sleep``): the model's figure, where measured
+   equals predicted by construction.
+
+Pools: Eco-FL's 3-stage testbed (``ecofl``), Asteroid's Env B (``hpp``;
+its five boards need 1.64 cores, so its speeds are scaled by 0.9 to fit
+this machine's two cores less half a core for the portal, and said so) and a
+mixed home with a Raspberry Pi (``mixed-rpi``, ``ecofl``). Needs root and
+writable cgroups (it says why not, and stops, where they are missing).
+
+    .venv/bin/python benchmarks/confined.py [--rounds 3] [--batch 64] [--models mobilenet_v2,efficientnet_b0]
+
+writes benchmarks/results/confined.json and the "confined" section of docs/pipeline.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
+
+from benchmarks.home_runs import describe_plan, run_plan  # noqa: E402
+from benchmarks.markdown_section import cell, replace_section  # noqa: E402
+from ecofl.cgroups import find_hierarchy  # noqa: E402
+from ecofl.devices import HomePool, host_cores  # noqa: E402
+from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
+from ecofl.pipeline.planners import make_plan  # noqa: E402
+from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
+from ecofl.pipeline.runtime import ZooModel  # noqa: E402
+from ecofl.pipeline.runtime.calibration import confine_pool  # noqa: E402
+from ecofl.pipeline.runtime.host_overhead import operation_overhead_record  # noqa: E402
+from ecofl.pools import load_pool  # noqa: E402
+
+MODELS = ("mobilenet_v2", "efficientnet_b0")
+SHAPE, CLASSES, GRANULARITY = (3, 32, 32), 10, "block"
+CASES = (("ecofl-3stage", "ecofl", 1.0), ("asteroid-b", "hpp", 0.9), ("mixed-rpi", "ecofl", 1.0))
+MIB = 2**20
+
+
+def scaled(pool: HomePool, factor: float) -> HomePool:
+    """``pool`` with every device's speed times ``factor`` (a pool too large for this machine's cores)."""
+    if factor == 1.0:
+        return pool
+    devices = tuple(dataclasses.replace(d, speed=d.speed * factor) for d in pool.devices)
+    return HomePool(f"{pool.name} x{factor:g}", devices, pool.bandwidth_bps)
+
+
+def measure(model: str, pool_name: str, planner: str, factor: float, args: argparse.Namespace,
+            cache_dir: str) -> dict:
+    spec = ZooModel(model, SHAPE, CLASSES, GRANULARITY)
+    profile = profile_zoo_model(model, SHAPE, CLASSES, GRANULARITY, cache_dir)
+    presets = scaled(load_pool(pool_name), factor)
+    preset_plan = make_plan(planner, profile, presets, args.batch)
+    print(f"{model} on {presets.name}: each device times the model in its cgroup ...", file=sys.stderr, flush=True)
+    confined = confine_pool(spec, SHAPE, profile, presets, preset_plan.micro_batch)
+    plan = make_plan(planner, profile, confined.pool, args.batch)
+    run = run_plan(spec, confined.pool, plan, profile, emulate="cgroup", limits=confined.limits, rounds=args.rounds,
+                   timeout_s=args.timeout, cache_dir=cache_dir)
+    alone = sum(preset_plan.micro_batch / m["step_s"] for m in confined.measured.values())
+    print(f"  confined: {run['sync_round_s']:.3f} s measured, {run['predicted_sync_round_s']:.3f} s predicted "
+          f"({100 * run['planner_error']:.1f}%), efficiency {run['throughput'] / alone:.2f}", file=sys.stderr)
+    sleep = run_plan(spec, presets, preset_plan, profile, emulate="sleep", rounds=args.rounds,
+                     timeout_s=args.timeout, cache_dir=cache_dir)
+    return {
+        "model": model, "pool": presets.name, "planner": planner, "scale": factor,
+        "measured_speeds": {str(d): m for d, m in confined.measured.items()},
+        "devices_alone_throughput": alone, "efficiency": run["throughput"] / alone,
+        "confined": {**run, "plan_text": describe_plan(plan, confined.pool)},
+        "sleep": {**sleep, "plan_text": describe_plan(preset_plan, presets)},
+    }
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        f"Measured on {results['machine']}, {results['cores']} cores ({results['date']}; 1-minute load "
+        f"{results['load_before']:.2f} before), {results['hierarchy']}; batch {results['batch']}, "
+        f"{results['rounds']} measured sync-rounds after one warm-up, "
+        f"`python benchmarks/confined.py`. **Confined**: every device a worker in a cgroup of its own at its "
+        "preset's speed in cores and its memory budget, planned from the speeds the devices measured in their "
+        "cgroups; nothing sleeps, so measured and predicted are free to differ. **Sleep**: the same planner on "
+        "the presets, every device sleeping to the cost model (the model's figure: measured = predicted by "
+        "construction). Links paced at 100 Mbps in both. `efficiency`: confined throughput / the sum of the "
+        "devices' own training throughput in their cgroups.",
+        "",
+        "| model | pool | planner | plan (confined, measured speeds) | sync-round s measured | predicted | "
+        "error | efficiency | samples/s | sleep: plan on presets | sleep: sync-round s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results["rows"]:
+        c, s = row["confined"], row["sleep"]
+        lines.append(
+            f"| {row['model']} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} | {c['sync_round_s']:.3f} "
+            f"| {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% | {row['efficiency']:.2f} "
+            f"| {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")
+    lines += ["", "Per device (confined): quota, speed measured in its cgroup, memory limit (budget + the worker's "
+              "own runtime), the cgroup's peak and the worker's peak resident set.", "",
+              "| model | pool | device | quota cores | measured speed | limit MiB | cgroup peak MiB | RSS peak MiB |",
+              "|---|---|---|---|---|---|---|---|"]
+    for row in results["rows"]:
+        c = row["confined"]
+        for st in c["stages"]:
+            for d, name in zip(st["devices"], st["device_names"]):
+                box, speed = c["confined"].get(str(d), {}), row["measured_speeds"][str(d)]["measured_speed"]
+                peak = box.get("cgroup_peak_bytes")
+                lines.append(f"| {row['model']} | {row['pool']} | {d}: {name} | {box.get('cpu_quota', 0):.3f} "
+                             f"| {speed:.3f} | {box.get('memory_limit_bytes', 0) / MIB:.0f} "
+                             f"| {'-' if peak is None else f'{peak / MIB:.0f}'} | {st['peak_rss_bytes'] / MIB:.0f} |")
+    worst = max(row["confined"]["planner_error"] for row in results["rows"])
+    least = min(row["efficiency"] for row in results["rows"])
+    lines += ["", f"Largest planner error: {100 * worst:.1f}% (target <= 10%); lowest efficiency {least:.2f} "
+              "(target >= 0.85).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="measured sync-rounds per run (after one warm-up)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--pools", default=",".join(f"{p}:{planner}:{f:g}" for p, planner, f in CASES),
+                        help="pool:planner:speed-scale triples, comma-separated")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "confined.json"))
+    parser.add_argument("--doc", default=str(ROOT / "docs" / "pipeline.md"))
+    args = parser.parse_args(argv)
+    hierarchy = find_hierarchy()
+    if isinstance(hierarchy, str):
+        print(f"benchmarks/confined.py needs writable cgroups: {hierarchy}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    cases = [(p, planner, float(f)) for p, planner, f in (item.split(":") for item in args.pools.split(","))]
+    with tempfile.TemporaryDirectory() as cache_dir:
+        results = {"machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "cores": host_cores(),
+                   "hierarchy": hierarchy.name, "load_before": os.getloadavg()[0], "rounds": args.rounds,
+                   "batch": args.batch, "overhead": operation_overhead_record(cache_dir), "rows": []}
+        for model in args.models.split(","):
+            for pool_name, planner, factor in cases:
+                results["rows"].append(measure(model, pool_name, planner, factor, args, cache_dir))
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
+    table = markdown(results)
+    replace_section(Path(args.doc), table, "confined")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    with sigterm_as_interrupt():  # `kill` unwinds as Ctrl-C: workers and cgroups are cleaned up
+        sys.exit(main())
