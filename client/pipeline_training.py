@@ -4,7 +4,8 @@ Selected homes of a simulation run the round's training as the design's
 "Run" step does: one worker process per device of the home's pool,
 activations and gradients over the home's sealed tensor links
 (:class:`ecofl.pipeline.runtime.HomePipeline`), on emulated devices started
-here for the round and stopped after it (also on failure). The update is the
+here for the round and stopped after it (also on failure): confined by
+cgroups, sleeping to the cost model or at host speed (``pipeline_home.emulate``). The update is the
 one :func:`ecofl.train.train_local` computes for the same message
 (:mod:`ecofl.pipeline.runtime.round_training` says how), so a federation may
 mix both kinds of homes. Which homes do this is the setup's ``pipeline_home``
@@ -14,10 +15,12 @@ section (:class:`~ecofl.fl.federation_setup.PipelineHomeSettings`). The plan
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 
 import torch
 
+from ecofl.cgroups import DeviceLimits
 from ecofl.device_dynamics import resolve_pool
 from ecofl.devices import HomePool
 from ecofl.fl.federation_setup import PipelineHomeSettings
@@ -25,6 +28,8 @@ from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
 from ecofl.pipeline.runtime import HomePipeline, ZooModel
+from ecofl.pipeline.runtime.calibration import confine_pool
+from ecofl.pipeline.runtime.emulation import Emulation, default_emulation
 from ecofl.net.liveness import LivenessSettings
 from ecofl.pipeline.runtime.faults import FaultTolerance
 from ecofl.pipeline.runtime.round_training import PipelineTraining, train_round
@@ -35,12 +40,28 @@ from ecofl.weights import Weights
 @lru_cache(maxsize=32)
 def home_plan(
     model: str, input_shape: tuple[int, ...], num_classes: int, granularity: str, pool_name: str, planner: str,
-    batch_size: int,
-) -> tuple[HomePool, ModelProfile, Plan]:
-    """The pool, the host profile and the plan for one mini-batch size (once per process)."""
+    batch_size: int, emulation: Emulation = Emulation.SLEEP,
+) -> tuple[HomePool, ModelProfile, Plan, dict[int, DeviceLimits] | None]:
+    """The pool, the host profile, the plan for one mini-batch size and, confined, the devices' limits (once per
+    process; confined devices first time the model in their cgroups and the plan is made on those speeds)."""
     profile = profile_zoo_model(model, tuple(input_shape), num_classes, granularity)
     pool = resolve_pool(pool_name)
-    return pool, profile, make_plan(planner, profile, pool, batch_size)
+    plan = make_plan(planner, profile, pool, batch_size)
+    if emulation != Emulation.CGROUP:
+        return pool, profile, plan, None
+    spec = ZooModel(model, tuple(input_shape), num_classes, granularity)
+    confined = confine_pool(spec, tuple(input_shape), profile, pool, plan.micro_batch)
+    return confined.pool, profile, make_plan(planner, profile, confined.pool, batch_size), confined.limits
+
+
+@lru_cache(maxsize=1)
+def resolved_emulation(setting: str) -> Emulation:
+    """The setting's mode; ``auto`` as this machine allows, said once per process in the log."""
+    if setting != "auto":
+        return Emulation.parse(setting)
+    mode, line = default_emulation()
+    logging.getLogger(__name__).info("pipeline homes: %s", line)
+    return mode
 
 
 #: The pipeline homes of a simulation share one machine with each other and with Flower: a live device there can
@@ -61,10 +82,12 @@ def train_through_pipeline(
 ) -> PipelineTraining:
     """``train_local(model, x, y, config)`` from ``weights``, computed by the home's pipeline."""
 
+    mode = resolved_emulation(settings.emulate)
+
     def open_pipeline(size: int) -> HomePipeline:
-        pool, profile, plan = home_plan(model.name, tuple(model.input_shape), model.num_classes, model.granularity,
-                                        pool_name, planner, size)
-        return HomePipeline(model, pool, plan, profile=profile, emulate=settings.emulate, timeout_s=settings.timeout_s,
+        pool, profile, plan, limits = home_plan(model.name, tuple(model.input_shape), model.num_classes,
+                                                model.granularity, pool_name, planner, size, mode)
+        return HomePipeline(model, pool, plan, profile=profile, emulate=mode, limits=limits, timeout_s=settings.timeout_s,
                             fault_tolerance=FaultTolerance(planner=planner, heartbeat=SHARED_HOST_HEARTBEAT)
                             if settings.fault_tolerance else None)
 

@@ -169,12 +169,27 @@ def test_ecofl_home_train_confined_reports_quota_limit_and_real_memory_and_leave
     print(f"\nconfined cnn on nano,nano,tx2-maxq: sync-round {report['sync_round_s']:.3f} s measured, "
           f"{report['predicted_sync_round_s']:.3f} s predicted; speeds measured "
           + ", ".join(f"{d['name']} {d['measured_speed']:.3f} (quota {d['cpu_quota']:.3f})" for d in used))
-    assert not [name for name in our_cgroups() if not name.startswith(f"ecofl-{_pid_of(name)}-")]
+    assert not left_behind()
     assert not worker_processes(None)
 
 
-def _pid_of(name: str) -> int:
-    return int(name.split("-")[1])
+@needs_cgroups
+def test_ecofl_home_infer_confined_streams_on_measured_speeds(tmp_path):
+    command = [sys.executable, "-m", "ecofl.cli", "home", "infer", "--model", "cnn", "--pool", "nano-10w,tx2-maxn",
+               "--dataset", "digits", "--samples", "64", "--emulate", "cgroup", "--json", "--cache-dir", str(tmp_path)]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["emulation"] == "cgroup" and report["samples"] == 64
+    assert report["throughput"] > 0 and report["predicted_throughput"] > 0
+    print(f"\nconfined inference of cnn: {report['throughput']:.1f} samples/s measured, "
+          f"{report['predicted_throughput']:.1f} predicted")
+    assert not left_behind()
+
+
+def left_behind() -> list[str]:
+    """The cgroups of ecofl processes that have ended (each is named ecofl-<its pid>-...)."""
+    return [name for name in our_cgroups() if not Path(f"/proc/{name.split('-')[1]}").exists()]
 
 
 @needs_cgroups

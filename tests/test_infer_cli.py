@@ -26,13 +26,14 @@ def test_home_infer_streams_a_run_s_global_model_and_reports_it(tmp_path, capsys
     save_weights(run_dir / GLOBAL_MODEL, get_weights(model))  # what a simulation leaves behind
 
     code = main(["home", "infer", "--model", "cnn", "--pool", "nano-10w,tx2-maxn,nx", "--dataset", "digits",
-                 "--checkpoint", str(run_dir), "--samples", "96", "--json", "--cache-dir", str(tmp_path)])
+                 "--checkpoint", str(run_dir), "--samples", "96", "--json", "--cache-dir", str(tmp_path),
+                 "--emulate", "sleep"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert {"throughput", "predicted_throughput", "latency_s", "accuracy", "stages"} <= set(report)
     assert report["accuracy"] > 0.5  # the trained model's predictions, not chance (0.1)
     assert report["throughput"] > 0 and report["latency_s"] > 0 and report["predicted_throughput"] > 0
-    assert report["samples"] == 96
+    assert report["samples"] == 96 and report["emulation"] == "sleep"
     for stage in report["stages"]:
         assert {"devices", "layers", "busy_fraction"} <= set(stage)
         assert 0 < stage["busy_fraction"] <= 1

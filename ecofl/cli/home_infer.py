@@ -16,11 +16,14 @@ else its newest checkpoint), a checkpoint file, or a weights file
 (``--weights``). Without either, a freshly initialised model streams
 (throughput and latency mean the same; accuracy is chance).
 
-Under emulation (the default) every forward sleeps until the cost model's
-time, so measured and predicted agree by construction except for
-communication and scheduling; ``--no-emulate`` runs the devices at host
-speed, predicted as if each had a core of its own (the stream model does not
-share cores).
+``--emulate cgroup`` (the default where cgroups are writable) confines each
+device to its speed in cores and its memory budget; the devices time the
+model in their cgroups and the planner plans from those speeds (as ``ecofl
+home train``). ``--emulate sleep`` makes every forward sleep until the cost
+model's time, so measured and predicted agree by construction except for
+communication and scheduling; ``--emulate none`` (``--no-emulate``) runs the
+devices at host speed, predicted as if each had a core of its own (the
+stream model does not share cores).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import sys
 
 import torch
 
+from ecofl.cli.emulation_option import add_emulation_argument, chosen_emulation
 from ecofl.data import DATASETS, load_dataset
 from ecofl.devices import host_pool
 from ecofl.errors import UserError
@@ -39,6 +43,8 @@ from ecofl.models import GRANULARITIES, build_model
 from ecofl.pipeline.planners import PLANNERS, check_planner, make_plan
 from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.pipeline.runtime import HomePipelineError, ZooModel
+from ecofl.pipeline.runtime.calibration import confine_pool
+from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.statistics import InferenceResult
 from ecofl.pipeline.stream import StreamCost, simulate_stream
@@ -61,7 +67,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--samples", type=int, default=512, help="test samples to stream")
     parser.add_argument("--bandwidth", type=float, default=None, help="every link in Mbps")
     parser.add_argument("--granularity", default="block", help=f"one of {', '.join(GRANULARITIES)}")
-    parser.add_argument("--no-emulate", dest="emulate", action="store_false", help="every device at host speed")
+    add_emulation_argument(parser)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds any step may take before failing")
     parser.add_argument("--cache-dir", default=None, help="profile cache (default ~/.cache/ecofl/profiles)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -80,17 +86,24 @@ def run(args: argparse.Namespace) -> int:
     weights = _weights(args, spec)
     profile = profile_zoo_model(args.model, shape, data.num_classes, args.granularity, args.cache_dir)
     options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
+    mode = chosen_emulation(args)
     plan = make_plan(args.planner, profile, pool, args.batch, objective="inference", **options)
+    limits = None
+    if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
+        confined = confine_pool(spec, shape, profile, pool, plan.micro_batch)
+        pool, limits = confined.pool, confined.limits
+        plan = make_plan(args.planner, profile, pool, args.batch, objective="inference", **options)
     x, y = data.test.x[: args.samples], data.test.y[: args.samples]
     count = -(-len(x) // plan.micro_batch)
-    predicted = simulate_stream(plan, profile, pool if args.emulate else host_pool(pool), count)
+    predicted = simulate_stream(plan, profile, host_pool(pool) if mode == Emulation.NONE else pool, count)
     try:
-        with HomePipeline(spec, pool, plan, profile=profile, emulate=args.emulate, timeout_s=args.timeout) as home:
+        with HomePipeline(spec, pool, plan, profile=profile, emulate=mode, limits=limits,
+                          timeout_s=args.timeout) as home:
             result = home.infer(weights, x)
     except HomePipelineError as error:
         raise UserError(str(error)) from None
     accuracy = float((torch.from_numpy(result.logits).argmax(1) == y).float().mean())
-    report = describe(plan, pool, predicted, result, accuracy, args.emulate)
+    report = describe(plan, pool, predicted, result, accuracy, mode)
     if args.timeline:
         from ecofl.pipeline.gantt import plot_gantt
 
@@ -115,7 +128,8 @@ def _weights(args: argparse.Namespace, spec: ZooModel):
     return weights
 
 
-def describe(plan, pool, predicted: StreamCost, result: InferenceResult, accuracy: float, emulated: bool) -> dict:
+def describe(plan, pool, predicted: StreamCost, result: InferenceResult, accuracy: float,
+             emulation: Emulation | bool) -> dict:
     """Measured against predicted, as one JSON-ready object."""
     stages = []
     for s, stage in enumerate(plan.stages):
@@ -136,7 +150,7 @@ def describe(plan, pool, predicted: StreamCost, result: InferenceResult, accurac
             "training_rss_bytes": result.training_rss_bytes[s],
         })
     return {
-        "emulated": emulated,
+        "emulation": str(Emulation.parse(emulation)),
         "planner": plan.planner,
         "devices_used": sorted(d for stage in plan.stages for d in stage.devices),
         "micro_batch": plan.micro_batch,
@@ -167,8 +181,9 @@ def table(report: dict) -> str:
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    how = ("emulated devices (compute = the cost model's by construction)" if report["emulated"]
-           else "host speed (predicted as if each device had a core of its own)")
+    how = {"cgroup": "devices confined by cgroups (planned from the speeds they measured there)",
+           "sleep": "devices sleeping to the cost model (compute = the model's by construction)",
+           "none": "host speed (predicted as if each device had a core of its own)"}[report["emulation"]]
     return "\n".join([
         f"{report['planner']} inference plan on devices {report['devices_used']}: {report['samples']} samples in "
         f"{report['num_micro_batches']} micro-batches of {report['micro_batch']}; {how}",

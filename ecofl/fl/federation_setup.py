@@ -67,6 +67,7 @@ class FederationSetup:
 
 #: Keys of the ``pipeline_home`` config section.
 KEYS = ("homes", "pool", "planner", "granularity", "emulate", "timeout_s", "fault_tolerance")
+EMULATION_MODES = ("auto", "cgroup", "sleep", "none")  # ecofl.pipeline.runtime.emulation.Emulation, and auto
 #: A home's pool when neither the section nor a pipeline latency model names one.
 DEFAULT_POOL = "ecofl-3stage"
 
@@ -81,8 +82,10 @@ class PipelineHomeSettings:
     pool in the pipeline latency model at the round's virtual time, else
     :data:`DEFAULT_POOL`. ``planner`` and ``granularity``: None takes the
     pipeline latency model's (else ``ecofl`` and ``block``). ``emulate``:
-    dilate time, pace links and check memory per device (False: run at host
-    speed). ``timeout_s``: the runtime's bound on any step. ``fault_tolerance``:
+    ``cgroup`` (each device confined to its cores and memory), ``sleep``
+    (devices sleep to the cost model), ``none`` (host speed) or ``auto``
+    (cgroup where cgroups are writable, else sleep; the default); ``true``
+    and ``false`` are the old spellings of sleep and none. ``timeout_s``: the runtime's bound on any step. ``fault_tolerance``:
     heartbeats, replication and re-planning, so a home whose device fails or
     slows down still answers the round (``ecofl.pipeline.runtime.faults``).
     """
@@ -91,7 +94,7 @@ class PipelineHomeSettings:
     pool: str | tuple[str, ...] | None = None
     planner: str | None = None
     granularity: str | None = None
-    emulate: bool = True
+    emulate: str = "auto"
     timeout_s: float = 120.0
     fault_tolerance: bool = True
 
@@ -121,12 +124,16 @@ class PipelineHomeSettings:
         planner = values.get("planner")
         if planner is not None:
             check_planner(planner)
-        emulate = values.get("emulate", True)
+        emulate = values.get("emulate", "auto")
+        if isinstance(emulate, bool):
+            emulate = "sleep" if emulate else "none"
         timeout_s = values.get("timeout_s", 120.0)
         tolerant = values.get("fault_tolerance", True)
-        if not isinstance(emulate, bool) or not isinstance(tolerant, bool) or isinstance(timeout_s, bool) \
+        if emulate not in EMULATION_MODES:
+            raise UserError(f"pipeline_home.emulate must be one of {', '.join(EMULATION_MODES)}, got {emulate!r}")
+        if not isinstance(tolerant, bool) or isinstance(timeout_s, bool) \
                 or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise UserError("pipeline_home.emulate and fault_tolerance must be booleans and timeout_s positive: "
+            raise UserError("pipeline_home.fault_tolerance must be a boolean and timeout_s positive: "
                             f"{dict(values)}")
         return cls(homes, pool, planner, values.get("granularity"), emulate, float(timeout_s), tolerant)
 
