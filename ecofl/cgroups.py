@@ -29,15 +29,23 @@ New cgroups sit under this process's own (v1: per controller) and are named
 ``ecofl-<pid>-<label>``; :meth:`DeviceCgroup.remove` kills what is left in
 one and removes it, and :func:`remove_stale` removes those of a process that
 died without cleaning up (killed by SIGKILL).
+
+``python -m ecofl.cgroups run --cores C --memory-bytes M --label L -- CMD``
+runs CMD confined and removes its cgroup when CMD ends or the wrapper is
+stopped (``scripts/deploy_local.sh`` starts each device daemon so);
+``python -m ecofl.cgroups sweep`` removes the stale ones.
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import math
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,3 +286,65 @@ def _rmdir(path: Path, deadline: float | None = None) -> None:
             if error.errno != errno.EBUSY or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+def own_memory_limit_bytes(root: Path = ROOT) -> int | None:
+    """The memory limit of the cgroup this process runs in (None: unlimited, or no cgroup to read)."""
+    own = _own_cgroups(None)
+    candidates = [root / own.get("", "/").lstrip("/") / "memory.max"]
+    if "memory" in own:
+        candidates.insert(0, root / "memory" / own["memory"].lstrip("/") / "memory.limit_in_bytes")
+    for path in candidates:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text != "max" and int(text) < 1 << 60:  # v1 writes "unlimited" as a number near 2**63
+            return int(text)
+    return None
+
+
+def run_confined(command: list[str], label: str, limits: DeviceLimits) -> int:
+    """Run ``command`` in a cgroup of its own under ``limits``; SIGTERM and SIGINT are passed on, and the
+    cgroup is removed (with anything left in it) when the command ends. The command's exit status."""
+    found = find_hierarchy()
+    if isinstance(found, str):
+        raise UserError(f"cannot confine {label}: {found}")
+    remove_stale(found)
+    group = found.create(label, limits)
+    try:
+        child = subprocess.Popen(group.entry_command() + command)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda number, _frame: child.send_signal(number))
+        return child.wait()
+    finally:
+        group.remove()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ecofl.cgroups", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run a command confined to CPU cores and memory, then remove its cgroup")
+    run.add_argument("--cores", type=float, required=True)
+    run.add_argument("--memory-bytes", type=int, required=True)
+    run.add_argument("--label", required=True, help="in the cgroup's name: ecofl-<pid>-<label>")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- the command")
+    commands.add_parser("sweep", help="remove the cgroups of ecofl processes that no longer run")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "sweep":
+            found = find_hierarchy()
+            removed = [] if isinstance(found, str) else remove_stale(found)
+            print(" ".join(removed))
+            return 0
+        command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        if not command:
+            parser.error("run needs a command after --")
+        return run_confined(command, args.label, DeviceLimits(args.cores, args.memory_bytes))
+    except UserError as error:
+        print(f"ecofl.cgroups: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

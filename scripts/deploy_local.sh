@@ -23,6 +23,13 @@
 #                      successful run and kept after a failed one
 #   --timeout S        give up after S seconds                                 [900]
 #   --loopback         keep devices on loopback even as root (no namespaces)
+#   --emulate MODE     cgroup: every device daemon runs in a cgroup of its own with
+#                      its preset's cores and memory, measures itself at join (no
+#                      preset claimed) and trains at its real pace; the portal's
+#                      stage likewise. sleep: daemons claim their preset and sleep
+#                      to the cost model. Default: cgroup where cgroups are
+#                      writable and the devices' quotas fit this machine, else
+#                      sleep (said in one line)                               [auto]
 #   key=value          run-config overrides ([tool.flwr.app.config] keys), after
 #                      the deployment defaults below
 #
@@ -47,7 +54,7 @@ say() {  # progress on stderr, with the seconds since the command started
 }
 die() { say "error: $*"; exit 1; }
 
-homes=3 devices=3 updates=5 json="" unregistered=0 work="" timeout_s=900 overrides=() loopback=""
+homes=3 devices=3 updates=5 json="" unregistered=0 work="" timeout_s=900 overrides=() loopback="" emulate=auto
 while [ $# -gt 0 ]; do
     case "$1" in
         --homes) homes="${2:?--homes needs a number}"; shift 2 ;;
@@ -58,6 +65,7 @@ while [ $# -gt 0 ]; do
         --work-dir) work="${2:?--work-dir needs a directory}"; shift 2 ;;
         --timeout) timeout_s="${2:?--timeout needs seconds}"; shift 2 ;;
         --loopback) loopback=1; shift ;;
+        --emulate) emulate="${2:?--emulate needs cgroup or sleep}"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *=*) overrides+=("$1"); shift ;;
         *) say "unknown argument $1"; usage >&2; exit 2 ;;
@@ -69,6 +77,7 @@ done
 for value in "$devices" "$unregistered"; do
     [[ "$value" =~ ^[0-9]+$ ]] || die "--devices and --unregistered must be numbers"
 done
+[[ "$emulate" =~ ^(auto|cgroup|sleep)$ ]] || die "--emulate must be cgroup or sleep, got $emulate"
 
 python="$root/.venv/bin/python"
 tools="$root/scripts/deploy_local/flower_tools.py"
@@ -122,6 +131,7 @@ stop_all() {
         kill -KILL $alive 2>/dev/null || true
     fi
     started=()
+    "$python" -m ecofl.cgroups sweep >/dev/null 2>&1 || true  # the cgroups of confined daemons killed above
 }
 
 on_exit() {
@@ -190,6 +200,37 @@ say "registered $homes SuperNode public keys"
 
 # --- per home: the home network, the home service and its device daemons --------------
 presets=(nano-10w tx2-maxn nx)
+if [ "$devices" -gt 0 ] && [ "$emulate" != sleep ]; then
+    # Confined devices: every home's portal stage and daemons together must fit this machine's cores.
+    why_not=$("$python" - "$homes" "$devices" "${presets[@]}" <<'PY'
+import sys
+from ecofl.cgroups import DeviceLimits, find_hierarchy
+from ecofl.devices import host_cores, preset
+from ecofl.errors import UserError
+from ecofl.pipeline.runtime.confinement import check_fits
+homes, devices, names = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+found = find_hierarchy()
+if isinstance(found, str):
+    print(f"no writable cgroups: {found}")
+    sys.exit()
+per_home = ["nano-10w"] + [names[j % len(names)] for j in range(devices)]
+limits = {i: DeviceLimits(preset(n).speed, preset(n).memory_bytes) for i, n in enumerate(per_home * homes)}
+try:
+    check_fits(limits, host_cores())
+except UserError as error:
+    print(error)
+PY
+)
+    if [ -z "$why_not" ]; then
+        emulate=cgroup
+        say "devices confined by cgroups (each daemon at its preset's cores and memory, measured for real)"
+    elif [ "$emulate" = cgroup ]; then
+        die "cannot confine the devices: $why_not"
+    else
+        emulate=sleep
+        say "devices sleep to the cost model ($why_not)"
+    fi
+fi
 home_port() { echo "${ports[$((1 + homes + unregistered + $1))]}"; }
 # As root: each home's devices in network namespaces with tc-shaped links.
 networks=""
@@ -224,12 +265,21 @@ if [ "$devices" -gt 0 ]; then
         mkdir -p "$work/home-$i"
         openssl rand -hex 32 >"$work/home-$i/secret"  # the home's secret (mode 600), never on a command line
         start "home-service-$i" ecofl home serve --listen "$(home_host "$i"):$(home_port "$i")" --name "home-$i" \
-            --secret-file "$work/home-$i/secret" --portal-preset nano-10w ${networks:+--kernel-links}
+            --secret-file "$work/home-$i/secret" --portal-preset nano-10w ${networks:+--kernel-links} --emulate "$emulate"
         for ((j = 0; j < devices; j++)); do
-            ECOFL_HOME_SECRET_FILE="$work/home-$i/secret" start "device-$i-$j" $(in_namespace "$i" "$j") \
-                "$root/.venv/bin/ecofl" device serve \
-                --home "$(home_host "$i"):$(home_port "$i")" --name "home-$i-${presets[$((j % 3))]}-$j" \
-                --preset "${presets[$((j % 3))]}"
+            preset=${presets[$((j % 3))]}
+            if [ "$emulate" = cgroup ]; then  # its preset's cores; its budget plus its and its worker's runtimes
+                read -r cores memory <<<"$("$python" -c 'import sys; from ecofl.devices import preset as p
+d = p(sys.argv[1]); print(d.speed, d.memory_bytes + (1 << 30))' "$preset")"
+                ECOFL_HOME_SECRET_FILE="$work/home-$i/secret" start "device-$i-$j" \
+                    "$python" -m ecofl.cgroups run --cores "$cores" --memory-bytes "$memory" --label "home-$i-$j" -- \
+                    $(in_namespace "$i" "$j") "$root/.venv/bin/ecofl" device serve \
+                    --home "$(home_host "$i"):$(home_port "$i")" --name "home-$i-$preset-$j"
+            else
+                ECOFL_HOME_SECRET_FILE="$work/home-$i/secret" start "device-$i-$j" $(in_namespace "$i" "$j") \
+                    "$root/.venv/bin/ecofl" device serve \
+                    --home "$(home_host "$i"):$(home_port "$i")" --name "home-$i-$preset-$j" --preset "$preset"
+            fi
         done
     done
     for ((i = 0; i < homes; i++)); do
@@ -339,7 +389,7 @@ for ((i = 0; i < (devices > 0 ? homes : 0); i++)); do
         >"$work/home-$i.status.json" 2>/dev/null || echo '{}' >"$work/home-$i.status.json"
 done
 result=$("$python" "$tools" report "$out" "$homes" "$work" "$refused" "$status" "$total_s" \
-    "$([ -n "$networks" ] && echo namespaces || echo loopback)")
+    "$([ -n "$networks" ] && echo namespaces || echo loopback)" "$([ "$emulate" = cgroup ] && echo cgroup || echo sleep)")
 "$python" "$tools" print-homes "$result" >&2
 kill "$watcher" 2>/dev/null || true
 watcher=""

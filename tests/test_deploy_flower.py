@@ -219,7 +219,7 @@ def test_deploy_local_refuses_an_unregistered_supernode_and_the_run_completes(tm
     with open(stdout, "w") as out, open(stderr, "w") as err:
         script = subprocess.Popen(
             ["bash", "scripts/deploy_local.sh", "--homes", "3", "--devices", "1", "--updates", "1",
-             "--unregistered", "1", "--json", "--work-dir", str(work)],
+             "--unregistered", "1", "--json", "--work-dir", str(work), "--emulate", "sleep"],
             cwd=ROOT, stdout=out, stderr=err, start_new_session=True,
         )
     trees.add_roots(script.pid)

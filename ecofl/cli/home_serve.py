@@ -12,6 +12,7 @@ from ecofl.deploy.home_service import HomeService
 from ecofl.deploy.secrets import read_secret
 from ecofl.devices import MBPS, DeviceSpec, preset
 from ecofl.pipeline.planners import PLANNERS, check_planner
+from ecofl.pipeline.runtime.emulation import Emulation
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -24,7 +25,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", default="home")
     parser.add_argument("--portal-preset", default=None, help="emulate this preset as the portal device")
     parser.add_argument("--planner", default="ecofl", help=f"one of {', '.join(PLANNERS)}")
-    parser.add_argument("--no-emulation", action="store_true", help="real devices: no time dilation or budgets")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--emulate", choices=[str(mode) for mode in Emulation], default="sleep",
+                       help="sleep: devices that claim a preset sleep to the cost model; cgroup: the devices are "
+                            "confined (the portal's stage here, each daemon by whoever started it) and measured "
+                            "for real, links paced; none: real devices (no dilation, budgets or pacing)")
+    modes.add_argument("--no-emulation", dest="emulate", action="store_const", const=str(Emulation.NONE),
+                       help="the same as --emulate none")
     parser.add_argument("--kernel-links", action="store_true",
                         help="emulated devices whose links the kernel shapes (namespaces + tc): no pacing in the pipeline")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a device may take to join or answer")
@@ -43,7 +50,7 @@ def run_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with HomeService(read_secret(args.secret_file), args.name, host, port, portal, emulate=not args.no_emulation,
+    with HomeService(read_secret(args.secret_file), args.name, host, port, portal, emulate=args.emulate,
                      planner=args.planner, timeout_s=args.timeout, pace_links=not args.kernel_links) as service:
         print(f"home service {args.name} listening on {service.host}:{service.port}", flush=True)
         if args.port_file:

@@ -2,9 +2,11 @@
 
 ``speed`` is relative to one core of the machine that profiled the model
 (ecofl.devices): a device times a fixed training workload
-(:func:`workload_seconds`) and the home service, which profiles models on its
-own machine, times the same workload, so speed = service's time / device's
-time. Memory is what the kernel reports available. A device may instead
+(:func:`workload_seconds`, over at least a second: many CPU-quota periods
+on a device confined by a cgroup) and the home service, which profiles
+models on its own machine, times the same workload, so speed = service's
+time / device's time. Memory is what the kernel reports available, within
+the device's cgroup limit when it runs in one. A device may instead
 claim a preset (``--preset nano-10w``): the pipeline then emulates that
 board on whatever machine the daemon runs (for tests and demos).
 """
@@ -12,19 +14,22 @@ board on whatever machine the daemon runs (for tests and demos).
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 from torch import nn
 
+from ecofl.cgroups import own_memory_limit_bytes
 from ecofl.deploy.service_messages import Register
 from ecofl.devices import MBPS, DeviceSpec, preset
+from ecofl.pipeline.runtime.calibration import seconds_per_call
+from ecofl.pipeline.runtime.process_memory import rss_bytes
 
 _WORKLOAD_REPEATS = 5
 
 
-def workload_seconds() -> float:
-    """Median seconds of one forward and backward of a small CNN on 32 images, on one thread."""
+def workload_seconds(min_seconds: float = 1.0) -> float:
+    """Mean seconds of one forward and backward of a small CNN on 32 images, on one thread, over at least
+    ``min_seconds`` (a median of a few short calls would catch a confined device's burst of quota)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -32,26 +37,25 @@ def workload_seconds() -> float:
         model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
                               nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
         x = torch.randn(32, 3, 32, 32, generator=generator)
-        times = []
-        for _ in range(_WORKLOAD_REPEATS):
-            start = time.perf_counter()
-            model(x).sum().backward()
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
+        model(x).sum().backward()  # first-call work, not measured
+        return seconds_per_call(lambda: model(x).sum().backward(), min_seconds, _WORKLOAD_REPEATS)
     finally:
         torch.set_num_threads(threads)
 
 
 def available_memory_bytes() -> int:
-    """MemAvailable of /proc/meminfo (Linux); else the total physical memory."""
+    """MemAvailable of /proc/meminfo (Linux; else the total physical memory), within this process's cgroup
+    limit less what it uses now."""
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = own_memory_limit_bytes()
+    return available if limit is None else max(0, min(available, limit - (rss_bytes() or 0)))
 
 
 def describe_device(name: str, preset_name: str | None, bandwidth_mbps: float) -> Register:

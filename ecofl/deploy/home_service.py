@@ -33,6 +33,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from ecofl.cgroups import DeviceCgroup, DeviceLimits, find_hierarchy
 from ecofl.deploy.device_profile import device_spec, workload_seconds
 from ecofl.deploy.service_messages import (
     CLIENT,
@@ -52,6 +53,7 @@ from ecofl.deploy.service_messages import (
 )
 from ecofl.deploy.warm_workers import WarmWorkers
 from ecofl.devices import DeviceSpec, HomePool
+from ecofl.errors import UserError
 from ecofl.net.auth import Admitted
 from ecofl.net.door import Door
 from ecofl.net.errors import ChannelClosed
@@ -60,6 +62,8 @@ from ecofl.net.schema import MalformedMessage, encode
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
+from ecofl.pipeline.runtime.confinement import STARTUP_ALLOWANCE_BYTES
+from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
 from ecofl.pipeline.runtime.faults import FaultTolerance
 from ecofl.pipeline.runtime.model_spec import ZooModel, spec_from_json
@@ -99,10 +103,11 @@ class HomeService:
     """The registry of a home's devices and its trainer; a context manager that owns its threads and sockets."""
 
     def __init__(self, secret: bytes, name: str = "home", host: str = "127.0.0.1", port: int = 0,
-                 portal: DeviceSpec | None = None, emulate: bool = True, planner: str = "ecofl",
+                 portal: DeviceSpec | None = None, emulate: bool | str = True, planner: str = "ecofl",
                  timeout_s: float = 120.0, beat_timeout_s: float = 5.0, pace_links: bool = True):
         self.secret, self.name, self.host, self.port = secret, name, host, port
-        self.emulate, self.planner, self.timeout_s, self.beat_timeout_s = emulate, planner, timeout_s, beat_timeout_s
+        self.emulate = Emulation.parse(emulate)
+        self.planner, self.timeout_s, self.beat_timeout_s = planner, timeout_s, beat_timeout_s
         self.pace_links = pace_links  # False: the devices' links are shaped by the kernel (namespaces + tc)
         self.reference_workload_s = workload_seconds()  # this machine profiles the models
         self.portal = portal or DeviceSpec("portal", 1.0, 4 << 30, 100e6 / 8)
@@ -118,17 +123,30 @@ class HomeService:
         self._threads: list[threading.Thread] = []
         self._channels: set[SealedSocket] = set()  # admitted connections (devices and clients), open now
         self.door: Door | None = None
-        self.portal_workers = WarmWorkers(secret)  # the portal's own stage (device 0), warm between rounds
+        # The portal's own stage (device 0), warm between rounds; confined (cgroup mode) to the portal's cores and
+        # its budget plus room for the runtimes of a busy and a spare worker. The daemons confine themselves.
+        self.portal_cgroup: DeviceCgroup | None = None  # created on entering, removed on closing
+        self.hierarchy = None
+        if self.emulate == Emulation.CGROUP:
+            self.hierarchy = find_hierarchy()
+            if isinstance(self.hierarchy, str):
+                raise UserError(f"cannot confine the portal device: {self.hierarchy}")
+        self.portal_workers = WarmWorkers(secret)
 
     # -- lifetime ------------------------------------------------------------------
 
     def __enter__(self) -> "HomeService":
-        self.portal_workers.warm()
+        if self.hierarchy is not None:
+            self.portal_cgroup = self.hierarchy.create("portal", DeviceLimits(
+                self.portal.speed, self.portal.memory_bytes + STARTUP_ALLOWANCE_BYTES))
+            self.portal_workers.prefix = self.portal_cgroup.entry_command()
         try:
+            self.portal_workers.warm()
             self.door = Door(self.host, self.port, self.secret, lambda purpose: purpose in (DAEMON, CLIENT),
                              lambda admitted: self._spawn(self._serve_connection, admitted), name="home service")
         except BaseException:
             self.portal_workers.stop()
+            self._remove_portal_cgroup()
             raise
         self.port = self.door.address[1]
         log.info("home service %s on %s:%d", self.name, self.host, self.port)
@@ -161,6 +179,12 @@ class HomeService:
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self.portal_workers.stop()
+        self._remove_portal_cgroup()
+
+    def _remove_portal_cgroup(self) -> None:
+        if self.portal_cgroup is not None:
+            self.portal_cgroup.remove()
+            self.portal_cgroup = None
 
     @property
     def address(self) -> tuple[str, int]:

@@ -31,8 +31,8 @@ class WarmWorkers:
     its portal never answers.
     """
 
-    def __init__(self, secret: bytes, spares: int = 1):
-        self.secret, self.spares = secret, spares
+    def __init__(self, secret: bytes, spares: int = 1, prefix: list[str] | None = None):
+        self.secret, self.spares, self.prefix = secret, spares, prefix or []  # prefix: e.g. a cgroup's entry
         self._state: dict[subprocess.Popen, str] = {}
         self._lock = threading.Lock()
         self._stopped = False
@@ -40,7 +40,8 @@ class WarmWorkers:
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, SECRET_ENV: self.secret.hex(), PORTAL_PID_ENV: str(os.getpid()),
                "OMP_NUM_THREADS": "1"}
-        process = subprocess.Popen([sys.executable, "-m", "ecofl.pipeline.runtime.worker", "--sessions"], env=env,
+        process = subprocess.Popen([*self.prefix, sys.executable, "-m", "ecofl.pipeline.runtime.worker", "--sessions"],
+                                   env=env,
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self._state[process] = "starting"
         threading.Thread(target=self._follow, args=(process,), daemon=True).start()

@@ -16,7 +16,7 @@ Run as ``python scripts/deploy_local/flower_tools.py COMMAND ...``:
 * ``devices-joined``: the number of devices in what ``ecofl home status
   --json`` printed on standard input; 0, and nothing on standard error,
   while the home service does not answer yet (it printed nothing).
-* ``report OUT_DIR HOMES STATUS_DIR REFUSED STATUS TOTAL_S LINKS``: the
+* ``report OUT_DIR HOMES STATUS_DIR REFUSED STATUS TOTAL_S LINKS EMULATION``: the
   deployment's result as one JSON line (see :func:`report`).
 
 Only the standard library and httpx (a Flower dependency) are used, so the
@@ -134,7 +134,7 @@ def home_rounds(status_dir: Path) -> list[dict]:
 
 
 def report(out_dir: Path, homes: int, status_dir: Path, refused: int, status: str, total_s: float,
-           links: str) -> dict:
+           links: str, emulation: str = "sleep") -> dict:
     """What deploy_local.sh prints last: updates, final accuracy, homes, devices joined, refused SuperNodes.
 
     ``homes`` counts the homes the ServerApp connected (summary.json's
@@ -143,7 +143,9 @@ def report(out_dir: Path, homes: int, status_dir: Path, refused: int, status: st
     daemons registered at the homes' services at the end (``home_rounds``
     per home, :func:`home_rounds`); ``first_update_s`` and ``total_s`` are
     seconds from the command's start; ``links`` says how the devices were
-    connected ("namespaces": tc-shaped links, "loopback": emulated pacing).
+    connected ("namespaces": tc-shaped links, "loopback": emulated pacing);
+    ``emulation`` how the devices were emulated ("cgroup": confined and
+    measured for real, "sleep": presets sleeping to the cost model).
     """
     try:
         summary = json.loads((out_dir / "summary.json").read_text())
@@ -161,6 +163,7 @@ def report(out_dir: Path, homes: int, status_dir: Path, refused: int, status: st
         "first_update_s": float(first.read_text()) if first.exists() else None,
         "total_s": round(total_s, 1),
         "links": links,
+        "emulation": emulation,
         "out_dir": str(out_dir),
         "home_rounds": per_home,
     }
@@ -183,9 +186,9 @@ def main(argv: list[str]) -> int:
     elif command == "devices-joined":
         print(devices_joined(sys.stdin.read()))
     elif command == "report":
-        out_dir, homes, status_dir, refused, status, total_s, links = args
+        out_dir, homes, status_dir, refused, status, total_s, links, emulation = args
         print(json.dumps(report(Path(out_dir), int(homes), Path(status_dir), int(refused), status, float(total_s),
-                                links)))
+                                links, emulation)))
     elif command == "print-homes":
         for home in json.loads(args[0])["home_rounds"]:
             measured, predicted = home["measured_sync_round_s"], home["predicted_sync_round_s"]
