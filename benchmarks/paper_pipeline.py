@@ -31,6 +31,14 @@ shared machine) or the runtime added overhead.
   for MobileNetV2 and EfficientNet-B0 on Env A (5 Nano) and Env B (3 NX + 2
   TX2) at 100 Mbps.
 
+With ``--emulate cgroup`` (root) the devices are confined instead
+(docs/pipeline.md, "Confined devices"): each a worker in a cgroup of its own
+with its scaled speed as a CPU quota and its memory budget as a memory limit,
+planned from the speeds the devices measured in their cgroups (once per
+model and pool); nothing sleeps, an out-of-memory is the kernel's
+(``DeviceOutOfMemory``), and the results and tables go beside the sleep
+mode's (``<part>-cgroup``).
+
 Inputs are 3x32x32 (CIFAR-10's size, as in Asteroid Table 4), synthetic,
 10 classes, block granularity; each model is profiled right before its
 runs into a fresh cache. ``--time-scale s`` multiplies every device's speed
@@ -39,6 +47,7 @@ compute to communication is kept), so that all of a pool's emulated devices
 together need well under the one core a shared machine can spare.
 
     .venv/bin/python benchmarks/paper_pipeline.py [--only table2,fig12,table4] [--rounds 2] [--time-scale 0.5]
+        [--emulate sleep|cgroup]
 
 writes benchmarks/results/paper_pipeline.json (the parts run replace theirs)
 and their sections of docs/RESULTS.md.
@@ -69,6 +78,8 @@ from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import EmulatedOOM, ZooModel  # noqa: E402
+from ecofl.pipeline.runtime.calibration import confine_pool  # noqa: E402
+from ecofl.pipeline.runtime.errors import DeviceOutOfMemory  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
 SHAPE, CLASSES, GRANULARITY = (3, 32, 32), 10, "block"
@@ -110,13 +121,37 @@ class Profiles:
         return self.profiles[model]
 
 
+class Devices:
+    """The pools the runs plan on: the scaled presets (sleep), or the speeds the confined devices measured in
+    their cgroups (cgroup; once per model and pool), with the limits they run under."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.confined = args, {}
+
+    def __call__(self, model: str, pool_name: str, profile: ModelProfile, micro_batch: int
+                 ) -> tuple[HomePool, dict | None]:
+        presets = scaled(load_pool(pool_name, None), self.args.time_scale)
+        if self.args.emulate == "sleep":
+            return presets, None
+        if (model, pool_name) not in self.confined:
+            confined = confine_pool(ZooModel(model, SHAPE, CLASSES, GRANULARITY), SHAPE, profile, presets,
+                                    micro_batch)
+            print(f"[{model} {pool_name}] speeds measured in the cgroups: " + ", ".join(
+                f"{d.name} {d.speed:.3f} (quota {confined.limits[i].cores:.3f})"
+                for i, d in enumerate(confined.pool.devices)), file=sys.stderr, flush=True)
+            self.confined[(model, pool_name)] = confined
+        confined = self.confined[(model, pool_name)]
+        return confined.pool, confined.limits
+
+
 def emulated_run(model: str, pool: HomePool, plan: Plan, profile: ModelProfile, args: argparse.Namespace,
-                 label: str) -> dict:
-    """One emulated run; an emulated out-of-memory is a result (``oom``), not a failure."""
+                 label: str, limits: dict | None = None) -> dict:
+    """One run (devices sleeping to the model, or confined with ``limits``); an out-of-memory, the emulation's
+    or the kernel's, is a result (``oom``), not a failure."""
     try:
-        report = run_plan(ZooModel(model, SHAPE, CLASSES, GRANULARITY), pool, plan, profile, emulate=True,
-                          rounds=args.rounds, timeout_s=args.timeout)
-    except EmulatedOOM as error:
+        report = run_plan(ZooModel(model, SHAPE, CLASSES, GRANULARITY), pool, plan, profile, emulate=args.emulate,
+                          limits=limits, rounds=args.rounds, timeout_s=args.timeout)
+    except (EmulatedOOM, DeviceOutOfMemory) as error:
         print(f"[{label}] {describe_plan(plan, pool)}: {error}", file=sys.stderr, flush=True)
         return {"plan_text": describe_plan(plan, pool), "oom": str(error)}
     print(f"[{label}] {report['plan_text']}: {report['throughput']:.2f} samples/s measured, "
@@ -125,33 +160,36 @@ def emulated_run(model: str, pool: HomePool, plan: Plan, profile: ModelProfile, 
     return report
 
 
-def table2(args: argparse.Namespace, profiles: Profiles) -> dict:
+def table2(args: argparse.Namespace, profiles: Profiles, devices: Devices) -> dict:
     """1F1B-Sync and GPipe on one partition, for each M (Eco-FL Table 2)."""
     profile = profiles(TABLE2_MODEL)
-    pool = scaled(load_pool(TABLE2_POOL, None), args.time_scale)
+    pool, limits = devices(TABLE2_MODEL, TABLE2_POOL, profile, TABLE2_MICRO_BATCH)
     base = make_plan("ecofl", profile, pool, TABLE2_MICRO_BATCH * max(TABLE2_M), micro_batch=TABLE2_MICRO_BATCH)
     runs = []
     for m in TABLE2_M:
         for schedule in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
             plan = dataclasses.replace(base, num_micro_batches=m, schedule=schedule)
             runs.append({"schedule": schedule, "M": m,
-                         **emulated_run(TABLE2_MODEL, pool, plan, profile, args, f"table2 {schedule} M={m}")})
+                         **emulated_run(TABLE2_MODEL, pool, plan, profile, args, f"table2 {schedule} M={m}",
+                                        limits)})
     return {"model": TABLE2_MODEL, "pool": TABLE2_POOL, "micro_batch": TABLE2_MICRO_BATCH,
             "budgets_bytes": [d.memory_bytes for d in pool.devices], "runs": runs}
 
 
-def fig12(args: argparse.Namespace, profiles: Profiles) -> dict:
+def fig12(args: argparse.Namespace, profiles: Profiles, devices: Devices) -> dict:
     """Heterogeneity-aware plans against even partitioning (Eco-FL Fig. 12)."""
     runs = []
     for model in FIG12_MODELS:
         profile = profiles(model)
         for pool_name in FIG12_POOLS:
-            pool = scaled(load_pool(pool_name, None), args.time_scale)
+            presets = scaled(load_pool(pool_name, None), args.time_scale)
+            pool, limits = devices(model, pool_name, profile, make_plan("ecofl", profile, presets, args.batch).micro_batch)
             for planner in FIG12_PLANNERS:
                 options = {"balance": "flops"} if planner == "even" else {}
                 plan = make_plan(planner, profile, pool, args.batch, **options)
                 runs.append({"model": model, "pool": pool_name, "planner": planner,
-                             **emulated_run(model, pool, plan, profile, args, f"fig12 {model} {pool_name} {planner}")})
+                             **emulated_run(model, pool, plan, profile, args, f"fig12 {model} {pool_name} {planner}",
+                                            limits)})
     return {"runs": runs}
 
 
@@ -162,22 +200,27 @@ def single_device_plan(profile: ModelProfile, device) -> Plan:
     return Plan("single", (StagePlan((0, last), (0,), (best,), 1),), best, 2)
 
 
-def table4(args: argparse.Namespace, profiles: Profiles) -> dict:
+def table4(args: argparse.Namespace, profiles: Profiles, devices: Devices) -> dict:
     """HPP against the best device, DP and a straight pipeline (Asteroid Table 4)."""
     runs = []
     for model in TABLE4_MODELS:
         profile = profiles(model)
         for pool_name in TABLE4_POOLS:
-            pool = scaled(load_pool(pool_name, None), args.time_scale)
+            presets = scaled(load_pool(pool_name, None), args.time_scale)
+            pool, limits = devices(model, pool_name, profile,
+                                   make_plan("hpp", profile, presets, args.table4_batch).micro_batch)
             for planner in TABLE4_METHODS:
                 plan = make_plan(planner, profile, pool, args.table4_batch)
                 runs.append({"model": model, "pool": pool_name, "method": planner,
-                             **emulated_run(model, pool, plan, profile, args, f"table4 {model} {pool_name} {planner}")})
-            fastest = max(pool.devices, key=lambda d: d.speed)
+                             **emulated_run(model, pool, plan, profile, args, f"table4 {model} {pool_name} {planner}",
+                                            limits)})
+            index = max(range(len(pool)), key=lambda d: pool.devices[d].speed)
+            fastest = pool.devices[index]
             alone = HomePool(fastest.name, (fastest,))
             runs.append({"model": model, "pool": pool_name, "method": "device",
                          **emulated_run(model, alone, single_device_plan(profile, fastest), profile, args,
-                                        f"table4 {model} {pool_name} {fastest.name} alone")})
+                                        f"table4 {model} {pool_name} {fastest.name} alone",
+                                        None if limits is None else {0: limits[index]})})
     return {"batch": args.table4_batch, "runs": runs}
 
 
@@ -193,12 +236,21 @@ def _mib(values: list) -> str:
 
 
 def conditions(results: dict) -> str:
+    if results.get("emulate", "sleep") == "cgroup":
+        how = (f"devices **confined by cgroups** at time scale {results['time_scale']} (quotas = preset speeds "
+               f"x{results['time_scale']} cores, links paced at the bandwidths x{results['time_scale']}), planned "
+               "from the speeds they measured in their cgroups; nothing sleeps. `pred.`: the cost model on those "
+               "speeds, with the runtime's overhead per operation; measured and predicted are free to differ. An "
+               "OOM is the kernel's, at the cgroup's memory limit (budget + the worker's runtime)")
+    else:
+        how = (f"devices **sleeping to the cost model** at time scale {results['time_scale']} (speeds and link "
+               f"bandwidths x{results['time_scale']}: samples/s are of the scaled pool, ratios are unchanged). "
+               "`pred.`: the cost model's prediction, which emulated compute follows by construction (these are "
+               "the model's figures). An OOM is the emulation's ledger's")
     return (f"Generated by `{results['command']}` ({results['machine']}, {results['cores']} cores shared with "
-            f"other jobs, {results['date']}); emulated devices at time scale {results['time_scale']} (speeds and "
-            f"link bandwidths x{results['time_scale']}: samples/s are of the scaled pool, ratios are unchanged); "
-            f"one warm-up sync-round, then the median of {results['rounds']}. `pred.`: the cost model's "
-            "prediction, which emulated compute follows by construction. `load`: 1-minute load average at the "
-            "run's start; `CPU`: cores the run's processes received.")
+            f"other jobs, {results['date']}); {how}; one warm-up sync-round, then the median of "
+            f"{results['rounds']}. `load`: 1-minute load average at the run's start; `CPU`: cores the run's "
+            "processes received.")
 
 
 def markdown_table2(results: dict) -> str:
@@ -217,7 +269,7 @@ def markdown_table2(results: dict) -> str:
     for run in part["runs"]:
         name = "GPipe" if ScheduleKind.from_str(run["schedule"]) == ScheduleKind.GPIPE else "1F1B-Sync"
         if "oom" in run:
-            lines.append(f"| {name} | {run['M']} | emulated OOM: {run['oom']} | | | | | | |")
+            lines.append(f"| {name} | {run['M']} | OOM: {run['oom']} | | | | | | |")
             continue
         stages = run["stages"]
         lines.append(
@@ -243,7 +295,7 @@ def markdown_fig12(results: dict) -> str:
     for run in part["runs"]:
         if "oom" in run:
             lines.append(f"| {run['model']} | {run['pool']} | {run['planner']} | {cell(run['plan_text'])} "
-                         f"| emulated OOM | | | |")
+                         f"| OOM | | | |")
             continue
         base = even[(run["model"], run["pool"])]
         ratio = f"{run['throughput'] / base:.2f}x" if base else "-"
@@ -270,7 +322,7 @@ def markdown_table4(results: dict) -> str:
     for run in part["runs"]:
         by_key[(run["model"], run["pool"], run["method"])] = run
         if "oom" in run:
-            lines.append(f"| {run['model']} | {run['pool']} | {run['method']} | {cell(run['plan_text'])} | emulated OOM | |")
+            lines.append(f"| {run['model']} | {run['pool']} | {run['method']} | {cell(run['plan_text'])} | OOM | |")
             continue
         lines.append(f"| {run['model']} | {run['pool']} | {run['method']} | {cell(run['plan_text'])} "
                      f"| {run['throughput']:.2f} ({run['predicted_throughput']:.2f}) "
@@ -309,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table4-batch", type=int, default=128, help="mini-batch of Table 4's pooled runs")
     parser.add_argument("--time-scale", type=float, default=0.5, help="device speeds and link bandwidths x this")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--emulate", choices=("sleep", "cgroup"), default="sleep",
+                        help="devices sleeping to the cost model, or confined by cgroups (root)")
     parser.add_argument("--cache-dir", default=None, help="profile cache (default: a fresh one, profiled now)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "paper_pipeline.json"))
     parser.add_argument("--doc", default=str(ROOT / "docs" / "RESULTS.md"))
@@ -321,25 +375,27 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.json)
     results = json.loads(path.read_text()) if path.exists() else {}
     results.update(machine=platform.machine(), cores=host_cores())
+    suffix = "" if args.emulate == "sleep" else f"-{args.emulate}"
     with tempfile.TemporaryDirectory() as fresh:
-        profiles = Profiles(args.cache_dir or fresh)
+        profiles, devices = Profiles(args.cache_dir or fresh), Devices(args)
         for part in parts:
-            measured = RUN[part](args, profiles)
+            measured = RUN[part](args, profiles, devices)
             # The conditions travel with each part, so parts measured at different times keep their own.
             measured["conditions"] = {
                 "command": "python benchmarks/paper_pipeline.py " + " ".join(sys.argv[1:] if argv is None else argv),
                 "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": args.rounds, "time_scale": args.time_scale,
-                "batch": args.batch}
-            results[part] = measured
+                "batch": args.batch, "emulate": args.emulate}
+            results[part + suffix] = measured
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(results, indent=1))  # nothing lost if a later part fails
     for part in PARTS:
-        if part in results:
-            view = {**results, **results[part]["conditions"]}
-            table = MARKDOWN[part](view)
-            if not replace_section(Path(args.doc), table, f"paper-{part}"):
-                print(f"(no paper-{part} section in {args.doc}: not written there)", file=sys.stderr)
-            print(table)
+        for key in (part, f"{part}-cgroup"):  # each mode's figures in a section of their own
+            if key in results:
+                view = {**results, part: results[key], **results[key]["conditions"]}
+                table = MARKDOWN[part](view)
+                if not replace_section(Path(args.doc), table, f"paper-{key}"):
+                    print(f"(no paper-{key} section in {args.doc}: not written there)", file=sys.stderr)
+                print(table)
     return 0
 
 
