@@ -15,6 +15,10 @@ with momentum, one optimizer step per mini-batch, under two conditions:
   and backward last the cost model's time for its device (our workers'
   emulation; :class:`DilatedStage` for torch's), speeds x ``--slowdown`` so
   that every device is more than 5x slower than a host core.
+- **confined, 100 Mbps** (root): the same namespaces and links, and every
+  stage process of *both* runtimes in a cgroup of its own with its device's
+  (slowed) speed as a CPU quota (:mod:`ecofl.cgroups`); nothing sleeps on
+  either side, so compute is real and both runtimes get the same CPU.
 
 and two schedules each: our 1F1B-Sync (stage s keeps K_s = 2(S - s) - 1
 forwards in flight, Eco-FL eq. 3) against torch's ``Schedule1F1B`` (S - s
@@ -61,6 +65,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 
 from benchmarks.home_runs import LR, MOMENTUM, describe_plan, run_plan, synthetic_batch  # noqa: E402
 from benchmarks.markdown_section import replace_section  # noqa: E402
+from ecofl.cgroups import DeviceLimits, find_hierarchy  # noqa: E402
 from ecofl.devices import HomePool, host_cores, make_pool  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.net.netns import HomeNetwork, unavailable_reason  # noqa: E402
@@ -69,10 +74,11 @@ from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import load_profile, profile_zoo_model, save_profile  # noqa: E402
 from ecofl.pipeline.runtime import ZooModel  # noqa: E402
+from ecofl.pipeline.runtime.confinement import STARTUP_ALLOWANCE_BYTES, pool_limits  # noqa: E402
 
 MODEL, SHAPE, CLASSES, GRANULARITY = "mobilenet_v2", (3, 32, 32), 10, "block"
 PRESETS = ["nano-10w", "tx2-maxn", "nx"]
-CONDITIONS = ("unshaped", "shaped")
+CONDITIONS = ("unshaped", "shaped", "confined")
 SCHEDULES = {ScheduleKind.ONE_F_ONE_B: "Schedule1F1B", ScheduleKind.GPIPE: "ScheduleGPipe"}
 
 
@@ -204,11 +210,13 @@ def pipelining_worker(rank: int, setup_path: str) -> None:
 
 
 def run_torch_pipelining(plan: Plan, args: argparse.Namespace, profile_path: str, emulate: bool,
-                         network: HomeNetwork | None) -> dict:
+                         network: HomeNetwork | None, limits: dict[int, DeviceLimits] | None = None) -> dict:
     """torch.distributed.pipelining on ``plan``'s partition and schedule, one process per stage.
 
     With a ``network`` each rank runs in its device's namespace (links shaped
     by the kernel, as our workers there); without, on unshaped loopback.
+    With ``limits`` each rank runs in a cgroup of its own at its device's quota
+    (its memory: the budget plus room for its runtime), removed afterwards.
     """
     if any(len(s.devices) != 1 for s in plan.stages):
         raise ValueError("torch.distributed.pipelining runs one device per stage")
@@ -223,19 +231,28 @@ def run_torch_pipelining(plan: Plan, args: argparse.Namespace, profile_path: str
         setup_path = os.path.join(tmp, "setup.json")
         Path(setup_path).write_text(json.dumps(setup))
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0" if network else "lo"}
+        groups = {}
         started = time.time()
-        processes = [
-            subprocess.Popen((network.prefix(d) if network else []) +
-                             [sys.executable, __file__, "--pipelining-worker", str(rank), setup_path], env=env)
-            for rank, d in enumerate(devices)
-        ]
         try:
-            codes = [p.wait(timeout=args.timeout) for p in processes]
+            if limits is not None:  # entered before the namespace: `ip netns exec` hides /sys/fs/cgroup
+                hierarchy = find_hierarchy()
+                groups = {d: hierarchy.create(f"torch-rank{rank}", DeviceLimits(
+                    limits[d].cores, limits[d].memory_bytes + STARTUP_ALLOWANCE_BYTES)) for rank, d in enumerate(devices)}
+            processes = [
+                subprocess.Popen((groups[d].entry_command() if groups else []) + (network.prefix(d) if network else [])
+                                 + [sys.executable, __file__, "--pipelining-worker", str(rank), setup_path], env=env)
+                for rank, d in enumerate(devices)
+            ]
+            try:
+                codes = [p.wait(timeout=args.timeout) for p in processes]
+            finally:
+                for p in processes:
+                    if p.poll() is None:
+                        p.kill()
+                    p.wait()
         finally:
-            for p in processes:
-                if p.poll() is None:
-                    p.kill()
-                p.wait()
+            for group in groups.values():
+                group.remove()
         if any(codes):
             raise RuntimeError(f"torch.distributed.pipelining ranks exited with {codes}")
         measured = json.loads(Path(setup["out"]).read_text())
@@ -245,11 +262,11 @@ def run_torch_pipelining(plan: Plan, args: argparse.Namespace, profile_path: str
             "load_average": [os.getloadavg()[0]], "wall_s": time.time() - started}
 
 
-def run_ours(plan: Plan, pool: HomePool, profile, args: argparse.Namespace, emulate: bool,
-             network: HomeNetwork | None) -> dict:
+def run_ours(plan: Plan, pool: HomePool, profile, args: argparse.Namespace, emulate: bool | str,
+             network: HomeNetwork | None, limits: dict[int, DeviceLimits] | None = None) -> dict:
     spec = ZooModel(MODEL, SHAPE, CLASSES, GRANULARITY)
     report = run_plan(spec, pool, plan, profile, emulate=emulate, rounds=args.rounds, timeout_s=args.timeout,
-                      network=network)
+                      network=network, limits=limits)
     return {key: report[key] for key in ("sync_round_s", "sync_rounds_s", "throughput", "cpu_s_per_round",
                                          "cpu_cores_used", "load_average", "compute_s", "predicted_sync_round_s")}
 
@@ -266,7 +283,12 @@ def _free_port() -> int:
 def measure(plan: Plan, pool: HomePool, profile, profile_path: str, args: argparse.Namespace) -> dict:
     """Every condition x schedule x repeat, ours and torch's back to back (first alternating by repeat)."""
     reason = unavailable_reason()
-    conditions = [c for c in args.conditions if c == "unshaped" or reason is None]
+    cgroups = find_hierarchy()
+    if isinstance(cgroups, str) and "confined" in args.conditions:
+        reason = f"{reason + '; ' if reason else ''}confined: {cgroups}"
+    conditions = [c for c in args.conditions if c == "unshaped" or (reason is None and not (
+        c == "confined" and isinstance(cgroups, str)))]
+    limits = pool_limits(pool)
     results: dict = {c: {s: {"ours": [], "torch": []} for s in SCHEDULES} for c in conditions}
     for repeat in range(args.repeats):
         for condition in conditions:
@@ -274,13 +296,17 @@ def measure(plan: Plan, pool: HomePool, profile, profile_path: str, args: argpar
                 scheduled = dataclasses.replace(plan, schedule=schedule)
                 order = ("ours", "torch") if repeat % 2 == 0 else ("torch", "ours")
                 emulate = condition == "shaped"
-                network = HomeNetwork(pool, [s.devices[0] for s in plan.stages]) if condition == "shaped" else None
+                confined = condition == "confined"
+                network = (HomeNetwork(pool, [s.devices[0] for s in plan.stages]) if condition != "unshaped"
+                           else None)
                 with network if network is not None else nullcontext():
                     for runtime in order:
                         if runtime == "ours":
-                            run = run_ours(scheduled, pool, profile, args, emulate, network)
+                            run = run_ours(scheduled, pool, profile, args, "cgroup" if confined else emulate, network,
+                                           limits if confined else None)
                         else:
-                            run = run_torch_pipelining(scheduled, args, profile_path, emulate, network)
+                            run = run_torch_pipelining(scheduled, args, profile_path, emulate, network,
+                                                       limits if confined else None)
                         results[condition][schedule][runtime].append(run)
                         print(f"[repeat {repeat}, {condition}, {schedule}] {runtime}: {run['throughput']:.2f} samples/s, "
                               f"{run['cpu_s_per_round']:.2f} CPU s per round, load {run['load_average'][0]:.1f}",
@@ -291,7 +317,9 @@ def measure(plan: Plan, pool: HomePool, profile, profile_path: str, args: argpar
         row = {"condition": c, "plan": plan_name, **by_schedule}
         if c == "shaped":
             row |= {"mbps": args.mbps, "slowdown": args.slowdown, **schedule_predictions(plan, profile, pool)}
-        keyed[f"{c}{f' {args.mbps:g}Mbps' if c == 'shaped' else ''} {plan.num_micro_batches}x{plan.micro_batch}"] = row
+        if c == "confined":
+            row |= {"mbps": args.mbps, "slowdown": args.slowdown}
+        keyed[f"{c}{f' {args.mbps:g}Mbps' if c != 'unshaped' else ''} {plan.num_micro_batches}x{plan.micro_batch}"] = row
     return {"results": keyed, "shaped_skipped": reason}
 
 
@@ -302,7 +330,7 @@ def ratios(pair: dict) -> list[float]:
 def _target(row: dict) -> str:
     if row["condition"] == "unshaped":
         return ">= 1.0x"
-    return ">= 1.15x" if row["mbps"] == 100 else ""
+    return ">= 1.15x" if row.get("mbps") == 100 else ""
 
 
 def markdown(report: dict) -> str:
@@ -322,7 +350,9 @@ def markdown(report: dict) -> str:
         "cost model's sync-round with Schedule1F1B's warm-up (S - s forwards in flight) over 1F1B-Sync's "
         "(2(S - s) - 1), on the row's plan and links; the same schedule (GPipe) predicts 1.00x. `headroom`: "
         "torch's median sync-round over the least any schedule could take on the row's partition (its busiest "
-        "device's emulated compute and flush): the most any runtime could gain over torch there.",
+        "device's emulated compute and flush): the most any runtime could gain over torch there. `confined`: "
+        "the same links, and every stage process of both runtimes in a cgroup of its own at its device's "
+        "speed in host cores (x the row's slowdown); nothing sleeps on either side.",
         "",
         "| links | plan | schedules (ours vs torch) | ours samples/s | torch samples/s | ratio per repeat | "
         "median ratio | predicted | headroom | target | CPU s/round ours, torch | load |",
@@ -330,7 +360,9 @@ def markdown(report: dict) -> str:
     ]
     for row in report["results"].values():
         condition = row["condition"]
-        links = f"shaped {row['mbps']:g} Mbps, x{row['slowdown']:g}" if condition == "shaped" else condition
+        links = {"shaped": f"shaped {row.get('mbps', 0):g} Mbps, x{row.get('slowdown', 0):g}",
+                 "confined": f"confined, shaped {row.get('mbps', 0):g} Mbps, x{row.get('slowdown', 0):g}"}.get(
+            condition, condition)
         plan = row["plan"].replace("|", r"\|")  # a table cell
         for schedule in SCHEDULES:
             pair = row[schedule]

@@ -90,20 +90,26 @@ class LocalDevices:
         return self.confinement is not None and self.confinement.out_of_memory(device)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Wait up to ``grace_s`` for the workers to exit, then kill the rest; reap all."""
+        """Wait up to ``grace_s`` for the workers to exit, then kill the rest; reap all; remove their cgroups.
+
+        A second Ctrl-C while waiting ends the grace, not the clean-up: the rest are killed and reaped."""
         deadline = time.time() + grace_s
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(0.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-        for process in self.processes.values():
-            process.wait()
-        if self.confinement is not None:
-            self.confinement.close()
-        for log in self._stderr.values():
-            log.close()
-        self._stderr.clear()
+        try:
+            for process in self.processes.values():
+                try:
+                    process.wait(timeout=max(0.0, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+        finally:
+            for process in self.processes.values():
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
+            if self.confinement is not None:
+                self.confinement.close()
+            for log in self._stderr.values():
+                log.close()
+            self._stderr.clear()
 
 
 def die_with_portal() -> None:
