@@ -242,7 +242,9 @@ def test_a_quota_cut_is_detected_from_measured_times_and_the_slowed_device_gets_
 
 
 @needs_cgroups
-def test_sigterm_to_a_confined_home_train_removes_its_cgroups(tmp_path):
+def test_two_sigterms_to_a_confined_home_train_still_remove_its_cgroups_and_workers(tmp_path):
+    """A second signal while the first one's clean-up waits for the workers (a user pressing Ctrl-C twice)
+    once left the cgroups behind."""
     command = [sys.executable, "-m", "ecofl.cli", "home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn",
                "--dataset", "digits", "--batch", "16", "--rounds", "100000", "--emulate", "cgroup",
                "--cache-dir", str(tmp_path)]
@@ -258,6 +260,9 @@ def test_sigterm_to_a_confined_home_train_removes_its_cgroups(tmp_path):
         while not training() and time.time() < deadline and process.poll() is None:
             time.sleep(0.5)
         assert training(), f"never started (exit {process.poll()})"
+        workers = worker_processes(process.pid)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # into the clean-up's grace for the workers
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=120)
     finally:
@@ -266,3 +271,4 @@ def test_sigterm_to_a_confined_home_train_removes_its_cgroups(tmp_path):
             process.wait()
     assert process.returncode == 130, stderr
     assert not [n for n in our_cgroups() if n.startswith(f"ecofl-{process.pid}-")]
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]

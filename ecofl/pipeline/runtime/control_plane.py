@@ -161,24 +161,29 @@ class ControlPlane:
             self.monitor.forget(device)
 
     def close(self) -> None:
-        """Stop every worker (politely, then by force) and release the sockets."""
+        """Stop every worker (politely, then by force) and release the sockets; a second Ctrl-C on the way
+        cuts the politeness short, never the clean-up."""
         if self._closed:
             return
         self._closed = True
-        for sock in self.connections.values():
+        try:
+            for sock in self.connections.values():
+                try:
+                    sock.settimeout(1.0)
+                    send_message(sock, encode(Stop()))
+                except OSError:
+                    pass
+        finally:
             try:
-                sock.settimeout(1.0)
-                send_message(sock, encode(Stop()))
-            except OSError:
-                pass
-        self.devices.stop(grace_s=5.0)
-        for sock in self.connections.values():
-            sock.close()
-        self.connections.clear()
-        if self.monitor is not None:
-            self.monitor.close()
-        if self.arrivals is not None:
-            self.arrivals.close()
+                self.devices.stop(grace_s=5.0)
+            finally:
+                for sock in self.connections.values():
+                    sock.close()
+                self.connections.clear()
+                if self.monitor is not None:
+                    self.monitor.close()
+                if self.arrivals is not None:
+                    self.arrivals.close()
 
     @property
     def running(self) -> bool:
