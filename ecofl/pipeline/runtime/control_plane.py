@@ -309,9 +309,10 @@ class ControlPlane:
             lost.update({d: f.reason for d, f in self.monitor.failures().items() if d in self.connections})
         for device, code in self.devices.exited().items():
             if code != 0 and device in self._members:
-                if self.devices.out_of_memory(device):
+                if self.devices.out_of_memory(device):  # told apart from a kill or a crash, whoever saw it first
                     lost[device] = "out of memory: the kernel killed its worker at its cgroup's limit"
-                lost.setdefault(device, f"its process exited with code {code}")
+                else:
+                    lost.setdefault(device, f"its process exited with code {code}")
         for device in self.departed() if self.departed is not None else ():
             if device in self._members:
                 lost.setdefault(device, "its device left the home")
