@@ -79,9 +79,10 @@ def test_fedat_weights_mirror_the_update_counts():
     """sum_i T_(M+1-i) / T w_i (Chai et al. SC'21), worked by hand."""
     # counts 4, 2, 1 from the fastest tier to the slowest: T = 7, the slowest tier gets the fastest's count
     np.testing.assert_allclose(fedat_tier_weights([4, 2, 1]), [1 / 7, 2 / 7, 4 / 7])
-    # the tiers are ranked by count, not by speed: here the fastest tier is the least updated
-    np.testing.assert_allclose(fedat_tier_weights([1, 5, 2]), [5 / 8, 1 / 8, 2 / 8])
-    # equal counts: the slower tier counts as the less updated (and gets the larger count)
+    # by position, as the paper writes it, also where a slower tier has made more updates than a faster
+    # one: tier 2 (of 3) updated 5 times, tier 1 twice; tier i takes tier M+1-i's count, T = 8
+    np.testing.assert_allclose(fedat_tier_weights([2, 5, 1]), [1 / 8, 5 / 8, 2 / 8])
+    np.testing.assert_allclose(fedat_tier_weights([1, 5, 2]), [2 / 8, 5 / 8, 1 / 8])
     np.testing.assert_allclose(fedat_tier_weights([2, 2, 1]), [1 / 5, 2 / 5, 2 / 5])
     np.testing.assert_allclose(fedat_tier_weights([3]), [1.0])
     with pytest.raises(ValueError):

@@ -119,6 +119,16 @@ def test_astraea_mediators_follow_a_hand_run_of_the_greedy_kl_assignment():
         astraea_mediators(list(hists), latencies, hists, capacity=0)
 
 
+def test_astraea_ties_within_rounding_go_to_the_lower_home_id():
+    """[10, 2, 8, 0] and [0, 2, 8, 10] are equally far from uniform; their KL values differ in the last bit
+    (0.4429459687908514 and 0.44294596879085135), which once made the higher id win."""
+    hists = {0: np.array([10.0, 2, 8, 0]), 1: np.array([0.0, 2, 8, 10])}
+    divergence = kl_to_uniform(np.stack(list(hists.values())))
+    assert divergence[0] != divergence[1] and divergence[0] == pytest.approx(divergence[1], rel=1e-12)
+    mediators = astraea_mediators(list(hists), {0: 1.0, 1: 1.0}, hists, capacity=1)
+    assert mediators.groups == ((0,), (1,))
+
+
 def test_larger_lambda_gives_lower_group_divergence_on_rlg_niid():
     homes, latencies, hists = rlg_niid(seed=3)
     divergences = [

@@ -109,24 +109,19 @@ def fedat_tier_weights(update_counts: Sequence[int]) -> np.ndarray:
     """FedAT's cross-tier weights (Chai et al. SC'21, §4 "weighted aggregation"): w = sum_i (T_(M+1-i) / T) w_i.
 
     ``update_counts`` holds T_i, the updates of each of the M tiers that have a
-    model, in tier order fastest first; T is their sum. FedAT numbers the tiers
-    so that tier 1 updates most; the tier of the i-th fewest updates gets the
-    i-th largest count, so the least-updated tier weighs most and the
-    most-updated least. Ties between counts go to the latency order: of two
-    tiers with equal counts the slower one counts as less updated (it is the
-    one the weighting exists to lift), so with counts falling from the fastest
-    tier to the slowest the weights are exactly T_(M+1-i) / T by tier index.
-    Example: counts (4, 2, 1) -> weights (1/7, 2/7, 4/7).
+    model, in tier order fastest first; T is their sum. As in the paper, tier
+    i's weight is the count of tier M+1-i, by position: the fastest tier takes
+    the slowest tier's count and the slowest the fastest's, which lifts the
+    slow tiers whenever the faster tiers have updated more (the usual case).
+    Where a slower tier has made more updates than a faster one, this is
+    still the paper's rule, by position and not by the ranks of the counts.
+    Example: counts (4, 2, 1) -> weights (1/7, 2/7, 4/7); counts (2, 5, 1)
+    -> (1/8, 5/8, 2/8).
     """
     counts = np.asarray(update_counts, dtype=float)
     if counts.ndim != 1 or counts.size == 0 or (counts < 1).any():
         raise ValueError(f"every tier in the average needs at least one update, got {list(update_counts)}")
-    tiers = np.arange(counts.size)
-    least_updated_first = sorted(tiers, key=lambda t: (counts[t], -t))
-    weights = np.empty_like(counts)
-    for rank, tier in enumerate(least_updated_first):
-        weights[tier] = counts[least_updated_first[-1 - rank]]
-    return weights / counts.sum()
+    return counts[::-1] / counts.sum()
 
 
 def is_finite_and_shaped(weights: Sequence[np.ndarray] | None, reference: Sequence[np.ndarray]) -> str | None:

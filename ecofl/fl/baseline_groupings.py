@@ -39,6 +39,9 @@ def kl_to_uniform(hists: np.ndarray) -> np.ndarray:
     return entropy(hists, uniform, axis=-1)
 
 
+KL_TIE = 1e-12  # Astraea: divergences this close (relative) are a tie, broken by the lower home id
+
+
 def astraea_mediators(
     homes: Sequence[int],
     latencies: Mapping[int, float],
@@ -54,7 +57,8 @@ def astraea_mediators(
     of the label distribution of its clients with k added to the uniform
     distribution, until it holds ``capacity`` (gamma) clients or none is left;
     then the next mediator starts. No latency term. Ties go to the lower home
-    id. The label histograms are the raw counts each home reports (Astraea's
+    id, within a relative tolerance of :data:`KL_TIE` (divergences of mirrored
+    histograms, equal in exact arithmetic, differ in their last bits). The label histograms are the raw counts each home reports (Astraea's
     z-score data augmentation, which would change them first, is left out).
     The centres are the mediators' mean latencies (for reporting and the round
     deadline only).
@@ -69,7 +73,9 @@ def astraea_mediators(
         labels = np.zeros(hists.shape[1])
         while unassigned and len(members) < capacity:
             divergence = kl_to_uniform(labels[None, :] + hists[unassigned])
-            index = unassigned.pop(int(np.argmin(divergence)))
+            best = divergence.min()
+            first_best = int(np.flatnonzero(divergence <= best + KL_TIE * max(1.0, abs(best)))[0])
+            index = unassigned.pop(first_best)
             members.append(index)
             labels += hists[index]
         mediators.append(members)

@@ -1,17 +1,23 @@
 """When a group round completes: on the virtual clock and on the wall clock (Eco-FL §5.1).
 
+One rule for both (:func:`closing_time`): a synchronous round closes when
+every sampled home has replied, or at its deadline, whichever comes first.
+A round with a late home therefore closes at its deadline, never at its last
+on-time reply: a server cannot know that the missing home will not come
+before the deadline.
+
 **Virtual clock** (:class:`VirtualRounds`): a home's latency is computed by
-the home from the task's virtual time, so completion times are known when
-``Transport.train`` returns: a round completes at ``start + max latency`` of
-the replies within its deadline, or at the deadline (the group's centre
-without one) when none came. Rounds are applied in exact virtual-time order,
-however the transport schedules the real training.
+the home from the task's virtual time, so every reply is known when
+``Transport.train`` returns and the rule gives the completion at once (a
+round without a deadline whose homes all failed to answer takes the group's
+latency centre). Rounds are applied in exact virtual-time order, however the
+transport schedules the real training.
 
 **Wall clock** (:class:`WallRounds`): rounds are ``submit``-ted and replies
-``collect``-ed as they arrive; a round completes the moment its last home
-answers or its deadline passes, while the other groups keep training. The
-training time a home measured is remembered for re-grouping, also when it
-answers too late for its round.
+``collect``-ed as they arrive; the rule closes a round the moment its last
+home answers or its deadline passes, while the other groups keep training.
+The training time a home measured is remembered for re-grouping, also when
+it answers too late for its round.
 
 Both order completed rounds by (completion, group id), so ties do not
 depend on the order a transport returns replies in.
@@ -57,6 +63,22 @@ def _earliest(rounds) -> GroupRound:
     return min(rounds, key=lambda r: (r.completion, r.group))
 
 
+def closing_time(r: GroupRound, now: float | None = None) -> float | None:
+    """When round ``r`` closes: when every sampled home has replied within the deadline (at the latest of
+    those replies), else at its deadline; None while it may still wait.
+
+    ``now``: the wall clock's present (a deadline not yet reached keeps the round open); None on the
+    virtual clock, where every reply that will ever come is known. A reply's ``latency_s`` is its
+    arrival after ``r.start``.
+    """
+    on_time = {x.home: x.latency_s for x in r.arrived()}
+    if set(r.homes) <= on_time.keys():
+        return r.start + max(on_time.values(), default=0.0)
+    if r.deadline is not None and (now is None or now >= r.start + r.deadline):
+        return r.start + r.deadline
+    return None
+
+
 class VirtualRounds:
     """Train each batch of rounds in one blocking call; completion times follow from the replies."""
 
@@ -73,11 +95,8 @@ class VirtualRounds:
             if reply.home in by_home:
                 by_home[reply.home].replies.append(reply)
         for r in rounds:
-            arrived = r.arrived()
-            if arrived:
-                r.completion = r.start + max(x.latency_s for x in arrived)
-            else:
-                r.completion = r.start + (r.deadline if r.deadline is not None else self.centre_of(r.group))
+            closed = closing_time(r)
+            r.completion = closed if closed is not None else r.start + self.centre_of(r.group)
             in_flight[r.group] = r
 
     def next_completed(self, in_flight: InFlight, latencies: Latencies) -> GroupRound:
@@ -133,14 +152,10 @@ def _receive(in_flight: InFlight, latencies: Latencies, task: TrainTask, reply: 
 
 
 def _close_if_complete(r: GroupRound, now: float) -> None:
-    """A wall-clock round completes when every home answered, or at its deadline."""
-    if {x.home for x in r.replies} >= set(r.homes):
-        r.completion = r.start + max(x.latency_s for x in r.replies)
-    elif r.deadline is not None and now >= r.start + r.deadline:
-        r.completion = r.start + r.deadline
-    else:
-        return
-    r.replies.sort(key=lambda x: x.home)
+    """Close a wall-clock round by :func:`closing_time` (its replies then in home order)."""
+    r.completion = closing_time(r, now)
+    if r.completion is not None:
+        r.replies.sort(key=lambda x: x.home)
 
 
 def round_completion(clock: Clock, transport: Transport, centre_of: Callable[[int], float]) -> RoundCompletion:
