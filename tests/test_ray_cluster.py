@@ -51,18 +51,25 @@ def processes_naming(text: str) -> list[int]:
             if int(line.split(":", 1)[0]) != os.getpid()]
 
 
-def stop_processes_naming(text: str, grace_s: float = 20.0) -> None:
-    """SIGTERM the processes naming ``text``, then SIGKILL what is left after ``grace_s``."""
+def stop_processes_naming(*texts: str, grace_s: float = 5.0) -> None:
+    """SIGTERM the processes naming any of ``texts``, then SIGKILL what is left after ``grace_s``.
+
+    Ray's gcs_server, raylet and autoscaler monitor of a ``ray start`` node outlive a SIGTERM by more than
+    10 s here (they are only test clusters: a longer grace only holds the test's xdist worker).
+    """
+    def alive() -> list[int]:
+        return [pid for text in texts for pid in processes_naming(text)]
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in processes_naming(text):
+        for pid in alive():
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + grace_s
-        while processes_naming(text) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if not processes_naming(text):
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 20.0)
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not alive():
             return
 
 
@@ -95,8 +102,7 @@ def two_node_cluster() -> Iterator[str]:
         start_node(worker_dir, port, head=False)
         yield f"127.0.0.1:{port}"
     finally:
-        for directory in (worker_dir, head_dir):
-            stop_processes_naming(str(directory))
+        stop_processes_naming(str(worker_dir), str(head_dir))
         assert not processes_naming(str(head_dir)) and not processes_naming(str(worker_dir))
         for directory in (worker_dir, head_dir):
             shutil.rmtree(directory, ignore_errors=True)
