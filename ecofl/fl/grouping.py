@@ -47,7 +47,6 @@ from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
-from sklearn.cluster import KMeans
 
 from ecofl.data.stats import js_to_uniform
 from ecofl.errors import UserError
@@ -111,6 +110,8 @@ def kmeans_centres(latencies: Sequence[float], num_groups: int, seed: int) -> tu
 
 @lru_cache(maxsize=4)
 def _kmeans(values_bytes: bytes, num_groups: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.cluster import KMeans  # here, not at import: a home's ClientApp imports this module and never clusters
+
     values = np.frombuffer(values_bytes, dtype=float)
     k = min(num_groups, len(np.unique(values)))
     model = KMeans(n_clusters=k, n_init=KMEANS_N_INIT, random_state=seed).fit(values.reshape(-1, 1))
