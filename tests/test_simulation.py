@@ -111,7 +111,7 @@ def test_hydra_smoke_experiment_writes_metrics_summary_and_plot(tmp_path):
 def test_ctrl_c_stops_a_simulation_at_once_and_keeps_what_it_applied(tmp_path):
     """SIGINT to the process group, as a terminal's Ctrl-C: Ray's workers die with it, the run must not hang."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "simulations.run", "+experiment=smoke", "loop.max_updates=100000",
+        [sys.executable, "-m", "simulations.run", "+experiment=smoke", "homes=12", "loop.max_updates=100000",
          "loop.target_accuracy=null", "loop.checkpoint_every=1", f"hydra.run.dir={tmp_path}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
@@ -142,7 +142,7 @@ def flwr_run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_flwr_run_uses_pyproject_defaults_and_fails_visibly(tmp_path):
-    done = flwr_run(tmp_path / "ok", "homes=20", "dataset.name=digits", "loop.max_updates=3", "train.epochs=1",
+    done = flwr_run(tmp_path / "ok", "homes=8", "dataset.name=digits", "loop.max_updates=3", "train.epochs=1",
                     "server.eval_samples=")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "status: finished:completed" in done.stdout
