@@ -24,6 +24,7 @@ from ecofl.deploy.home_service import HomeService
 from ecofl.deploy.service_messages import CLIENT
 from ecofl.models import build_model
 from ecofl.net.errors import ChannelClosed
+from ecofl.net.liveness import LivenessSettings
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.model_spec import ZooModel
 from ecofl.train import TrainConfig, train_local
@@ -32,6 +33,10 @@ from ecofl.weights import get_weights, set_weights
 SECRET = bytes(range(32))
 MODEL = ZooModel("cnn", (1, 8, 8), 10)
 CONFIG = TrainConfig(epochs=1, batch_size=16, lr=0.05, seed=3)
+# The service, its daemons, their workers and other test processes share two cores: a live worker can go
+# without CPU for seconds, so its silence is bounded at 10 s, not a real home's 2 s (a live portal worker was
+# once declared lost under a full parallel test run).
+SHARED_HOST = LivenessSettings(period_s=0.2, suspect_after_s=5.0, probe_timeout_s=5.0)
 
 
 def data(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +85,7 @@ def start_weights() -> list[np.ndarray]:
 
 def test_daemons_join_and_the_home_trains_the_same_update_as_one_process(start_weights):
     x, y = data()
-    with HomeService(SECRET, "test-home", timeout_s=180) as service:
+    with HomeService(SECRET, "test-home", timeout_s=180, heartbeat=SHARED_HOST) as service:
         daemons = [start_daemon(service.port, f"d{i}") for i in range(2)]
         try:
             wait_for(lambda: len(service.present()) == 2)
@@ -101,7 +106,7 @@ def test_daemons_join_and_the_home_trains_the_same_update_as_one_process(start_w
 
 
 def test_a_daemon_with_the_wrong_secret_is_refused_and_never_gets_data(start_weights):
-    with HomeService(SECRET, "test-home") as service:
+    with HomeService(SECRET, "test-home", heartbeat=SHARED_HOST) as service:
         stranger = start_daemon(service.port, "stranger", secret=bytes(32))
         try:
             assert stranger.wait(timeout=60) == 2
@@ -125,7 +130,7 @@ def test_a_daemon_with_the_wrong_secret_is_refused_and_never_gets_data(start_wei
 
 def test_killing_a_daemon_during_a_round_is_recovered_and_the_home_trains_on(start_weights):
     x, y = data(160)
-    with HomeService(SECRET, "test-home", timeout_s=180) as service:
+    with HomeService(SECRET, "test-home", timeout_s=180, heartbeat=SHARED_HOST) as service:
         daemons = [start_daemon(service.port, f"d{i}") for i in range(3)]
         try:
             wait_for(lambda: len(service.present()) == 3)
@@ -165,12 +170,12 @@ def test_daemons_reconnect_to_a_restarted_home_service(start_weights):
     x, y = data()
     daemons = []
     try:
-        with HomeService(SECRET, "test-home", timeout_s=180) as first:
+        with HomeService(SECRET, "test-home", timeout_s=180, heartbeat=SHARED_HOST) as first:
             port = first.port
             daemons += [start_daemon(port, f"d{i}") for i in range(2)]
             wait_for(lambda: len(first.present()) == 2)
         time.sleep(1.0)  # the daemons back off and retry
-        with HomeService(SECRET, "test-home", port=port, timeout_s=180) as second:
+        with HomeService(SECRET, "test-home", port=port, timeout_s=180, heartbeat=SHARED_HOST) as second:
             wait_for(lambda: len(second.present()) == 2)
             trained = train_at_home(second.address, SECRET, MODEL, start_weights, x, y, CONFIG)
             assert sorted(trained.devices) == ["d0", "d1"]

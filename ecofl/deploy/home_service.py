@@ -56,6 +56,7 @@ from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
 from ecofl.net.auth import Admitted
 from ecofl.net.door import Door
+from ecofl.net.liveness import LivenessSettings
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.sealed import SealedSocket
 from ecofl.net.schema import MalformedMessage, encode
@@ -104,11 +105,13 @@ class HomeService:
 
     def __init__(self, secret: bytes, name: str = "home", host: str = "127.0.0.1", port: int = 0,
                  portal: DeviceSpec | None = None, emulate: bool | str = True, planner: str = "ecofl",
-                 timeout_s: float = 120.0, beat_timeout_s: float = 5.0, pace_links: bool = True):
+                 timeout_s: float = 120.0, beat_timeout_s: float = 5.0, pace_links: bool = True,
+                 heartbeat: LivenessSettings | None = None):
         self.secret, self.name, self.host, self.port = secret, name, host, port
         self.emulate = Emulation.parse(emulate)
         self.planner, self.timeout_s, self.beat_timeout_s = planner, timeout_s, beat_timeout_s
         self.pace_links = pace_links  # False: the devices' links are shaped by the kernel (namespaces + tc)
+        self.heartbeat = heartbeat or LivenessSettings()  # how long a pipeline worker may stay silent
         self.reference_workload_s = workload_seconds()  # this machine profiles the models
         self.portal = portal or DeviceSpec("portal", 1.0, 4 << 30, 100e6 / 8)
         self.members: dict[int, Member] = {}
@@ -329,7 +332,8 @@ class HomeService:
 
             return HomePipeline(model, pool, plan, profile=profile, emulate=self.emulate, secret=self.secret,
                                 host=self.host, local_devices=[], invite=invite,
-                                timeout_s=self.timeout_s, fault_tolerance=FaultTolerance(planner=self.planner),
+                                timeout_s=self.timeout_s,
+                                fault_tolerance=FaultTolerance(planner=self.planner, heartbeat=self.heartbeat),
                                 departed=departed, pace_links=self.pace_links)
 
         def progress(_round: int, _seconds: float) -> None:
