@@ -157,6 +157,12 @@ class DeviceCgroup:
         except FileNotFoundError:
             return []
 
+    def memory_usage_bytes(self) -> int:
+        """The memory the kernel charges to the cgroup now (its own pages: not the shared libraries another
+        process loaded first, which a process's resident set counts)."""
+        name = "memory.current" if self.hierarchy.version == 2 else "memory.usage_in_bytes"
+        return int((self.memory_dir / name).read_text().split()[0])
+
     def peak_memory_bytes(self) -> int | None:
         """The most memory the cgroup has held (None where the kernel does not say)."""
         path = self.memory_dir / ("memory.peak" if self.hierarchy.version == 2 else "memory.max_usage_in_bytes")

@@ -38,7 +38,6 @@ from ecofl.cgroups import DeviceLimits
 from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
 from ecofl.pipeline.runtime.launch import worker_environment
 from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
-from ecofl.pipeline.runtime.process_memory import rss_bytes
 
 READY, GO = "ready", "go"
 
@@ -81,7 +80,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             said = _line(process, timeout_s)
             if not said.startswith(READY):
                 raise RuntimeError(f"device {device} could not calibrate: {said or 'it exited'}")
-            confinement.throttle(device, int(said.split()[1]))
+            confinement.throttle(device)
         for process in processes.values():
             process.stdin.write(GO + "\n")
             process.stdin.flush()
@@ -139,7 +138,6 @@ def main() -> int:
     parser.add_argument("--micro-batch", type=int, required=True)
     parser.add_argument("--seconds", type=float, default=2.0)
     args = parser.parse_args()
-    baseline = rss_bytes() or 0
     torch.set_num_threads(worker_threads())
     model, _ = spec_from_json(json.loads(args.model)).build()
     generator = torch.Generator().manual_seed(0)
@@ -153,7 +151,7 @@ def main() -> int:
         torch.nn.functional.cross_entropy(model(x), y).backward()
 
     step()  # allocations and first-call work, not measured
-    print(READY, baseline, flush=True)
+    print(READY, flush=True)
     if sys.stdin.readline().strip() != GO:
         return 1
     print(json.dumps({"seconds_per_step": seconds_per_call(step, args.seconds)}), flush=True)

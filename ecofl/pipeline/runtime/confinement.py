@@ -13,9 +13,10 @@ core would take ten times as long as here, and no figure measures it) and
 gets its device's quota once it is ready, before its first sync-round. Its
 memory limit is the device's budget for training (weights, optimizer state,
 activations: what the planners' memory model counts, and what a preset's
-memory is: the board's RAM less the OS and runtime) on top of the worker's
-own resident set before it built any model (Python, torch, this package),
-which the worker reports; until then the budget plus
+memory is: the board's RAM less the OS and runtime) on top of what the
+kernel charges the worker's cgroup once it is ready (Python, torch, this
+package and the model it built; not the shared libraries another process
+loaded first, which a resident set would count); until then the budget plus
 :data:`STARTUP_ALLOWANCE_BYTES`. A worker killed by the kernel at its
 memory limit is told apart from a kill or a crash (:meth:`Confinement.out_of_memory`).
 
@@ -76,10 +77,10 @@ class Confinement:
         threads = str(max(1, math.floor(limits.cores)))
         return self.groups[device].entry_command(), {"OMP_NUM_THREADS": threads, THREADS_ENV: threads}
 
-    def throttle(self, device: int, runtime_bytes: int) -> None:
-        """``device``'s worker is ready: from now on its quota, and its budget on top of ``runtime_bytes``."""
+    def throttle(self, device: int) -> None:
+        """``device``'s worker is ready: from now on its quota, and its budget on top of what it holds now."""
         group = self.groups[device]
-        group.set_memory(self.limits[device].memory_bytes + runtime_bytes)
+        group.set_memory(self.limits[device].memory_bytes + group.memory_usage_bytes())
         self.throttled.add(device)
         self._set_quota(device)
 

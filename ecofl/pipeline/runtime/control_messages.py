@@ -130,7 +130,6 @@ class Stop:
 @message("ready")
 class Ready:
     data: tuple[str, int]  # my data port
-    baseline_rss_bytes: int | None = None  # my resident set before any model was built (Python, torch, ecofl)
 
 
 @message("entered")

@@ -145,7 +145,7 @@ class ControlPlane:
             confinement = self.devices.confinement
             if confinement is not None and device in confinement.groups:
                 try:
-                    confinement.throttle(device, ready.baseline_rss_bytes or 0)
+                    confinement.throttle(device)
                 except OSError as error:  # the kernel could not bring its usage under the limit
                     raise DeviceOutOfMemory(f"device {device} ({self.name(device)}) is out of memory already with "
                                             f"its model built: {error.strerror or error}") from None

@@ -76,7 +76,7 @@ def serve_session(portal: tuple[str, int], device: int, secret: bytes, connect_t
             raise ValueError(f"expected the configuration, got {config.TYPE!r}")
         listener = DataListener(sock.getsockname()[0], secret)  # on the interface that reaches the portal
         worker = Worker(sock, device, config, secret, listener, baseline_rss)
-        send_message(sock, encode(Ready(listener.address, baseline_rss)))
+        send_message(sock, encode(Ready(listener.address)))
         worker.serve()
         stopped()
         return True
