@@ -5,10 +5,9 @@
 3. Every group starts a round: it samples up to k of its idle homes and sends
    them the current global model. All the first rounds go out in one
    ``Transport.train`` call, so the transport trains them concurrently.
-4. A group round completes when every sampled home has replied (at its
-   latest reply), or at its deadline (``loop.round_deadline``, the same rule
-   for every strategy and both clocks; later replies are stragglers, left
-   out), whichever comes first. The loop repeatedly takes the in-flight round
+4. A group round completes when every sampled home has replied, or at its
+   deadline (``loop.round_deadline``; one rule for every strategy and both
+   clocks; later replies are stragglers). The loop repeatedly takes the in-flight round
    with the earliest completion (ties: lower group id), averages its valid
    replies weighted by samples (the group model, §5.1), and makes the new
    global model as the policy says: FedAsync's mix with
@@ -297,8 +296,7 @@ class EventLoop:
         return {
             "update": state.version,
             "virtual_time": r.completion,
-            # the round's clock times (virtual or run seconds): anyone can check when it closed against its rule
-            "round_started_s": r.start,
+            "round_started_s": r.start,  # clock times (virtual or run seconds): when it closed, against its rule
             "round_closed_s": r.completion,
             "deadline_s": None if r.deadline is None else r.start + r.deadline,
             "wall_time": self._wall(),
