@@ -145,9 +145,14 @@ class DeviceCgroup:
                 _write(self.memory_dir / "memory.memsw.limit_in_bytes", str(limit_bytes))
         self.memory_limit_bytes = limit_bytes
 
+    @property
+    def procs_files(self) -> list[str]:
+        """The files a process writes its pid to to enter this cgroup."""
+        return [str(path / "cgroup.procs") for path in self.dirs]
+
     def entry_command(self) -> list[str]:
         """A command prefix that moves itself into this cgroup, then runs the rest (``exec``: the same pid)."""
-        procs = [str(path / "cgroup.procs") for path in self.dirs]
+        procs = self.procs_files
         script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
         return ["/bin/sh", "-c", script, "ecofl-cgroup", *procs, "--"]
 

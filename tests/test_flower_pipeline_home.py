@@ -100,10 +100,10 @@ def test_unselected_homes_train_in_process():
 
 def test_a_pipeline_that_fails_gives_an_error_reply_and_leaves_no_worker(monkeypatch):
     config = {"epochs": 1, "batch_size": 10}
-    # devices that cannot join in time
+    # devices that cannot join, or cannot answer, in time (forked workers may join within 0.01 s)
     unreachable = train(setup_json(**{**PIPELINE, "timeout_s": 0.01}), 3, config)
     assert unreachable.has_error() and unreachable.error.code == protocol.PIPELINE_FAILED
-    assert "DeviceUnreachable" in unreachable.error.reason
+    assert "DeviceUnreachable" in unreachable.error.reason or "WorkerTimeout" in unreachable.error.reason
     assert worker_processes() == []
 
     # a worker that dies mid-training

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ecofl.net.netns import unavailable_reason
-from processes import worker_processes
+from processes import fork_servers, worker_processes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,6 +39,8 @@ def test_sigterm_to_ecofl_home_train_stops_its_workers_and_says_so(tmp_path):
             time.sleep(0.5)
             workers = worker_processes(process.pid)
         assert len(workers) == 2, f"the home's two workers never started (exit {process.poll()})"
+        servers = fork_servers(process.pid)
+        assert len(servers) == 1
         time.sleep(2)  # into its sync-rounds
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=120)
@@ -49,9 +51,9 @@ def test_sigterm_to_ecofl_home_train_stops_its_workers_and_says_so(tmp_path):
     assert process.returncode == 130, stderr
     assert "ecofl: interrupted (stopped by SIGTERM)" in stderr
     deadline = time.time() + 30
-    while any(alive(pid) for pid in workers) and time.time() < deadline:
+    while any(alive(pid) for pid in workers + servers) and time.time() < deadline:
         time.sleep(0.2)
-    assert not any(alive(pid) for pid in workers)
+    assert not any(alive(pid) for pid in workers + servers)
 
 
 NETWORK_SCRIPT = textwrap.dedent("""

@@ -15,7 +15,7 @@ import sys
 import threading
 
 from ecofl.deploy.secrets import SECRET_ENV
-from ecofl.pipeline.runtime.launch import PORTAL_PID_ENV
+from ecofl.pipeline.runtime.worker_environment import PORTAL_PID_ENV
 
 
 class WarmWorkers:

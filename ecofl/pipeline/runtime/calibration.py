@@ -36,7 +36,7 @@ from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import with_speeds
 from ecofl.cgroups import DeviceLimits
 from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
-from ecofl.pipeline.runtime.launch import worker_environment
+from ecofl.pipeline.runtime.worker_environment import worker_environment
 from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
 
 READY, GO = "ready", "go"
@@ -70,12 +70,12 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
     processes: dict[int, subprocess.Popen] = {}
     try:
         for device in devices:
-            entry, env = confinement.enter(device)
+            group, env = confinement.enter(device)
             command = [sys.executable, "-m", "ecofl.pipeline.runtime.calibration", "--model", json.dumps(
                 model.to_json()), "--input-shape", ",".join(map(str, input_shape)), "--micro-batch",
                 str(micro_batch), "--seconds", str(min_seconds)]
-            processes[device] = subprocess.Popen(entry + command, env=worker_environment(env), text=True,
-                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
+                                                 text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         for device, process in processes.items():
             said = _line(process, timeout_s)
             if not said.startswith(READY):

@@ -68,14 +68,14 @@ class Confinement:
     def name(self) -> str:
         return self.hierarchy.name
 
-    def enter(self, device: int) -> tuple[list[str], dict[str, str]]:
-        """A fresh cgroup for ``device``'s worker: the command prefix that enters it and the environment."""
+    def enter(self, device: int) -> tuple[DeviceCgroup, dict[str, str]]:
+        """A fresh cgroup for ``device``'s worker, and the worker's environment (its torch threads)."""
         self.release(device)
         limits = self.limits[device]
         startup = DeviceLimits(STARTUP_CORES, limits.memory_bytes + STARTUP_ALLOWANCE_BYTES)
         self.groups[device] = self.hierarchy.create(f"device{device}", startup)
         threads = str(max(1, math.floor(limits.cores)))
-        return self.groups[device].entry_command(), {"OMP_NUM_THREADS": threads, THREADS_ENV: threads}
+        return self.groups[device], {"OMP_NUM_THREADS": threads, THREADS_ENV: threads}
 
     def throttle(self, device: int) -> None:
         """``device``'s worker is ready: from now on its quota, and its budget on top of what it holds now."""

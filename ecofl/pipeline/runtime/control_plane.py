@@ -116,9 +116,9 @@ class ControlPlane:
 
     def start_worker(self, device: int) -> None:
         """Start ``device``'s worker process here (in its namespace, with a network)."""
-        prefix = self.network.prefix(device) if self.network is not None else None
+        namespace = self.network.namespace(device) if self.network is not None else None
         self._members.add(device)
-        self.devices.start(device, self.address, self.secret, prefix)
+        self.devices.start(device, self.address, self.secret, namespace)
 
     def admit(self, devices: Sequence[int], local: set[int] = frozenset(), then_s: float | None = None) -> None:
         """Accept and authenticate ``devices`` (:func:`.admission.admit_devices`), watching for lost ones."""

@@ -1,57 +1,50 @@
 """Starting and stopping the worker processes of the devices a portal emulates locally.
 
-Each device is ``python -m ecofl.pipeline.runtime.worker`` in its own process
-(the same program a real device runs to join a home). The home's secret
-travels in the environment, never on the command line. A worker asks the
-kernel to kill it when the portal process dies (``PR_SET_PDEATHSIG``), so a
+Each device runs the program a real device runs to join a home
+(:mod:`ecofl.pipeline.runtime.worker`), forked by this process's fork
+server (:mod:`.worker_forks`: torch is imported once, not once per device).
+The home's secret travels in the environment, never on a command line. A
+worker dies with the fork server, and the server with the portal, so a
 killed portal leaves nothing behind either; :meth:`LocalDevices.stop` stops
-and reaps every process it started. With a :class:`~.confinement.Confinement`
+and reaps every worker it started. With a :class:`~.confinement.Confinement`
 each worker runs in a cgroup of its own (``--emulate cgroup``), removed when
-the worker is killed or stopped.
+the worker is killed or stopped; with a home network, in its device's
+network namespace.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 
-from ecofl.pipeline.runtime.confinement import THREADS_ENV, Confinement
-
-SECRET_ENV = "ECOFL_HOME_SECRET"  # the home's secret, hex
-PORTAL_PID_ENV = "ECOFL_PORTAL_PID"  # set when the portal started the worker itself
-
-
-def worker_environment(extra: dict[str, str]) -> dict[str, str]:
-    """A device process's environment: this one's, one torch thread unless ``extra`` says otherwise."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", THREADS_ENV: "1", **extra}
-
+from ecofl.pipeline.runtime.confinement import Confinement
+from ecofl.pipeline.runtime.worker_environment import PORTAL_PID_ENV, SECRET_ENV, worker_environment
+from ecofl.pipeline.runtime.worker_forks import WORKER_NAME, ForkedWorker, worker_forks
 
 class LocalDevices:
     """The worker processes of one home pipeline, by device index."""
 
     def __init__(self, confinement: Confinement | None = None) -> None:
         self.confinement = confinement
-        self.processes: dict[int, subprocess.Popen] = {}
+        self.processes: dict[int, ForkedWorker] = {}
         self._stderr: dict[int, tempfile._TemporaryFileWrapper] = {}
 
-    def start(self, device: int, portal: tuple[str, int], secret: bytes, prefix: list[str] | None = None,
-              extra_env: dict[str, str] | None = None) -> None:
-        """Start device ``device``'s worker; ``prefix`` wraps the command (e.g. ``ip netns exec NS``)."""
-        env = worker_environment({SECRET_ENV: secret.hex(), PORTAL_PID_ENV: str(os.getpid()), **(extra_env or {})})
-        if self.confinement is not None:  # the cgroup is entered first: `ip netns exec` hides /sys/fs/cgroup
-            entry, confined_env = self.confinement.enter(device)
-            prefix, env = entry + (prefix or []), {**env, **confined_env}
+    def start(self, device: int, portal: tuple[str, int], secret: bytes, namespace: str | None = None) -> None:
+        """Start device ``device``'s worker, in network namespace ``namespace`` if given."""
+        env = worker_environment({SECRET_ENV: secret.hex()})
+        cgroup_procs: list[str] = []
+        if self.confinement is not None:
+            group, confined_env = self.confinement.enter(device)
+            cgroup_procs = group.procs_files
+            env.update(confined_env)
         log = tempfile.NamedTemporaryFile(prefix=f"ecofl-device{device}-", suffix=".log", delete=True)
-        command = [sys.executable, "-m", "ecofl.pipeline.runtime.worker",
-                   "--portal", f"{portal[0]}:{portal[1]}", "--device", str(device)]
         self._stderr[device] = log
-        self.processes[device] = subprocess.Popen(
-            (prefix or []) + command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        server = worker_forks(worker_environment({PORTAL_PID_ENV: str(os.getpid())}))
+        self.processes[device] = server.fork(
+            ["--portal", f"{portal[0]}:{portal[1]}", "--device", str(device)], env, log.name,
+            f"{WORKER_NAME}{device}", cgroup_procs, namespace,
         )
 
     @property
@@ -111,14 +104,3 @@ class LocalDevices:
                 log.close()
             self._stderr.clear()
 
-
-def die_with_portal() -> None:
-    """In a worker: be killed when the portal that started it dies (Linux), or exit if it already has."""
-    parent = os.environ.pop(PORTAL_PID_ENV, None)
-    if parent is None:
-        return  # started by hand on a real device
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != int(parent):
-        os._exit(1)

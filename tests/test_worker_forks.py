@@ -1,0 +1,121 @@
+"""The fork server that starts a portal's local workers: exit codes, signals, and nothing outliving the portal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ecofl.devices import DeviceSpec, HomePool
+from ecofl.net.netns import HomeNetwork, unavailable_reason
+from ecofl.pipeline.runtime.launch import LocalDevices
+from ecofl.pipeline.runtime.worker_forks import WORKER_NAME
+from processes import fork_servers, worker_processes
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = bytes(range(32))
+NETNS_REASON = unavailable_reason()
+
+
+def silent_portal() -> socket.socket:
+    """A port that accepts connections and never says anything: a worker waits there for its handshake."""
+    return socket.create_server(("127.0.0.1", 0))
+
+
+def test_a_forked_worker_reports_its_exit_code_and_its_log():
+    devices = LocalDevices()
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    try:
+        devices.start(0, ("127.0.0.1", port), b"")  # no secret: the worker refuses to start
+        assert devices.processes[0].wait(timeout=120) == 2
+        assert "set ECOFL_HOME_SECRET" in devices.log_tail(0)
+        assert devices.exited() == {0: 2}
+    finally:
+        devices.stop()
+
+
+def test_a_killed_worker_is_reported_killed_and_named_for_its_device():
+    devices = LocalDevices()
+    with silent_portal() as portal:
+        try:
+            devices.start(3, portal.getsockname(), SECRET)
+            pid = devices.pids[3]
+            deadline = time.time() + 30  # the child names itself just after the fork
+            while Path(f"/proc/{pid}/comm").read_text().strip() != f"{WORKER_NAME}3" and time.time() < deadline:
+                time.sleep(0.05)
+            assert Path(f"/proc/{pid}/comm").read_text().strip() == f"{WORKER_NAME}3"
+            assert worker_processes() == [pid]
+            devices.signal(3, signal.SIGKILL)
+            assert devices.processes[3].wait(timeout=60) == -signal.SIGKILL
+        finally:
+            devices.stop()
+    assert worker_processes() == []
+
+
+def test_a_frozen_worker_is_still_killed_and_reaped_by_stop():
+    devices = LocalDevices()
+    with silent_portal() as portal:
+        devices.start(0, portal.getsockname(), SECRET)
+        devices.start(1, portal.getsockname(), SECRET)
+        devices.signal(1, signal.SIGSTOP)
+        devices.stop(grace_s=0.5)
+    assert devices.exited() == {0: -signal.SIGKILL, 1: -signal.SIGKILL}
+    assert worker_processes() == []
+
+
+PORTAL_SCRIPT = textwrap.dedent("""
+    import socket, sys, time
+    from ecofl.pipeline.runtime.launch import LocalDevices
+    portal = socket.create_server(("127.0.0.1", 0))
+    devices = LocalDevices()
+    for device in range(2):
+        devices.start(device, portal.getsockname(), bytes(range(32)))
+    print(" ".join(str(pid) for pid in devices.pids.values()), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_portal_killed_with_sigkill_leaves_no_worker_and_no_fork_server():
+    process = subprocess.Popen([sys.executable, "-c", PORTAL_SCRIPT], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line, process.stderr.read()
+        workers = [int(pid) for pid in line.split()]
+        deadline = time.time() + 30  # each names itself just after its fork
+        while sorted(worker_processes(process.pid)) != sorted(workers) and time.time() < deadline:
+            time.sleep(0.05)
+        assert sorted(worker_processes(process.pid)) == sorted(workers)
+        assert len(workers) == 2 and len(fork_servers(process.pid)) == 1
+    finally:
+        process.kill()
+        process.wait()
+    deadline = time.time() + 30
+    while (worker_processes(process.pid) or fork_servers(process.pid)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert worker_processes(process.pid) == [] and fork_servers(process.pid) == []
+
+
+@pytest.mark.skipif(NETNS_REASON is not None, reason=str(NETNS_REASON))
+def test_a_worker_started_in_a_namespace_runs_in_that_namespace():
+    pool = HomePool("t", (DeviceSpec("dev0", 1.0, 1 << 30, 1e6),))
+    devices = LocalDevices()
+    with HomeNetwork(pool, [0]) as network, silent_portal() as portal:
+        try:
+            devices.start(0, portal.getsockname(), SECRET, network.namespace(0))
+            pid = devices.pids[0]
+            namespace = os.stat(f"/run/netns/{network.namespace(0)}").st_ino
+            deadline = time.time() + 30  # the child enters the namespace just after the fork
+            while os.stat(f"/proc/{pid}/ns/net").st_ino != namespace and time.time() < deadline:
+                time.sleep(0.05)
+            assert os.stat(f"/proc/{pid}/ns/net").st_ino == namespace != os.stat("/proc/self/ns/net").st_ino
+        finally:
+            devices.stop(grace_s=0.5)
