@@ -16,7 +16,7 @@ import pytest
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.net.netns import HomeNetwork, unavailable_reason
 from ecofl.pipeline.runtime.launch import LocalDevices
-from ecofl.pipeline.runtime.worker_forks import WORKER_NAME
+from ecofl.pipeline.runtime.worker_forks import WORKER_NAME, worker_forks
 from processes import fork_servers, worker_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +69,24 @@ def test_a_frozen_worker_is_still_killed_and_reaped_by_stop():
         devices.stop(grace_s=0.5)
     assert devices.exited() == {0: -signal.SIGKILL, 1: -signal.SIGKILL}
     assert worker_processes() == []
+
+
+def test_a_killed_fork_server_takes_its_workers_with_it_and_the_next_start_brings_up_another():
+    devices = LocalDevices()
+    with silent_portal() as portal:
+        try:
+            devices.start(0, portal.getsockname(), SECRET)
+            first = worker_forks({})  # the running server (the argument only counts when none runs)
+            first.process.kill()
+            assert devices.processes[0].wait(timeout=60) == -signal.SIGKILL
+            deadline = time.time() + 30  # the worker dies with its server (PR_SET_PDEATHSIG)
+            while devices.pids[0] in worker_processes() and time.time() < deadline:
+                time.sleep(0.05)
+            assert devices.pids[0] not in worker_processes()
+            devices.start(1, portal.getsockname(), SECRET)
+            assert worker_forks({}) is not first and devices.processes[1].poll() is None
+        finally:
+            devices.stop(grace_s=0.5)
 
 
 PORTAL_SCRIPT = textwrap.dedent("""

@@ -82,6 +82,7 @@ class WorkerForks:
         self._started: dict[int, ForkedWorker | str] = {}  # request id -> its worker, or why it did not start
         self._workers: dict[int, ForkedWorker] = {}
         self._replied = threading.Condition(self._lock)
+        self._gone = False  # the server's output has ended
         self._next_id = 0
         threading.Thread(target=self._read_replies, name="worker-forks", daemon=True).start()
 
@@ -97,8 +98,10 @@ class WorkerForks:
                 self.process.stdin.flush()
             except OSError as error:
                 raise RuntimeError(f"the worker fork server is gone: {error}") from None
-            if not self._replied.wait_for(lambda: request_id in self._started, START_TIMEOUT_S):
+            if not self._replied.wait_for(lambda: request_id in self._started or self._gone, START_TIMEOUT_S):
                 raise RuntimeError(f"the worker fork server did not fork {name} within {START_TIMEOUT_S:.0f} s")
+            if request_id not in self._started:
+                raise RuntimeError(f"the worker fork server exited before it forked {name}")
             started = self._started.pop(request_id)
         if isinstance(started, str):
             raise RuntimeError(f"cannot start {name}: {started}")
@@ -135,6 +138,7 @@ class WorkerForks:
                     self._started[reply["id"]] = str(reply["error"])
                 self._replied.notify_all()
         with self._lock:  # the server is gone, and its children with it (PR_SET_PDEATHSIG)
+            self._gone = True
             for worker in self._workers.values():
                 worker._exit(-signal.SIGKILL)
             self._workers.clear()
