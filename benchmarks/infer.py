@@ -33,9 +33,17 @@ Throughput is the steady state (the second half of the stream), latency a
 micro-batch's trip from the portal and back, both defined as the cost model
 defines them.
 
-    .venv/bin/python benchmarks/infer.py [--micro-batches 24] [--slowdown 0.25]
+With ``--emulate cgroup`` (root) nothing sleeps: every device's worker runs in
+a cgroup of its own at its preset's speed in host cores (no ``--slowdown``)
+and memory, the devices first time the model there
+(:func:`~ecofl.pipeline.runtime.calibration.confine_pool`), and every plan is
+made from the speeds they measured. Then predicted against measured
+throughput is the stream model's real error.
 
-writes benchmarks/results/infer.json and the results section of docs/inference.md.
+    .venv/bin/python benchmarks/infer.py [--micro-batches 24] [--slowdown 0.25] [--emulate sleep|cgroup]
+
+writes benchmarks/results/infer.json (``infer_cgroup.json``) and the results
+section of docs/inference.md (its ``cgroup`` section).
 """
 
 from __future__ import annotations
@@ -62,6 +70,8 @@ from ecofl.pipeline.plan import STREAM_IN_FLIGHT, Plan, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import HomePipeline, ZooModel  # noqa: E402
+from ecofl.pipeline.runtime.calibration import confine_pool  # noqa: E402
+from ecofl.pipeline.runtime.emulation import Emulation  # noqa: E402
 from ecofl.pipeline.stream import simulate_stream  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
@@ -112,11 +122,13 @@ def plans(profile: ModelProfile, pool: HomePool, count: int) -> dict[str, Plan]:
 
 
 def measure(model: str, granularity: str, profile: ModelProfile, pool: HomePool, plan: Plan, count: int,
-            timeout_s: float) -> dict:
-    """Stream ``count`` micro-batches of synthetic inputs through ``plan``; measured and predicted figures."""
+            timeout_s: float, limits: dict | None = None) -> dict:
+    """Stream ``count`` micro-batches of synthetic inputs through ``plan`` (devices confined to ``limits`` if
+    given, else sleeping to the model); measured and predicted figures."""
     x = torch.randn(count * plan.micro_batch, *SHAPE, generator=torch.Generator().manual_seed(0))
     spec = ZooModel(model, SHAPE, CLASSES, granularity)
-    with HomePipeline(spec, pool, plan, profile=profile, emulate=True, timeout_s=timeout_s) as home:
+    mode = Emulation.SLEEP if limits is None else Emulation.CGROUP
+    with HomePipeline(spec, pool, plan, profile=profile, emulate=mode, limits=limits, timeout_s=timeout_s) as home:
         result = home.infer(None, x)
     predicted = simulate_stream(plan, profile, pool, count)
     return {
@@ -127,15 +139,25 @@ def measure(model: str, granularity: str, profile: ModelProfile, pool: HomePool,
         "throughput": result.throughput, "predicted_throughput": predicted.throughput,
         "latency_s": result.latency_s, "predicted_latency_s": predicted.latency_s,
         "busy_fraction": list(result.busy_fraction), "peak_held": list(result.peak_held),
+        "peak_rss_bytes": list(result.peak_rss_bytes),
     }
 
 
 def markdown(report: dict) -> str:
+    if report["emulate"] == "cgroup":
+        command = f"python benchmarks/infer.py --micro-batches {report['micro_batches']} --emulate cgroup"
+        how = ("devices **confined by cgroups** at their presets' speeds in host cores and their memory, plans "
+               "made from the speeds the devices measured in their cgroups (" + "; ".join(
+                   f"{home}: {speeds}" for home, speeds in report["measured_speeds"].items())
+               + "), nothing sleeps: compute, transfers and overheads are all measured")
+    else:
+        command = (f"python benchmarks/infer.py --micro-batches {report['micro_batches']} "
+                   f"--slowdown {report['slowdown']}")
+        how = ("emulated devices (compute is the cost model's by construction; transfers, back-pressure and the "
+               "runtime's overheads are measured)")
     lines = [
-        f"Measured {report['date']} on {report['machine']} (load average {report['load']}) with "
-        f"`python benchmarks/infer.py --micro-batches {report['micro_batches']} --slowdown {report['slowdown']}`: "
-        "emulated devices (compute is the cost model's by construction; transfers, back-pressure and the "
-        "runtime's overheads are measured), links paced at their rates, synthetic 3x32x32 inputs. Throughput is "
+        f"Measured {report['date']} on {report['machine']} (load average {report['load']}) with `{command}`: "
+        f"{how}, links paced at their rates, synthetic 3x32x32 inputs. Throughput is "
         "the steady state in samples/s; latency a micro-batch's trip from the portal and back.",
         "",
         "| home | model | plan | planner | devices used | micro-batch | measured samples/s | predicted | "
@@ -162,11 +184,11 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def save(args: argparse.Namespace, runs: dict[str, dict]) -> dict:
+def save(args: argparse.Namespace, runs: dict[str, dict], speeds: dict[str, str]) -> dict:
     """Write the runs measured so far to ``args.output``; returns the report."""
     report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
               "load": " ".join(f"{x:.1f}" for x in os.getloadavg()), "micro_batches": args.micro_batches,
-              "slowdown": args.slowdown, "runs": runs}
+              "slowdown": args.slowdown, "emulate": args.emulate, "measured_speeds": speeds, "runs": runs}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=1))
     return report
@@ -175,18 +197,34 @@ def save(args: argparse.Namespace, runs: dict[str, dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro-batches", type=int, default=24, help="micro-batches streamed per plan")
-    parser.add_argument("--slowdown", type=float, default=0.25, help="every device's speed is multiplied by this")
+    parser.add_argument("--slowdown", type=float, default=0.25,
+                        help="sleep mode: every device's speed is multiplied by this")
+    parser.add_argument("--emulate", choices=("sleep", "cgroup"), default="sleep",
+                        help="devices sleeping to the cost model, or confined by cgroups at their presets (root)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds a plan's stream may take at least (slow plans get twice their prediction)")
     parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "infer.json"))
+    parser.add_argument("--output", default=None, help="default: benchmarks/results/infer[_cgroup].json")
     args = parser.parse_args(argv)
+    confined = args.emulate == "cgroup"
+    if confined:
+        args.slowdown = 1.0  # a device's quota is its preset's speed
+    suffix = "_cgroup" if confined else ""
+    args.output = args.output or str(ROOT / "benchmarks" / "results" / f"infer{suffix}.json")
     torch.set_num_threads(1)
     runs: dict[str, dict] = {}
-    for home, pool in homes(args.slowdown).items():
+    speeds: dict[str, str] = {}
+    for home, presets in homes(args.slowdown).items():
         for model, granularity in MODELS.items():
             profile = profile_zoo_model(model, SHAPE, CLASSES, granularity, args.cache_dir)
             key = f"{home}/{model}"
+            pool, limits = presets, None
+            if confined:  # the devices time the model in their cgroups; every plan is made from that
+                calibrated = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE, profile, presets, 8)
+                pool, limits = calibrated.pool, calibrated.limits
+                speeds[key] = ", ".join(f"{d.name} {d.speed:.3f} (quota {limits[i].cores:.3f})"
+                                        for i, d in enumerate(pool.devices))
+                print(f"{key}: measured speeds {speeds[key]}", flush=True)
             runs[key] = {}
             for name, plan in plans(profile, pool, args.micro_batches).items():
                 # A slow plan (the even partition over a 0.2 Mbps link) streams for minutes: wait for it.
@@ -194,18 +232,18 @@ def main(argv: list[str] | None = None) -> int:
                     plan, profile, pool, args.micro_batches).throughput
                 try:
                     runs[key][name] = measure(model, granularity, profile, pool, plan, args.micro_batches,
-                                              max(args.timeout, 2 * expected_s + 120))
+                                              max(args.timeout, 2 * expected_s + 120), limits)
                 except UserError as error:
                     raise SystemExit(f"{key} {name}: {error}")
                 run = runs[key][name]
                 print(f"{key} {name}: {', '.join(run['devices'])}: {run['throughput']:.1f} samples/s "
                       f"(predicted {run['predicted_throughput']:.1f})", flush=True)
-                save(args, runs)  # nothing measured is lost if a later plan fails
-    report = save(args, runs)
+                save(args, runs, speeds)  # nothing measured is lost if a later plan fails
+    report = save(args, runs, speeds)
     table = markdown(report)
     print(table)
-    if not replace_section(ROOT / "docs" / "inference.md", table):
-        print("docs/inference.md has no benchmark section; table not written there", file=sys.stderr)
+    if not replace_section(ROOT / "docs" / "inference.md", table, "cgroup" if confined else None):
+        print("docs/inference.md has no benchmark section for this mode; table not written there", file=sys.stderr)
     return 0
 
 
