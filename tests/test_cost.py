@@ -200,6 +200,21 @@ def test_operation_overhead_lengthens_every_forward_and_backward(stages, micro_b
                  operation_overhead_s=-1.0)
 
 
+def test_byte_overhead_charges_each_pass_the_bytes_it_sends_or_receives_at_the_devices_speed():
+    """Two stages on half-speed devices, links too fast to matter: each forward moves 4 samples of activations
+    (stage 0 sends them, stage 1 receives them) and each backward 4 samples of gradients, at c per byte."""
+    byte_s, activation, speed, micro_batches = 1e-8, 1e5, 0.5, 6
+    plan, profile = chain_plan(2, 4, micro_batches), synthetic_profile(2, activation=activation)
+    cost = simulate(plan, profile, uniform_pool(2, mbps=1e9, speed=speed), byte_overhead_s=byte_s)
+    moved = byte_s * activation * 4 / speed
+    t_f, t_b = 4 * T_F / speed + moved, 4 * T_B / speed + moved
+    assert cost.sync_round_s == pytest.approx((micro_batches + 1) * (t_f + t_b), rel=1e-4)
+    without = simulate(plan, profile, uniform_pool(2, mbps=1e9, speed=speed))
+    assert cost.sync_round_s > without.sync_round_s
+    with pytest.raises(ValueError, match="negative"):
+        simulate(plan, profile, uniform_pool(2), byte_overhead_s=-1e-9)
+
+
 def test_gantt_writes_a_png(tmp_path):
     from ecofl.pipeline.gantt import plot_gantt
 

@@ -55,7 +55,7 @@ def test_home_train_at_host_speed_reports_real_memory_and_a_host_prediction(tmp_
     from ecofl.pipeline.cost import simulate
     from ecofl.pipeline.plan import Plan, StagePlan
     from ecofl.pipeline.profile import profile_zoo_model
-    from ecofl.pipeline.runtime.host_overhead import host_operation_overhead_s
+    from ecofl.pipeline.runtime.host_overhead import host_byte_overhead_s, host_operation_overhead_s
     from ecofl.pools import load_pool
 
     data = load_dataset("digits")
@@ -65,9 +65,11 @@ def test_home_train_at_host_speed_reports_real_memory_and_a_host_prediction(tmp_
     plan = Plan(report["planner"], stages, report["micro_batch"], report["num_micro_batches"], report["schedule"])
     pool = load_pool("nano-10w,tx2-maxn", None)
     overhead = host_operation_overhead_s(str(tmp_path))  # measured by the run above into its cache
-    host = simulate(plan, profile, host_pool(pool), cores=report["cores"], operation_overhead_s=overhead)
+    per_byte = host_byte_overhead_s(str(tmp_path))
+    host = simulate(plan, profile, host_pool(pool), cores=report["cores"], operation_overhead_s=overhead,
+                    byte_overhead_s=per_byte)
     assert report["predicted_sync_round_s"] == pytest.approx(host.sync_round_s)
-    assert 0 < overhead < 0.1
+    assert 0 < overhead < 0.1 and 0 <= per_byte < 1e-6  # a microsecond a byte would be 1 MB/s
     assert simulate(plan, profile, pool).sync_round_s > 3 * simulate(plan, profile, host_pool(pool)).sync_round_s
 
 

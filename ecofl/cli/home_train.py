@@ -48,7 +48,7 @@ from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.calibration import confine_pool
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.cli.emulation_option import add_emulation_argument, chosen_emulation
-from ecofl.pipeline.runtime.host_overhead import host_operation_overhead_s
+from ecofl.pipeline.runtime.host_overhead import host_byte_overhead_s, host_operation_overhead_s
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -186,18 +186,19 @@ def predict(plan: Plan, profile, pool, emulation: Emulation | bool, rounds: int 
     devices as processes of this machine (``emulation`` none).
 
     At host speed the devices share this machine's cores; at host speed and confined, every operation
-    costs the runtime's own overhead on this host (:mod:`ecofl.pipeline.runtime.host_overhead`, measured
-    once into ``cache_dir``), at the device's speed. An asynchronous 1F1B plan runs the call's ``rounds`` x M micro-batches as one pass: that pass is predicted.
+    costs the runtime's own overhead on this host, per operation and per byte sent or received
+    (:mod:`ecofl.pipeline.runtime.host_overhead`, measured once into ``cache_dir``), at the device's speed. An asynchronous 1F1B plan runs the call's ``rounds`` x M micro-batches as one pass: that pass is predicted.
     """
     if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
         plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * rounds)
     emulation = Emulation.parse(emulation)
     if emulation == Emulation.SLEEP:
         return simulate(plan, profile, pool)
+    overheads = {"operation_overhead_s": host_operation_overhead_s(cache_dir),
+                 "byte_overhead_s": host_byte_overhead_s(cache_dir)}
     if emulation == Emulation.CGROUP:  # each device its own cores; the runtime's work at the device's speed too
-        return simulate(plan, profile, pool, operation_overhead_s=host_operation_overhead_s(cache_dir))
-    return simulate(plan, profile, host_pool(pool), cores=host_cores(),
-                    operation_overhead_s=host_operation_overhead_s(cache_dir))
+        return simulate(plan, profile, pool, **overheads)
+    return simulate(plan, profile, host_pool(pool), cores=host_cores(), **overheads)
 
 
 def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,

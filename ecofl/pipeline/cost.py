@@ -43,6 +43,13 @@ What is simulated (choices documented here, not in the papers):
   It is measured once per host by :mod:`ecofl.pipeline.runtime.host_overhead`
   on a model whose layers cost next to nothing; a device that sleeps to the
   cost model's time hides it (0 there).
+- **The runtime's time per byte** (``byte_overhead_s``): a device also
+  spends host seconds on every byte it sends or receives (copying a tensor
+  into a frame, AES-GCM sealing or opening it, the reader thread's copies),
+  charged to the forward or backward that sends or needs them, at the
+  device's speed. On a device of a fortieth of a core this is what its links
+  cost it; at host speed it is next to nothing. Measured with the per-
+  operation overhead, on a model whose activations are wide.
 - **Memory.** Each device's peak by Asteroid eq. 3, with the forward tasks
   the schedule keeps resident (:mod:`ecofl.pipeline.memory_model`).
 """
@@ -98,24 +105,35 @@ def stage_compute_s(
     return float(forward[first : last + 1].sum()), float(backward[first : last + 1].sum())
 
 
+def stage_inference_s(profile: ModelProfile, device: DeviceSpec, layers: tuple[int, int], samples: int) -> float:
+    """Inference-forward seconds of layers[0]..layers[1] on ``device`` for ``samples`` samples."""
+    if samples == 0:
+        return 0.0
+    first, last = layers
+    return float(profile.inference_times(samples)[first : last + 1].sum()) / device.speed
+
+
 def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | None = None,
-             operation_overhead_s: float = 0.0) -> SyncRoundCost:
+             operation_overhead_s: float = 0.0, byte_overhead_s: float = 0.0) -> SyncRoundCost:
     """Event simulation of one sync-round of ``plan`` (see the module docstring for the model).
 
     Operations run in the order they become ready (time order); with
     ``cores`` they share that many cores (processor sharing). Every forward
-    and backward lasts ``operation_overhead_s`` longer than its layers.
+    and backward lasts ``operation_overhead_s`` longer than its layers, and
+    ``byte_overhead_s`` longer per byte it sends or receives (host seconds,
+    both at the device's speed).
     """
     require_training(plan)
     check_plan(plan, profile, pool)
     if cores is not None and cores < 1:
         raise ValueError(f"cores must be at least 1, got {cores}")
-    if operation_overhead_s < 0:
-        raise ValueError(f"operation_overhead_s must not be negative, got {operation_overhead_s}")
+    if operation_overhead_s < 0 or byte_overhead_s < 0:
+        raise ValueError(f"overheads must not be negative, got {operation_overhead_s} per operation and "
+                         f"{byte_overhead_s} per byte")
     schedule = plan_schedule(plan)
     workers = [_stage_workers(s, stage, profile, pool, plan, operation_overhead_s)
                for s, stage in enumerate(plan.stages)]
-    _connect(plan, profile, pool.bandwidth_bps, workers)
+    _connect(plan, profile, pool, workers, byte_overhead_s)
     timeline = _input(workers[0], profile, pool.bandwidth_bps, plan.num_micro_batches)
     rule = Fifo() if cores is None else ProcessorSharing(cores)
     run(workers, schedule, rule, timeline)
@@ -170,8 +188,15 @@ def _input(stage0: list[Worker], profile: ModelProfile, bandwidth: np.ndarray, m
     return timeline
 
 
-def _connect(plan: Plan, profile: ModelProfile, bandwidth: np.ndarray, workers: list[list[Worker]]) -> None:
-    """Who sends what to whom between consecutive stages (overlapping sample ranges)."""
+def _connect(plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[list[Worker]],
+             byte_overhead_s: float) -> None:
+    """Who sends what to whom between consecutive stages (overlapping sample ranges); each byte sent or
+    received costs its device ``byte_overhead_s`` host seconds in the pass that sends or needs it."""
+    bandwidth = pool.bandwidth_bps
+    for worker in workers[0]:  # the input samples the portal sends: received by stage 0's other devices
+        if worker.device != 0:
+            worker.forward_s += byte_overhead_s * profile.input_bytes * (worker.hi - worker.lo) \
+                / pool.devices[worker.device].speed
     for s in range(len(plan.stages) - 1):
         activation = float(profile.activation_bytes[plan.stages[s].layers[1]])
         gradient = float(profile.gradient_bytes[plan.stages[s + 1].layers[0]])
@@ -182,6 +207,10 @@ def _connect(plan: Plan, profile: ModelProfile, bandwidth: np.ndarray, workers: 
                     continue
                 a.send_f.append((b, activation * samples / float(bandwidth[a.device, b.device])))
                 b.send_b.append((a, gradient * samples / float(bandwidth[b.device, a.device])))
+                for worker in (a, b):
+                    per_byte = byte_overhead_s / pool.devices[worker.device].speed
+                    worker.forward_s += per_byte * activation * samples
+                    worker.backward_s += per_byte * gradient * samples
                 b.pending_f = [x + 1 for x in b.pending_f]
                 a.pending_b = [x + 1 for x in a.pending_b]
 

@@ -12,9 +12,12 @@ linear layers, micro-batches of one sample), run by the real runtime at host
 speed on three worker processes, which is what a home run here looks like:
 the overhead is the ``o`` for which the cost model, every forward and
 backward lasting ``o`` longer, reproduces the measured sync-round
-(bisection; the cost model's round only grows with ``o``). The models whose
-error the benchmarks report are never part of this fit. The result is cached
-per host (torch version, cores) beside the profiles.
+(bisection; the cost model's round only grows with ``o``). Then, with ``o``
+fixed, the time per byte a device sends or receives is the ``c`` that
+reproduces the sync-round of a second model, as cheap to compute but whose
+activations between stages are wide (:func:`wide_model`: 64 KiB a sample).
+The models whose error the benchmarks report are never part of this fit. The
+result is cached per host (torch version, cores) beside the profiles.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from ecofl.pipeline.runtime.model_spec import LayerList
 from ecofl.pipeline.runtime.portal import HomePipeline
 
 WIDTH, LAYERS, DEVICES = 16, 6, 3
+WIDE = 16384  # floats a sample between the wide model's stages
+RECORD_VERSION = 2  # 2: with the time per byte
 
 
 def calibration_model() -> LayerList:
@@ -45,15 +50,27 @@ def calibration_model() -> LayerList:
     return LayerList(tuple(layers))
 
 
+def wide_model() -> LayerList:
+    """A 16 -> 16384 linear layer, four ReLUs and a 16384 -> 10 one: wide activations, little compute."""
+    return LayerList((("Linear", {"in_features": WIDTH, "out_features": WIDE}), *[("ReLU", {})] * 4,
+                      ("Linear", {"in_features": WIDE, "out_features": 10})))
+
+
 def host_operation_overhead_s(cache_dir: str | None = None) -> float:
     """Seconds the runtime adds to each forward and backward on this host (measured once, then cached)."""
     return float(operation_overhead_record(cache_dir)["operation_overhead_s"])
 
 
+def host_byte_overhead_s(cache_dir: str | None = None) -> float:
+    """Seconds the runtime spends on each byte a device sends or receives on this host (measured once, cached)."""
+    return float(operation_overhead_record(cache_dir)["byte_overhead_s"])
+
+
 def operation_overhead_record(cache_dir: str | None = None) -> dict:
     """The cached calibration of this host (:func:`measure_operation_overhead`'s record), measured if missing."""
     path = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    path = path / f"runtime-overhead-m{PROFILE_METHOD}-torch{torch.__version__}-{host_cores()}cores.json"
+    path = path / (f"runtime-overhead-v{RECORD_VERSION}-m{PROFILE_METHOD}-torch{torch.__version__}-"
+                   f"{host_cores()}cores.json")
     if path.exists():
         return json.loads(path.read_text())
     measured = measure_operation_overhead(cache_dir=cache_dir)
@@ -64,29 +81,48 @@ def operation_overhead_record(cache_dir: str | None = None) -> dict:
 
 def measure_operation_overhead(micro_batches: int = 48, rounds: int = 3, timeout_s: float = 120.0,
                                cache_dir: str | None = None) -> dict:
-    """Run the calibration model at host speed and fit the per-operation overhead (see the module docstring)."""
-    spec = calibration_model()
-    _, layers = spec.build()
-    profile = profile_model(layers, (WIDTH,), name="runtime-calibration", cache_dir=cache_dir)
-    pool = make_pool("calibration", ["nano-10w"] * DEVICES)
-    plan = make_plan("even", profile, pool, micro_batches, micro_batch=1)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(plan.batch_size, WIDTH, generator=generator)
-    y = torch.randint(0, 10, (plan.batch_size,), generator=generator)
-    with HomePipeline(spec, pool, plan, profile=profile, emulate=False, timeout_s=timeout_s) as home:
-        home.train(None, x, y, 1, lr=0.0, momentum=0.0)  # warm-up: one-time costs of fresh processes
-        measured = statistics.median(home.train(None, x, y, rounds, lr=0.0, momentum=0.0).sync_round_s)
-    machine, cores = host_pool(pool), host_cores()
+    """Run the two calibration models at host speed and fit the overheads (see the module docstring)."""
+    narrow = _Calibration(calibration_model(), 1, micro_batches, rounds, timeout_s, cache_dir)
+    operation = _fit(lambda o: narrow.predict(o, 0.0), narrow.measured, narrow.measured / micro_batches)
+    wide = _Calibration(wide_model(), 4, micro_batches // 4, rounds, timeout_s, cache_dir)
+    wide_bytes = float(wide.profile.activation_bytes.max()) * wide.plan.batch_size * 2 * (DEVICES - 1)
+    byte = _fit(lambda c: wide.predict(operation, c), wide.measured, 10 * wide.measured / wide_bytes)
+    return {"operation_overhead_s": operation, "byte_overhead_s": byte, "measured_sync_round_s": narrow.measured,
+            "predicted_without_overhead_s": narrow.predict(0.0, 0.0), "micro_batches": micro_batches,
+            "wide_measured_sync_round_s": wide.measured, "wide_predicted_without_bytes_s": wide.predict(operation, 0.0),
+            "stages": len(narrow.plan.stages), "cores": host_cores()}
 
-    def predicted(overhead_s: float) -> float:
-        return simulate(plan, profile, machine, cores=cores, operation_overhead_s=overhead_s).sync_round_s
 
-    low, high = 0.0, measured / plan.num_micro_batches
+class _Calibration:
+    """One calibration model's median sync-round at host speed, and the cost model's for given overheads."""
+
+    def __init__(self, spec: LayerList, micro_batch: int, micro_batches: int, rounds: int, timeout_s: float,
+                 cache_dir: str | None):
+        _, layers = spec.build()
+        name = "runtime-calibration" if micro_batch == 1 else f"runtime-calibration-wide-{micro_batch}"
+        self.profile = profile_model(layers, (WIDTH,), name=name, cache_dir=cache_dir)
+        pool = make_pool("calibration", ["nano-10w"] * DEVICES)
+        self.plan = make_plan("even", self.profile, pool, micro_batches * micro_batch, micro_batch=micro_batch)
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(self.plan.batch_size, WIDTH, generator=generator)
+        y = torch.randint(0, 10, (self.plan.batch_size,), generator=generator)
+        with HomePipeline(spec, pool, self.plan, profile=self.profile, emulate=False, timeout_s=timeout_s) as home:
+            home.train(None, x, y, 1, lr=0.0, momentum=0.0)  # warm-up: one-time costs of fresh processes
+            self.measured = statistics.median(home.train(None, x, y, rounds, lr=0.0, momentum=0.0).sync_round_s)
+        self.machine = host_pool(pool)
+
+    def predict(self, operation_s: float, byte_s: float) -> float:
+        return simulate(self.plan, self.profile, self.machine, cores=host_cores(), operation_overhead_s=operation_s,
+                        byte_overhead_s=byte_s).sync_round_s
+
+
+def _fit(predicted, measured: float, high: float) -> float:
+    """The overhead for which ``predicted`` (growing with it) equals ``measured``, by bisection in [0, high]
+    (0 when even no overhead predicts more than was measured)."""
+    low = 0.0
     if predicted(low) >= measured:
-        high = 0.0
+        return 0.0
     for _ in range(40):
         middle = (low + high) / 2
         low, high = (middle, high) if predicted(middle) < measured else (low, middle)
-    return {"operation_overhead_s": high, "measured_sync_round_s": measured,
-            "predicted_without_overhead_s": predicted(0.0), "micro_batches": plan.num_micro_batches,
-            "stages": len(plan.stages), "cores": cores}
+    return high
