@@ -73,7 +73,7 @@ from benchmarks.home_runs import describe_plan, run_plan  # noqa: E402
 from benchmarks.markdown_section import cell, replace_section  # noqa: E402
 from ecofl.devices import HomePool, host_cores  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
-from ecofl.pipeline.cost import stage_compute_s  # noqa: E402
+from ecofl.pipeline.cost import simulate, stage_compute_s  # noqa: E402
 from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
@@ -153,7 +153,8 @@ def emulated_run(model: str, pool: HomePool, plan: Plan, profile: ModelProfile, 
                           limits=limits, rounds=args.rounds, timeout_s=args.timeout)
     except (EmulatedOOM, DeviceOutOfMemory) as error:
         print(f"[{label}] {describe_plan(plan, pool)}: {error}", file=sys.stderr, flush=True)
-        return {"plan_text": describe_plan(plan, pool), "oom": str(error)}
+        return {"plan_text": describe_plan(plan, pool), "oom": str(error),  # beside what the model said
+                "model_memory_bytes": [int(b) for b in simulate(plan, profile, pool).stage_memory_bytes]}
     print(f"[{label}] {report['plan_text']}: {report['throughput']:.2f} samples/s measured, "
           f"{report['predicted_throughput']:.2f} predicted, {report['cpu_cores_used']:.2f} cores used, "
           f"load {report['load_average'][0]:.1f}", file=sys.stderr, flush=True)
@@ -164,9 +165,10 @@ def table2(args: argparse.Namespace, profiles: Profiles, devices: Devices) -> di
     """1F1B-Sync and GPipe on one partition, for each M (Eco-FL Table 2)."""
     profile = profiles(TABLE2_MODEL)
     pool, limits = devices(TABLE2_MODEL, TABLE2_POOL, profile, TABLE2_MICRO_BATCH)
-    base = make_plan("ecofl", profile, pool, TABLE2_MICRO_BATCH * max(TABLE2_M), micro_batch=TABLE2_MICRO_BATCH)
+    counts = [int(m) for m in args.table2_m.split(",")]
+    base = make_plan("ecofl", profile, pool, TABLE2_MICRO_BATCH * max(counts), micro_batch=TABLE2_MICRO_BATCH)
     runs = []
-    for m in TABLE2_M:
+    for m in counts:
         for schedule in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
             plan = dataclasses.replace(base, num_micro_batches=m, schedule=schedule)
             runs.append({"schedule": schedule, "M": m,
@@ -269,7 +271,8 @@ def markdown_table2(results: dict) -> str:
     for run in part["runs"]:
         name = "GPipe" if ScheduleKind.from_str(run["schedule"]) == ScheduleKind.GPIPE else "1F1B-Sync"
         if "oom" in run:
-            lines.append(f"| {name} | {run['M']} | OOM: {run['oom']} | | | | | | |")
+            model = " / ".join(f"{b / MIB:.0f}" for b in run.get("model_memory_bytes", []))
+            lines.append(f"| {name} | {run['M']} | OOM: {run['oom']} | | | {model} | | | |")
             continue
         stages = run["stages"]
         lines.append(
@@ -358,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {', '.join(PARTS)}")
     parser.add_argument("--rounds", type=int, default=2, help="measured sync-rounds per run (after one warm-up)")
     parser.add_argument("--batch", type=int, default=64, help="mini-batch of Fig. 12's runs")
+    parser.add_argument("--table2-m", default=",".join(map(str, TABLE2_M)),
+                        help="Table 2's numbers of micro-batches M (the partition is planned for the largest)")
     parser.add_argument("--table4-batch", type=int, default=128, help="mini-batch of Table 4's pooled runs")
     parser.add_argument("--time-scale", type=float, default=0.5, help="device speeds and link bandwidths x this")
     parser.add_argument("--timeout", type=float, default=600.0)

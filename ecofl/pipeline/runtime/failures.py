@@ -62,9 +62,11 @@ def death_notice(device: int, during: str, devices: LocalDevices, name: Callable
     tail = devices.log_tail(device)
     log = f"; its last output: {tail}" if tail else ""
     if devices.out_of_memory(device):
-        limit = devices.confinement.limits[device].memory_bytes
+        budget = devices.confinement.limits[device].memory_bytes
+        limit = devices.confinement.groups[device].memory_limit_bytes
         return (f"device {device} ({name(device)}) ran out of memory while {during}: the kernel killed its worker "
-                f"at its cgroup's limit of {limit / 2**20:.0f} MiB{detail}{log}")
+                f"at its cgroup's limit of {limit / 2**20:.0f} MiB (its budget of {budget / 2**20:.0f} MiB and "
+                f"the runtime){detail}{log}")
     return f"device {device} ({name(device)}) went away{detail} while {during}{log}"
 
 

@@ -167,6 +167,7 @@ def serve() -> None:
     from ecofl.pipeline.runtime import worker  # torch and the runtime, once for every child
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the portal's to handle: it stops the workers
+    server = os.getpid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -194,7 +195,7 @@ def serve() -> None:
                 _reply({"id": request["id"], "error": str(error)})
                 continue
             if pid == 0:
-                _run_child(request, worker.main, (wake_r, wake_w))
+                _run_child(request, worker.main, server, (wake_r, wake_w))
             children.add(pid)
             _reply({"id": request["id"], "pid": pid})
     for pid in children:
@@ -227,8 +228,9 @@ def _reply(message: dict) -> None:
     sys.stdout.flush()
 
 
-def _run_child(request: dict, main, server_fds: tuple[int, int]) -> None:
-    """In the forked child: become the worker the request describes; never return to the server's loop."""
+def _run_child(request: dict, main, server: int, server_fds: tuple[int, int]) -> None:
+    """In the forked child of ``server``: become the worker the request describes; never return to the
+    server's loop."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
@@ -238,7 +240,7 @@ def _run_child(request: dict, main, server_fds: tuple[int, int]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:
+        if os.getppid() != server:
             os._exit(1)  # the server died before the line above
         libc.prctl(_PR_SET_NAME, request["name"].encode()[:15])
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)  # from here on, errors go to the worker's log
@@ -246,6 +248,8 @@ def _run_child(request: dict, main, server_fds: tuple[int, int]) -> None:
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
         for procs in request["cgroup_procs"]:  # before the worker allocates: its cgroup is charged for it
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
