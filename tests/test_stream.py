@@ -77,23 +77,6 @@ def test_inference_tables_are_forward_times_and_activation_transfers():
     assert inference.schedule == "stream" and inference.in_flight_target(5, 0) == STREAM_IN_FLIGHT
 
 
-def test_a_stream_is_timed_by_inference_forwards_where_the_profile_has_them():
-    """A training forward records the graph its backward needs; an inference forward does not, and is shorter.
-    The stream model, the planners' inference tables and the sleep mode's targets all use the inference times."""
-    from ecofl.pipeline.runtime.topology import worker_roles
-
-    profile = linear_profile([0.2, 0.4], activation=[10, 10])
-    faster = replace(profile, inference_s=profile.forward_s / 2)
-    pool = pool_of((1.0, 1e9), (1.0, 1e9))
-    plan = chain((0, 0, 0), (1, 1, 1), micro_batch=2, count=24)
-    assert np.isclose(simulate_stream(plan, profile, pool).period_s, 0.8)
-    assert np.isclose(simulate_stream(plan, faster, pool).period_s, 0.4)
-    assert np.allclose(stage_tables(faster, 2, "inference").compute, [0, 0.2, 0.6])
-    assert np.allclose(stage_tables(faster, 2).compute, stage_tables(profile, 2).compute)  # training: unchanged
-    roles = worker_roles(plan, pool, faster, emulate=True)
-    assert [role.forward_s for role in roles] == pytest.approx([0.2, 0.4])
-
-
 def test_a_chain_streams_at_its_bottleneck_with_three_held():
     profile = linear_profile([0.1, 0.3, 0.2], activation=[2000, 500, 10])
     pool = pool_of((1.0, 10_000), (1.0, 10_000), (1.0, 10_000))

@@ -105,14 +105,6 @@ def stage_compute_s(
     return float(forward[first : last + 1].sum()), float(backward[first : last + 1].sum())
 
 
-def stage_inference_s(profile: ModelProfile, device: DeviceSpec, layers: tuple[int, int], samples: int) -> float:
-    """Inference-forward seconds of layers[0]..layers[1] on ``device`` for ``samples`` samples."""
-    if samples == 0:
-        return 0.0
-    first, last = layers
-    return float(profile.inference_times(samples)[first : last + 1].sum()) / device.speed
-
-
 def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | None = None,
              operation_overhead_s: float = 0.0, byte_overhead_s: float = 0.0) -> SyncRoundCost:
     """Event simulation of one sync-round of ``plan`` (see the module docstring for the model).

@@ -60,7 +60,6 @@ class ModelProfile:
     flops: np.ndarray  # [L] forward FLOPs per sample
     input_bytes: int  # one input sample (what the portal sends to stage 0)
     optimizer_step_s: np.ndarray | None = None  # [L] host seconds of one optimizer step; None = free
-    inference_s: np.ndarray | None = None  # [L, B] host seconds of an inference forward; None = forward_s
 
     @property
     def num_layers(self) -> int:
@@ -71,12 +70,6 @@ class ModelProfile:
         return _interpolate(self.batch_sizes, self.forward_s, batch), _interpolate(
             self.batch_sizes, self.backward_s, batch
         )
-
-    def inference_times(self, batch: int) -> np.ndarray:
-        """Host seconds of every layer's inference forward (eval mode, no autograd) for a micro-batch of
-        ``batch``: shorter than a training forward, which records the graph its backward needs."""
-        return _interpolate(self.batch_sizes, self.forward_s if self.inference_s is None else self.inference_s,
-                            batch)
 
 
 def device_times(profile: ModelProfile, device: DeviceSpec, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,7 +94,7 @@ def _interpolate(sizes: tuple[int, ...], times: np.ndarray, batch: int) -> np.nd
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 #: Bumped when what a profile measures changes, so older cached profiles are measured again.
-PROFILE_METHOD = 3  # 3: with inference forwards
+PROFILE_METHOD = 2
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "ecofl" / "profiles"
 
 
@@ -229,7 +222,6 @@ def _measure(
     count = len(layers)
     forward = np.zeros((count, len(sizes)))
     backward = np.zeros((count, len(sizes)))
-    inference = np.zeros((count, len(sizes)))
     generator = torch.Generator().manual_seed(0)
     for column, batch in enumerate(sizes):
         x = torch.randn((batch, *input_shape), generator=generator)
@@ -244,8 +236,6 @@ def _measure(
         forward[:, column] *= whole_forward / forward[:, column].sum()
         if backward[:, column].sum() > 0:
             backward[:, column] *= whole_backward / backward[:, column].sum()
-        inference[:, column] = _time_inference(layers, torch.randn((batch, *input_shape), generator=generator),
-                                               warmup, repeats)
     activation, gradient, stash, flops = (np.zeros(count) for _ in range(4))
     batch = sizes[-1]
     x = torch.randn((batch, *input_shape), generator=generator)
@@ -272,7 +262,6 @@ def _measure(
         batch_sizes=sizes,
         forward_s=forward,
         backward_s=backward,
-        inference_s=inference,
         activation_bytes=activation,
         gradient_bytes=gradient,
         stash_bytes=stash,
@@ -370,31 +359,6 @@ def _time_pass(layers: list[nn.Module], x: torch.Tensor, warmup: int, repeats: i
             forward_times.append(forward_s)
             backward_times.append(backward_s)
     return statistics.median(forward_times), statistics.median(backward_times)
-
-
-def _time_inference(layers: list[nn.Module], x: torch.Tensor, warmup: int, repeats: int) -> np.ndarray:
-    """Each layer's median seconds of an inference forward (eval mode, no autograd), scaled so that they add
-    up to the median of whole inference passes (as training times are)."""
-    modes = [layer.training for layer in layers]
-    for layer in layers:
-        layer.eval()
-    per_layer = [[] for _ in layers]
-    passes = []
-    try:
-        with torch.no_grad():
-            for run in range(warmup + repeats):
-                y, started = x, time.perf_counter()
-                for l, layer in enumerate(layers):
-                    start = time.perf_counter()
-                    y = layer(y)
-                    per_layer[l].append(time.perf_counter() - start)
-                passes.append(time.perf_counter() - started)
-    finally:
-        for layer, mode in zip(layers, modes):
-            layer.train(mode)
-    times = np.array([statistics.median(t[warmup:]) for t in per_layer])
-    whole = statistics.median(passes[warmup:])
-    return times * (whole / times.sum()) if times.sum() > 0 else times
 
 
 def _cache_key(name: str, layers: Sequence[nn.Module], input_shape: tuple[int, ...], sizes: tuple[int, ...]) -> str:

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.cost import stage_inference_s
+from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.plan import Plan, ScheduleKind, check_plan, sample_ranges
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import ActionKind
@@ -222,7 +222,7 @@ def _devices(plan: Plan, profile: ModelProfile, pool: HomePool, count: int) -> l
     """Each stage's devices with a share, connected to the next stage's (overlapping samples) or the portal."""
     stages = [
         [
-            _Device(device, lo, hi, stage_inference_s(profile, pool.devices[device], stage.layers, hi - lo),
+            _Device(device, lo, hi, stage_compute_s(profile, pool.devices[device], stage.layers, hi - lo)[0],
                     stage.in_flight, count)
             for device, lo, hi in sample_ranges(stage)
         ]

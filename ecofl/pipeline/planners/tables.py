@@ -144,8 +144,6 @@ def stage_tables(profile: ModelProfile, micro_batch: int, objective: str = "trai
     """The prefix sums of ``profile`` with micro-batches of ``micro_batch`` samples, for ``objective``."""
     check_objective(objective)
     forward, backward = profile.layer_times(micro_batch)
-    if objective == "inference":
-        forward = profile.inference_times(micro_batch)
     weights = _prefix(profile.weight_bytes)
     if objective == "training":
         size = profile.num_layers + 1
@@ -188,9 +186,8 @@ def batch_prefix(profile: ModelProfile, max_batch: int, objective: str = "traini
     forward = np.zeros((max_batch + 1, profile.num_layers + 1))
     backward = np.zeros_like(forward)
     for y in range(1, max_batch + 1):
+        f, b = profile.layer_times(y)
+        forward[y, 1:] = np.cumsum(f)
         if objective == "training":
-            f, b = profile.layer_times(y)
-            forward[y, 1:], backward[y, 1:] = np.cumsum(f), np.cumsum(b)
-        else:
-            forward[y, 1:] = np.cumsum(profile.inference_times(y))
+            backward[y, 1:] = np.cumsum(b)
     return forward, backward

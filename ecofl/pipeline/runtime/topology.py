@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.cost import stage_compute_s, stage_inference_s
+from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.instructions import (
     Backward,
     Forward,
@@ -160,9 +160,7 @@ def worker_roles(
         for device, (lo, hi) in ranges[s].items():
             spec = pool.devices[device]
             forward = backward = step = None
-            if emulate and profile is not None and stream:
-                forward = stage_inference_s(profile, spec, stage.layers, hi - lo)
-            elif emulate and profile is not None:
+            if emulate and profile is not None:
                 forward, backward = stage_compute_s(profile, spec, stage.layers, hi - lo)
                 if profile.optimizer_step_s is not None:
                     first, last = stage.layers
