@@ -23,6 +23,7 @@ from ecofl.pipeline.runtime.confinement import Confinement
 from ecofl.pipeline.runtime.worker_environment import PORTAL_PID_ENV, SECRET_ENV, worker_environment
 from ecofl.pipeline.runtime.worker_forks import WORKER_NAME, ForkedWorker, worker_forks
 
+
 class LocalDevices:
     """The worker processes of one home pipeline, by device index."""
 

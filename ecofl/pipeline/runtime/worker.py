@@ -11,7 +11,8 @@ the process; so does the loss of the portal's connection. With
 ``--sessions`` (a device daemon's warm worker,
 :mod:`ecofl.deploy.device_daemon`) the process serves one session after
 another, as standard input names them, so no round waits for Python and torch
-to start.
+to start. A portal's own local workers run :func:`main` in a child of its
+fork server (:mod:`.worker_forks`) for the same reason.
 """
 
 from __future__ import annotations
