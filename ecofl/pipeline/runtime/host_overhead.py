@@ -82,9 +82,10 @@ def operation_overhead_record(cache_dir: str | None = None) -> dict:
 def measure_operation_overhead(micro_batches: int = 48, rounds: int = 3, timeout_s: float = 120.0,
                                cache_dir: str | None = None) -> dict:
     """Run the two calibration models at host speed and fit the overheads (see the module docstring)."""
-    narrow = _Calibration(calibration_model(), 1, micro_batches, rounds, timeout_s, cache_dir)
+    narrow = _Calibration("runtime-calibration", calibration_model(), 1, micro_batches, rounds, timeout_s, cache_dir)
     operation = _fit(lambda o: narrow.predict(o, 0.0), narrow.measured, narrow.measured / micro_batches)
-    wide = _Calibration(wide_model(), 4, micro_batches // 4, rounds, timeout_s, cache_dir)
+    wide = _Calibration("runtime-calibration-wide", wide_model(), 4, micro_batches // 4, rounds, timeout_s,
+                        cache_dir)
     wide_bytes = float(wide.profile.activation_bytes.max()) * wide.plan.batch_size * 2 * (DEVICES - 1)
     byte = _fit(lambda c: wide.predict(operation, c), wide.measured, 10 * wide.measured / wide_bytes)
     return {"operation_overhead_s": operation, "byte_overhead_s": byte, "measured_sync_round_s": narrow.measured,
@@ -96,10 +97,9 @@ def measure_operation_overhead(micro_batches: int = 48, rounds: int = 3, timeout
 class _Calibration:
     """One calibration model's median sync-round at host speed, and the cost model's for given overheads."""
 
-    def __init__(self, spec: LayerList, micro_batch: int, micro_batches: int, rounds: int, timeout_s: float,
-                 cache_dir: str | None):
+    def __init__(self, name: str, spec: LayerList, micro_batch: int, micro_batches: int, rounds: int,
+                 timeout_s: float, cache_dir: str | None):
         _, layers = spec.build()
-        name = "runtime-calibration" if micro_batch == 1 else f"runtime-calibration-wide-{micro_batch}"
         self.profile = profile_model(layers, (WIDTH,), name=name, cache_dir=cache_dir)
         pool = make_pool("calibration", ["nano-10w"] * DEVICES)
         self.plan = make_plan("even", self.profile, pool, micro_batches * micro_batch, micro_batch=micro_batch)
