@@ -21,7 +21,7 @@ from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime import HomePipeline, LayerList
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
-from ecofl.train import accumulate_gradients, proximal_term
+from ecofl.train import accumulate_gradients
 from ecofl.weights import get_weights, set_weights
 
 # -- models, pools, data (the transparency tests) ----------------------------------------------------
@@ -52,6 +52,11 @@ def pool(n: int) -> HomePool:
 def data(n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     return torch.randn(n, 6, generator=generator), torch.randint(0, 3, (n,), generator=generator)
+
+
+def proximal_term(model: torch.nn.Module, reference: list[torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx's mu/2 ||w - w_ref||^2 as a loss (Li et al.): the reference the closed-form gradient is checked against."""
+    return 0.5 * mu * sum(((p - r) ** 2).sum() for p, r in zip(model.parameters(), reference))
 
 
 def single_process(spec, weights, x, y, plan, rounds, lr, momentum=0.0, mu=0.0):

@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 from ecofl.errors import UserError
-from ecofl.train import TrainConfig, accumulate_gradients, evaluate, proximal_term, train_local
+from ecofl.train import TrainConfig, accumulate_gradients, add_proximal_gradient, evaluate, train_local
 from ecofl.weights import get_weights, set_weights
+from pipeline_kit import proximal_term
 
 
 def small_mlp(seed: int = 0) -> nn.Module:
@@ -31,9 +32,25 @@ def test_fedprox_gradient_is_grad_f_plus_mu_times_distance():
     model.zero_grad()
 
     accumulate_gradients(model, x, y, micro_batches=1)
+    add_proximal_gradient(list(model.parameters()), reference, mu)
+    closed_form = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    accumulate_gradients(model, x, y, micro_batches=1)
     proximal_term(model, reference, mu).backward()
-    for p, g, r in zip(model.parameters(), grad_f, reference):
+    for p, g, r, c in zip(model.parameters(), grad_f, reference, closed_form):
         torch.testing.assert_close(p.grad, g + mu * (p.detach() - r), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(c, p.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_proximal_gradient_fills_a_parameter_without_gradient_and_checks_lengths():
+    model = small_mlp()
+    reference = [p.detach().clone() - 1.0 for p in model.parameters()]
+    add_proximal_gradient(list(model.parameters()), reference, 0.5)
+    for p in model.parameters():
+        torch.testing.assert_close(p.grad, torch.full_like(p, 0.5))
+    with pytest.raises(ValueError, match="reference has 1 tensors"):
+        add_proximal_gradient(list(model.parameters()), reference[:1], 0.5)
 
 
 @pytest.mark.parametrize("micro_batches", [2, 3, 4])

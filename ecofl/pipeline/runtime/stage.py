@@ -53,6 +53,7 @@ from ecofl.pipeline.runtime.emulation import MemoryLedger, dilate, saved_bytes
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.weight_stash import WeightVersions
 from ecofl.pipeline.schedule import ActionKind
+from ecofl.train import add_proximal_gradient
 
 
 @dataclass
@@ -249,11 +250,7 @@ class StageExecutor:
             for p, grad in zip(self.params, r.step_grads.pop(m)):
                 p.grad = grad
         if self.settings.mu > 0:
-            with torch.no_grad():
-                for p, ref in zip(self.params, self.reference):
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    p.grad.add_(p - ref, alpha=self.settings.mu)
+            add_proximal_gradient(self.params, self.reference, self.settings.mu)
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
