@@ -19,6 +19,7 @@ from ecofl.net.auth import admit_peer, join_home
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.links import PeerLost
 from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
+from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
 from ecofl.net.wire import recv_message, send_message
 
@@ -161,6 +162,40 @@ def test_ring_all_reduce_gives_every_rank_the_same_sum(n):
         for r in range(n):
             torch.testing.assert_close(results[r], expected)
             assert torch.equal(results[r], results[0])  # bitwise the same on every replica
+    finally:
+        close_all(listeners, ranks)
+
+
+class CountingBucket(TokenBucket):
+    """A link fast enough not to slow the test, which counts the bytes it lets out."""
+
+    def __init__(self) -> None:
+        super().__init__(1e12)
+        self.sent = 0
+
+    def consume(self, nbytes: int) -> None:
+        self.sent += nbytes
+        super().consume(nbytes)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_paced_ring_all_reduce_sends_every_byte_through_the_ranks_link(n):
+    """Asteroid eq. 5: each rank of a ring sends 2 (n - 1) / n of the tensor, all of it through its paced link
+    (a replicated stage's all-reduce on emulated links was unpaced before, so data parallelism looked free)."""
+    listeners, ranks = meshes(n)
+    size = 3000  # divisible by n: every chunk the same
+    buckets = [CountingBucket() for _ in range(n)]
+    results: dict[int, torch.Tensor] = {}
+    threads = [threading.Thread(target=lambda r=r: results.__setitem__(r, ranks[r].all_reduce(
+        torch.full((size,), float(r)), tuple(range(n)), tag=99, bucket=buckets[r]))) for r in range(n)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        for r in range(n):
+            torch.testing.assert_close(results[r], torch.full((size,), float(sum(range(n)))))
+            assert buckets[r].sent == 2 * (n - 1) * (size // n) * 4  # float32 bytes
     finally:
         close_all(listeners, ranks)
 

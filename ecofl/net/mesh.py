@@ -147,8 +147,10 @@ class EpochMesh:
         return self._link(src).take(tag, self.timeout_s if timeout_s is None else timeout_s, abort)
 
     def all_reduce(self, tensor: torch.Tensor, ranks: tuple[int, ...], tag: int,
-                   abort: AbortCheck = never_aborted) -> torch.Tensor:
+                   abort: AbortCheck = never_aborted, bucket: TokenBucket | None = None) -> torch.Tensor:
         """Sum ``tensor`` (1-D) over ``ranks`` (this rank among them) with a ring; every rank gets the same sum.
+
+        ``bucket`` paces this rank's sends (an emulated link; None: the kernel's pace).
 
         Reduce-scatter: in step k, position i sends chunk (i - k) mod n to the
         next position and adds the chunk (i - k - 1) mod n it receives; after
@@ -163,10 +165,10 @@ class EpochMesh:
         chunks = [c.clone() for c in torch.tensor_split(tensor, n)]
         tickets = []
         for step in range(n - 1):
-            tickets.append(self.send(after, chunks[(position - step) % n].clone(), tag))
+            tickets.append(self.send(after, chunks[(position - step) % n].clone(), tag, bucket))
             chunks[(position - step - 1) % n] += self.recv(before, tag, abort=abort)
         for step in range(n - 1):
-            tickets.append(self.send(after, chunks[(position - step + 1) % n].clone(), tag))
+            tickets.append(self.send(after, chunks[(position - step + 1) % n].clone(), tag, bucket))
             chunks[(position - step) % n] = self.recv(before, tag, abort=abort)
         for ticket in tickets:
             ticket.wait(self.timeout_s, abort, "the stage's all-reduce")

@@ -88,6 +88,8 @@ class StageExecutor:
         # The emulated link to each neighbour (None: the kernel's pace)
         self.links = {p.rank: TokenBucket(p.bandwidth_bps) if p.bandwidth_bps else None
                       for p in role.sources + role.destinations}
+        # ... and to the next replica of the stage's all-reduce ring (its slowest link, Asteroid eq. 5)
+        self.ring_link = TokenBucket(role.allreduce_bps) if role.allreduce_bps else None
         self.slowdown = 1.0  # an injected load: every operation takes this many times as long
         self.reserved_bytes = 0  # replicas of other stages this device keeps (memory beside its own stage)
         self.abort: AbortCheck = never_aborted
@@ -228,12 +230,13 @@ class StageExecutor:
         self.reached("allreduce")
         start = time.time()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = self.mesh.all_reduce(_flatten_dense_tensors(grads), role.replicas, ALLREDUCE_TAG, self.abort)
+        flat = self.mesh.all_reduce(_flatten_dense_tensors(grads), role.replicas, ALLREDUCE_TAG, self.abort,
+                                    self.ring_link)
         for p, reduced in zip(self.params, _unflatten_dense_tensors(flat, grads)):
             p.grad = reduced
         if self.buffers:
             flat = _flatten_dense_tensors([b * role.replica_weight for b in self.buffers])
-            flat = self.mesh.all_reduce(flat, role.replicas, ALLREDUCE_TAG, self.abort)
+            flat = self.mesh.all_reduce(flat, role.replicas, ALLREDUCE_TAG, self.abort, self.ring_link)
             for b, reduced in zip(self.buffers, _unflatten_dense_tensors(flat, self.buffers)):
                 b.copy_(reduced)
         emulated = None
