@@ -59,6 +59,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -123,7 +124,12 @@ class Profiles:
 
 class Devices:
     """The pools the runs plan on: the scaled presets (sleep), or the speeds the confined devices measured in
-    their cgroups (cgroup; once per model and pool), with the limits they run under."""
+    their cgroups (cgroup; once per model, pool and micro-batch), with the limits they run under.
+
+    A confined device's speed depends on the micro-batch it computes (a throttled process loses more of its
+    quota to per-call work on small ones), so each method is calibrated at the samples per device its plan
+    on the presets gives (:func:`operating_micro_batch`), as Asteroid §3.3 profiles per batch size.
+    """
 
     def __init__(self, args: argparse.Namespace):
         self.args, self.confined = args, {}
@@ -133,15 +139,21 @@ class Devices:
         presets = scaled(load_pool(pool_name, None), self.args.time_scale)
         if self.args.emulate == "sleep":
             return presets, None
-        if (model, pool_name) not in self.confined:
+        key = (model, pool_name, micro_batch)
+        if key not in self.confined:
             confined = confine_pool(ZooModel(model, SHAPE, CLASSES, GRANULARITY), SHAPE, profile, presets,
                                     micro_batch)
-            print(f"[{model} {pool_name}] speeds measured in the cgroups: " + ", ".join(
+            print(f"[{model} {pool_name} micro-batch {micro_batch}] speeds measured in the cgroups: " + ", ".join(
                 f"{d.name} {d.speed:.3f} (quota {confined.limits[i].cores:.3f})"
                 for i, d in enumerate(confined.pool.devices)), file=sys.stderr, flush=True)
-            self.confined[(model, pool_name)] = confined
-        confined = self.confined[(model, pool_name)]
+            self.confined[key] = confined
+        confined = self.confined[key]
         return confined.pool, confined.limits
+
+
+def operating_micro_batch(plan: Plan) -> int:
+    """The samples a device of ``plan`` computes per call: the median of every device's share."""
+    return int(statistics.median(share for stage in plan.stages for share in stage.shares if share))
 
 
 def emulated_run(model: str, pool: HomePool, plan: Plan, profile: ModelProfile, args: argparse.Namespace,
@@ -185,9 +197,10 @@ def fig12(args: argparse.Namespace, profiles: Profiles, devices: Devices) -> dic
         profile = profiles(model)
         for pool_name in FIG12_POOLS:
             presets = scaled(load_pool(pool_name, None), args.time_scale)
-            pool, limits = devices(model, pool_name, profile, make_plan("ecofl", profile, presets, args.batch).micro_batch)
             for planner in FIG12_PLANNERS:
                 options = {"balance": "flops"} if planner == "even" else {}
+                on_presets = make_plan(planner, profile, presets, args.batch, **options)
+                pool, limits = devices(model, pool_name, profile, operating_micro_batch(on_presets))
                 plan = make_plan(planner, profile, pool, args.batch, **options)
                 runs.append({"model": model, "pool": pool_name, "planner": planner,
                              **emulated_run(model, pool, plan, profile, args, f"fig12 {model} {pool_name} {planner}",
@@ -209,13 +222,16 @@ def table4(args: argparse.Namespace, profiles: Profiles, devices: Devices) -> di
         profile = profiles(model)
         for pool_name in TABLE4_POOLS:
             presets = scaled(load_pool(pool_name, None), args.time_scale)
-            pool, limits = devices(model, pool_name, profile,
-                                   make_plan("hpp", profile, presets, args.table4_batch).micro_batch)
             for planner in TABLE4_METHODS:
+                on_presets = make_plan(planner, profile, presets, args.table4_batch)
+                pool, limits = devices(model, pool_name, profile, operating_micro_batch(on_presets))
                 plan = make_plan(planner, profile, pool, args.table4_batch)
                 runs.append({"model": model, "pool": pool_name, "method": planner,
                              **emulated_run(model, pool, plan, profile, args, f"table4 {model} {pool_name} {planner}",
                                             limits)})
+            index = max(range(len(presets)), key=lambda d: presets.devices[d].speed)
+            pool, limits = devices(model, pool_name, profile,
+                                   single_device_plan(profile, presets.devices[index]).micro_batch)
             index = max(range(len(pool)), key=lambda d: pool.devices[d].speed)
             fastest = pool.devices[index]
             alone = HomePool(fastest.name, (fastest,))
