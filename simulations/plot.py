@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,21 +182,36 @@ def _override_keys(runs: list[Run]) -> list[str]:
     return sorted({key for run in runs for key in run.overrides})
 
 
+def over_lambda(runs: list[Run], value_of: Callable[[Run], float]) -> tuple[list[float], np.ndarray, np.ndarray,
+                                                                           np.ndarray]:
+    """Per lambda (ascending): the mean of ``value_of`` over its runs (the seeds), their lowest and highest."""
+    by_lambda: dict[float, list[float]] = {}
+    for run in runs:
+        by_lambda.setdefault(run.grouping_lambda(), []).append(value_of(run))
+    lambdas = sorted(by_lambda)
+    values = [np.array(by_lambda[lam], dtype=float) for lam in lambdas]
+    return (lambdas, np.array([v.mean() for v in values]), np.array([v.min() for v in values]),
+            np.array([v.max() for v in values]))
+
+
 def plot_lambda(runs: list[Run], path: Path) -> Path:
-    """Eco-FL Fig. 9: mean group JS divergence, mean group latency and late accuracy vs lambda."""
-    order = sorted(runs, key=lambda run: run.grouping_lambda())
-    lambdas = [run.grouping_lambda() for run in order]
-    panels = [
-        ("mean group JS divergence", [run.mean_of("mean_group_js") for run in order]),
-        ("mean group round latency (s)", [run.mean_of("mean_group_latency") for run in order]),
-        ("test accuracy (mean, 2nd half)", [run.late_accuracy() for run in order]),
+    """Eco-FL Fig. 9: mean group JS divergence, mean group latency and late accuracy vs lambda.
+
+    Runs of the same lambda (seeds) are one point, their mean, with a bar from the lowest to the highest seed.
+    """
+    figures = [
+        ("mean group JS divergence", lambda run: run.mean_of("mean_group_js")),
+        ("mean group round latency (s)", lambda run: run.mean_of("mean_group_latency")),
+        ("test accuracy (mean, 2nd half)", Run.late_accuracy),
     ]
+    seeds = max(sum(r.grouping_lambda() == run.grouping_lambda() for r in runs) for run in runs)
     figure, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    for ax, (title, values) in zip(axes, panels):
-        ax.plot(lambdas, values, marker="o")
+    for ax, (title, value_of) in zip(axes, figures):
+        lambdas, means, lows, highs = over_lambda(runs, value_of)
+        ax.errorbar(lambdas, means, yerr=[means - lows, highs - means] if seeds > 1 else None, marker="o", capsize=3)
         ax.set_xscale("symlog", linthresh=1.0)  # lambda spans 0 to hundreds
         ax.set_xlabel("lambda")
-        ax.set_title(title)
+        ax.set_title(title + (f"\nmean of {seeds} seeds, bar: lowest to highest" if seeds > 1 else ""))
         ax.grid(alpha=0.3)
     return _save(figure, path)
 

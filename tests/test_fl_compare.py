@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from simulations.compare import accuracy_at, main, settings_of, time_to_accuracy, time_to_accuracy_table
-from simulations.plot import Run
+from simulations.plot import Run, over_lambda, plot_lambda
 
 
 def fake_run(directory, curve):
@@ -61,3 +61,22 @@ def test_the_command_writes_the_table_and_the_curves(sweep, tmp_path, capsys):
         assert [row["strategy"] for row in csv.DictReader(handle)] == ["ecofl", "fedat"]
     assert (tmp_path / "fig_curves.png").stat().st_size > 0
     assert "| FedAT | 60% | 1 of 2 | 15.0 | 15.0;- | 1.50 |" in capsys.readouterr().out
+
+
+def test_fig9_averages_each_lambdas_seeds_into_one_point(tmp_path):
+    """Fig. 9 over seeds: one point per lambda, the mean of its seeds, with their lowest and highest."""
+    runs = []
+    for number, (lam, seed, js) in enumerate([(0, 0, 0.5), (30, 0, 0.1), (0, 1, 0.7), (30, 1, 0.3), (3, 0, 0.2)]):
+        directory = tmp_path / f"{number}_grouping.lambda={lam},seed={seed}"
+        (directory / ".hydra").mkdir(parents=True)
+        (directory / ".hydra" / "config.yaml").write_text(f"grouping:\n  lambda: {lam}\n")
+        (directory / "metrics.json").write_text(json.dumps([{"virtual_time": 1.0, "accuracy": 0.5,
+                                                             "mean_group_js": js}]))
+        (directory / "summary.json").write_text("{}")
+        runs.append(Run.load(directory))
+    lambdas, means, lows, highs = over_lambda(runs, lambda run: run.mean_of("mean_group_js"))
+    assert lambdas == [0.0, 3.0, 30.0]
+    np.testing.assert_allclose(means, [0.6, 0.2, 0.2])
+    np.testing.assert_allclose(lows, [0.5, 0.2, 0.1])
+    np.testing.assert_allclose(highs, [0.7, 0.2, 0.3])
+    assert plot_lambda(runs, tmp_path / "sweep_lambda.png").stat().st_size > 0
