@@ -140,9 +140,13 @@ class DeviceCgroup:
             if (self.memory_dir / "memory.swap.max").exists():
                 _write(self.memory_dir / "memory.swap.max", "0")
         else:
-            _write(self.memory_dir / "memory.limit_in_bytes", str(limit_bytes))
-            if (self.memory_dir / "memory.memsw.limit_in_bytes").exists():
-                _write(self.memory_dir / "memory.memsw.limit_in_bytes", str(limit_bytes))
+            # v1 refuses (EINVAL) a memory limit above the memory+swap one: raise memsw first, lower it last
+            memory, memsw = self.memory_dir / "memory.limit_in_bytes", self.memory_dir / "memory.memsw.limit_in_bytes"
+            order = [memory, memsw] if memsw.exists() else [memory]
+            if memsw.exists() and limit_bytes > int(memsw.read_text() or 0):
+                order.reverse()
+            for path in order:
+                _write(path, str(limit_bytes))
         self.memory_limit_bytes = limit_bytes
 
     @property

@@ -38,6 +38,7 @@ pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[1]
 FOUND = find_hierarchy()
+MIB = 1 << 20
 needs_cgroups = pytest.mark.skipif(isinstance(FOUND, str), reason=f"cgroups not writable here: {FOUND}")
 
 
@@ -99,6 +100,21 @@ def test_a_device_cgroup_gets_its_quota_and_memory_limit_in_each_version(tmp_pat
     assert group.cores == pytest.approx(0.2) and group.cpu_dir.name.startswith("ecofl-")
     group.set_cores(0.05)  # a quota cut
     assert group.cores == pytest.approx(0.05)
+
+
+@needs_cgroups
+def test_a_real_memory_limit_can_be_raised_above_and_lowered_below_the_one_it_started_with():
+    """cgroup v1 with swap accounting refuses a memory limit above memory+swap's: a device whose start-up
+    allocations exceeded the allowance could not be given its budget on top of them (EINVAL)."""
+    group = FOUND.create("raise-test", DeviceLimits(0.5, 64 * MIB))
+    try:
+        for limit in (512 * MIB, 32 * MIB):
+            group.set_memory(limit)
+            assert group.memory_limit_bytes == limit
+            limit_file = "memory.max" if FOUND.version == 2 else "memory.limit_in_bytes"
+            assert int((group.memory_dir / limit_file).read_text()) == limit
+    finally:
+        group.remove()
 
 
 def test_the_hierarchy_found_is_named_and_a_missing_one_is_a_reason(tmp_path):
