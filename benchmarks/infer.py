@@ -72,6 +72,7 @@ from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import HomePipeline, ZooModel  # noqa: E402
 from ecofl.pipeline.runtime.calibration import confine_pool  # noqa: E402
 from ecofl.pipeline.runtime.emulation import Emulation  # noqa: E402
+from ecofl.pipeline.runtime.host_overhead import runtime_overheads  # noqa: E402
 from ecofl.pipeline.stream import simulate_stream  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
@@ -122,7 +123,7 @@ def plans(profile: ModelProfile, pool: HomePool, count: int) -> dict[str, Plan]:
 
 
 def measure(model: str, granularity: str, profile: ModelProfile, pool: HomePool, plan: Plan, count: int,
-            timeout_s: float, limits: dict | None = None) -> dict:
+            timeout_s: float, limits: dict | None = None, cache_dir: str | None = None) -> dict:
     """Stream ``count`` micro-batches of synthetic inputs through ``plan`` (devices confined to ``limits`` if
     given, else sleeping to the model); measured and predicted figures."""
     x = torch.randn(count * plan.micro_batch, *SHAPE, generator=torch.Generator().manual_seed(0))
@@ -130,7 +131,7 @@ def measure(model: str, granularity: str, profile: ModelProfile, pool: HomePool,
     mode = Emulation.SLEEP if limits is None else Emulation.CGROUP
     with HomePipeline(spec, pool, plan, profile=profile, emulate=mode, limits=limits, timeout_s=timeout_s) as home:
         result = home.infer(None, x)
-    predicted = simulate_stream(plan, profile, pool, count)
+    predicted = simulate_stream(plan, profile, pool, count, **runtime_overheads(mode, cache_dir))
     return {
         "planner": plan.planner,
         "devices": [pool.devices[d].name for d in devices_computing(plan)],
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                     plan, profile, pool, args.micro_batches).throughput
                 try:
                     runs[key][name] = measure(model, granularity, profile, pool, plan, args.micro_batches,
-                                              max(args.timeout, 2 * expected_s + 120), limits)
+                                              max(args.timeout, 2 * expected_s + 120), limits, args.cache_dir)
                 except UserError as error:
                     raise SystemExit(f"{key} {name}: {error}")
                 run = runs[key][name]

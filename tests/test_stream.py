@@ -94,6 +94,21 @@ def test_a_chain_streams_at_its_bottleneck_with_three_held():
     assert cost.num_micro_batches == 24 and cost.stream_s > 23 * 0.6
 
 
+def test_each_forward_pays_the_runtimes_overhead_per_operation_and_per_byte_at_its_devices_speed():
+    """Hand-computed: device 1 (speed 0.5) receives 2 x 2000 B and sends 2 x 500 B per micro-batch; the
+    portal's own stage receives nothing (it holds the inputs) and sends 2 x 2000 B; the last stage on device 2
+    sends its 2 x 10 B of logits back to the portal."""
+    profile = linear_profile([0.1, 0.3, 0.2], activation=[2000, 500, 10])
+    pool = pool_of((1.0, 1e12), (0.5, 1e12), (1.0, 1e12))
+    plan = chain((0, 0, 0), (1, 1, 1), (2, 2, 2), micro_batch=2, count=24)
+    plain = simulate_stream(plan, profile, pool)
+    cost = simulate_stream(plan, profile, pool, operation_overhead_s=0.01, byte_overhead_s=1e-5)
+    added = np.array(cost.stage_forward_s) - np.array(plain.stage_forward_s)
+    np.testing.assert_allclose(added, [0.01 + 1e-5 * 4000, (0.01 + 1e-5 * 5000) / 0.5, 0.01 + 1e-5 * 1020])
+    assert np.isclose(cost.period_s, max(cost.stage_forward_s))  # links this fast: the slowest forward
+    assert cost.throughput < plain.throughput
+
+
 def test_holding_one_micro_batch_serialises_receive_forward_and_send():
     profile = linear_profile([0.2, 0.2], activation=[2000, 10])
     pool = pool_of((1.0, 10_000), (1.0, 10_000))

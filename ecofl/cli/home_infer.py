@@ -45,6 +45,7 @@ from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.pipeline.runtime import HomePipelineError, ZooModel
 from ecofl.pipeline.runtime.calibration import confine_pool
 from ecofl.pipeline.runtime.emulation import Emulation
+from ecofl.pipeline.runtime.host_overhead import runtime_overheads
 from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.statistics import InferenceResult
 from ecofl.pipeline.stream import StreamCost, simulate_stream
@@ -95,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         plan = make_plan(args.planner, profile, pool, args.batch, objective="inference", **options)
     x, y = data.test.x[: args.samples], data.test.y[: args.samples]
     count = -(-len(x) // plan.micro_batch)
-    predicted = simulate_stream(plan, profile, host_pool(pool) if mode == Emulation.NONE else pool, count)
+    predicted = simulate_stream(plan, profile, host_pool(pool) if mode == Emulation.NONE else pool, count,
+                                **runtime_overheads(mode, args.cache_dir))
     try:
         with HomePipeline(spec, pool, plan, profile=profile, emulate=mode, limits=limits,
                           timeout_s=args.timeout) as home:

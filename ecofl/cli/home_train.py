@@ -48,7 +48,7 @@ from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.calibration import confine_pool
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.cli.emulation_option import add_emulation_argument, chosen_emulation
-from ecofl.pipeline.runtime.host_overhead import host_byte_overhead_s, host_operation_overhead_s
+from ecofl.pipeline.runtime.host_overhead import runtime_overheads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -192,11 +192,8 @@ def predict(plan: Plan, profile, pool, emulation: Emulation | bool, rounds: int 
     if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
         plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * rounds)
     emulation = Emulation.parse(emulation)
-    if emulation == Emulation.SLEEP:
-        return simulate(plan, profile, pool)
-    overheads = {"operation_overhead_s": host_operation_overhead_s(cache_dir),
-                 "byte_overhead_s": host_byte_overhead_s(cache_dir)}
-    if emulation == Emulation.CGROUP:  # each device its own cores; the runtime's work at the device's speed too
+    overheads = runtime_overheads(emulation, cache_dir)
+    if emulation != Emulation.NONE:  # each device its own cores; confined, the runtime's work at its speed too
         return simulate(plan, profile, pool, **overheads)
     return simulate(plan, profile, host_pool(pool), cores=host_cores(), **overheads)
 

@@ -122,12 +122,18 @@ class _Device:
 
 
 def simulate_stream(
-    plan: Plan, profile: ModelProfile, pool: HomePool, num_micro_batches: int | None = None
+    plan: Plan, profile: ModelProfile, pool: HomePool, num_micro_batches: int | None = None,
+    operation_overhead_s: float = 0.0, byte_overhead_s: float = 0.0,
 ) -> StreamCost:
     """Simulate streaming micro-batches through ``plan`` (see the module docstring for the model).
 
     ``num_micro_batches`` defaults to the plan's horizon, and at least
-    :data:`STEADY_MICRO_BATCHES_PER_STAGE` per stage.
+    :data:`STEADY_MICRO_BATCHES_PER_STAGE` per stage. As in the training
+    model (:func:`ecofl.pipeline.cost.simulate`), every forward may cost the
+    runtime's own ``operation_overhead_s`` and every byte a device receives or
+    sends ``byte_overhead_s`` (host seconds, at the device's speed): what a
+    confined or host-speed run pays besides the layers
+    (:mod:`ecofl.pipeline.runtime.host_overhead`).
     """
     _check_stream(plan)
     check_plan(plan, profile, pool)
@@ -136,7 +142,7 @@ def simulate_stream(
     )
     if count < 1:
         raise ValueError(f"need at least one micro-batch, got {count}")
-    stages = _devices(plan, profile, pool, count)
+    stages = _devices(plan, profile, pool, count, operation_overhead_s, byte_overhead_s)
     timeline: list[TimelineEvent] = []
     channel_free: dict[tuple[int, int], float] = {}
 
@@ -218,16 +224,25 @@ def _check_stream(plan: Plan) -> None:
         )
 
 
-def _devices(plan: Plan, profile: ModelProfile, pool: HomePool, count: int) -> list[list[_Device]]:
-    """Each stage's devices with a share, connected to the next stage's (overlapping samples) or the portal."""
-    stages = [
-        [
-            _Device(device, lo, hi, stage_compute_s(profile, pool.devices[device], stage.layers, hi - lo)[0],
-                    stage.in_flight, count)
-            for device, lo, hi in sample_ranges(stage)
-        ]
-        for stage in plan.stages
-    ]
+def _devices(plan: Plan, profile: ModelProfile, pool: HomePool, count: int, operation_overhead_s: float,
+             byte_overhead_s: float) -> list[list[_Device]]:
+    """Each stage's devices with a share, connected to the next stage's (overlapping samples) or the portal;
+    a forward costs the overheads of its operation and of the bytes its device receives and sends."""
+    last = len(plan.stages) - 1
+    stages = []
+    for s, stage in enumerate(plan.stages):
+        first, end = stage.layers
+        x_in = profile.input_bytes if first == 0 else float(profile.activation_bytes[first - 1])
+        x_out = float(profile.activation_bytes[end])
+        devices = []
+        for device, lo, hi in sample_ranges(stage):
+            spec = pool.devices[device]
+            received = x_in if s > 0 or device != 0 else 0.0  # the portal holds the inputs
+            sent = x_out if s < last or device != 0 else 0.0  # ... and wants the results
+            overhead = (operation_overhead_s + byte_overhead_s * (received + sent) * (hi - lo)) / spec.speed
+            forward = stage_compute_s(profile, spec, stage.layers, hi - lo)[0] + overhead
+            devices.append(_Device(device, lo, hi, forward, stage.in_flight, count))
+        stages.append(devices)
     bandwidth = pool.bandwidth_bps
     for s, devices in enumerate(stages):
         output = float(profile.activation_bytes[plan.stages[s].layers[1]])

@@ -32,6 +32,7 @@ from ecofl.devices import host_cores, host_pool, make_pool
 from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import DEFAULT_CACHE_DIR, PROFILE_METHOD, profile_model
+from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.model_spec import LayerList
 from ecofl.pipeline.runtime.portal import HomePipeline
 
@@ -64,6 +65,14 @@ def host_operation_overhead_s(cache_dir: str | None = None) -> float:
 def host_byte_overhead_s(cache_dir: str | None = None) -> float:
     """Seconds the runtime spends on each byte a device sends or receives on this host (measured once, cached)."""
     return float(operation_overhead_record(cache_dir)["byte_overhead_s"])
+
+
+def runtime_overheads(emulation: Emulation, cache_dir: str | None = None) -> dict[str, float]:
+    """The cost models' overhead arguments for a run in ``emulation``: this host's, measured once and cached,
+    where devices compute for real (confined or at host speed); none where they sleep to the model."""
+    if emulation == Emulation.SLEEP:
+        return {}
+    return {"operation_overhead_s": host_operation_overhead_s(cache_dir), "byte_overhead_s": host_byte_overhead_s(cache_dir)}
 
 
 def operation_overhead_record(cache_dir: str | None = None) -> dict:

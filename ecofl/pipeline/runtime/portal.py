@@ -46,7 +46,6 @@ from ecofl.pipeline.runtime.pipelined_inference import stream_inference
 from ecofl.pipeline.runtime.stage import Optimization
 from ecofl.pipeline.runtime.statistics import InferenceResult, PipelineResult
 from ecofl.pipeline.runtime.sync_training import train_async, train_sync_rounds
-from ecofl.pipeline.stream import simulate_stream
 from ecofl.weights import Weights, get_weights
 
 
@@ -277,12 +276,6 @@ class HomePipeline:
         except BaseException:
             self.close()
             raise
-
-    def predicted_stream(self, num_micro_batches: int | None = None):
-        """The stream cost model's prediction for the current inference plan (None without a profile)."""
-        layout = self.layout
-        return None if layout.profile is None else simulate_stream(layout.plan, layout.profile, layout.pool,
-                                                                   num_micro_batches)
 
     def _check_running(self, what: str, training: bool) -> None:
         if not self.control.running:
