@@ -59,7 +59,6 @@ import argparse
 import dataclasses
 import json
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -79,7 +78,7 @@ from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import EmulatedOOM, ZooModel  # noqa: E402
-from ecofl.pipeline.runtime.calibration import confine_pool  # noqa: E402
+from ecofl.pipeline.runtime.calibration import confine_pool, operating_micro_batch  # noqa: E402
 from ecofl.pipeline.runtime.errors import DeviceOutOfMemory  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
@@ -128,7 +127,7 @@ class Devices:
 
     A confined device's speed depends on the micro-batch it computes (a throttled process loses more of its
     quota to per-call work on small ones), so each method is calibrated at the samples per device its plan
-    on the presets gives (:func:`operating_micro_batch`), as Asteroid §3.3 profiles per batch size.
+    on the presets gives (:func:`~ecofl.pipeline.runtime.calibration.operating_micro_batch`), as Asteroid §3.3 profiles per batch size.
     """
 
     def __init__(self, args: argparse.Namespace):
@@ -149,11 +148,6 @@ class Devices:
             self.confined[key] = confined
         confined = self.confined[key]
         return confined.pool, confined.limits
-
-
-def operating_micro_batch(plan: Plan) -> int:
-    """The samples a device of ``plan`` computes per call: the median of every device's share."""
-    return int(statistics.median(share for stage in plan.stages for share in stage.shares if share))
 
 
 def emulated_run(model: str, pool: HomePool, plan: Plan, profile: ModelProfile, args: argparse.Namespace,

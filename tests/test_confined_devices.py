@@ -22,10 +22,10 @@ import torch
 from ecofl.cgroups import DeviceLimits, Hierarchy, cpu_bandwidth, find_hierarchy
 from ecofl.devices import GB, DeviceSpec, HomePool
 from ecofl.errors import UserError
-from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.profile import profile_model
 from ecofl.pipeline.runtime import LayerList
-from ecofl.pipeline.runtime.calibration import measure_speeds
+from ecofl.pipeline.runtime.calibration import measure_speeds, operating_micro_batch
 from ecofl.pipeline.runtime.confinement import Confinement, check_fits, pool_limits
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.errors import DeviceOutOfMemory
@@ -132,6 +132,15 @@ def test_the_hierarchy_found_is_named_and_a_missing_one_is_a_reason(tmp_path):
     assert isinstance(found, Hierarchy) and found.name == "cgroup v2"
     assert "+cpu +memory" in (v2 / "cgroup.subtree_control").read_text()
     assert isinstance(find_hierarchy(tmp_path / "none"), str)
+
+
+def test_devices_calibrate_at_the_samples_each_computes_per_call():
+    chain = Plan("chain", (StagePlan((0, 1), (0,), (8,), 2), StagePlan((2, 3), (1,), (8,), 1)), 8, 4)
+    replicated = Plan("hpp", (StagePlan((0, 1), (0, 1), (4, 4), 2), StagePlan((2, 3), (2,), (8,), 1)), 8, 4)
+    data_parallel = Plan("dp", (StagePlan((0, 3), (0, 1, 2), (26, 26, 24), 1),), 76, 1)
+    assert operating_micro_batch(chain) == 8
+    assert operating_micro_batch(replicated) == 4
+    assert operating_micro_batch(data_parallel) == 26
 
 
 def test_a_pool_whose_quotas_do_not_fit_this_machine_is_refused():

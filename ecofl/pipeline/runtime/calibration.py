@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import selectors
+import statistics
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from ecofl.devices import HomePool
+from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import with_speeds
 from ecofl.cgroups import DeviceLimits
@@ -101,6 +103,13 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
     report = {d: {"quota_cores": confinement.limits[d].cores, "step_s": measured[d], "measured_speed": speeds[d]}
               for d in devices}
     return with_speeds(pool, speeds), report
+
+
+def operating_micro_batch(plan: Plan) -> int:
+    """The samples a device of ``plan`` computes per call (the median of the devices' shares): where to measure
+    its speed, which depends on it (a throttled device loses more of its quota to per-call work on small
+    micro-batches; Asteroid §3.3 profiles per batch size)."""
+    return int(statistics.median(share for stage in plan.stages for share in stage.shares if share))
 
 
 @dataclass(frozen=True)
