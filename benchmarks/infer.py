@@ -36,9 +36,12 @@ defines them.
 With ``--emulate cgroup`` (root) nothing sleeps: every device's worker runs in
 a cgroup of its own at its preset's speed in host cores (no ``--slowdown``)
 and memory, the devices first time the model there
-(:func:`~ecofl.pipeline.runtime.calibration.confine_pool`), and every plan is
-made from the speeds they measured. Then predicted against measured
-throughput is the stream model's real error.
+(:func:`~ecofl.pipeline.runtime.calibration.confine_pool`, at micro-batch 8),
+and every plan is made from the speeds they measured. A plan whose devices
+compute another number of samples per call is predicted on speeds measured
+again at that number (a throttled device's speed depends on it), with the
+runtime's overheads per forward and per byte. Then predicted against
+measured throughput is the stream model's real error.
 
     .venv/bin/python benchmarks/infer.py [--micro-batches 24] [--slowdown 0.25] [--emulate sleep|cgroup]
 
@@ -70,7 +73,7 @@ from ecofl.pipeline.plan import STREAM_IN_FLIGHT, Plan, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import HomePipeline, ZooModel  # noqa: E402
-from ecofl.pipeline.runtime.calibration import confine_pool  # noqa: E402
+from ecofl.pipeline.runtime.calibration import confine_pool, operating_micro_batch  # noqa: E402
 from ecofl.pipeline.runtime.emulation import Emulation  # noqa: E402
 from ecofl.pipeline.runtime.host_overhead import runtime_overheads  # noqa: E402
 from ecofl.pipeline.stream import simulate_stream  # noqa: E402
@@ -228,11 +231,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{key}: measured speeds {speeds[key]}", flush=True)
             runs[key] = {}
             for name, plan in plans(profile, pool, args.micro_batches).items():
+                run_pool = pool
+                if confined and operating_micro_batch(plan) != 8:  # predicted at the speeds of its micro-batch
+                    run_pool = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE, profile, presets,
+                                            operating_micro_batch(plan)).pool
                 # A slow plan (the even partition over a 0.2 Mbps link) streams for minutes: wait for it.
                 expected_s = plan.micro_batch * args.micro_batches / simulate_stream(
-                    plan, profile, pool, args.micro_batches).throughput
+                    plan, profile, run_pool, args.micro_batches).throughput
                 try:
-                    runs[key][name] = measure(model, granularity, profile, pool, plan, args.micro_batches,
+                    runs[key][name] = measure(model, granularity, profile, run_pool, plan, args.micro_batches,
                                               max(args.timeout, 2 * expected_s + 120), limits, args.cache_dir)
                 except UserError as error:
                     raise SystemExit(f"{key} {name}: {error}")
