@@ -72,7 +72,8 @@ def runtime_overheads(emulation: Emulation, cache_dir: str | None = None) -> dic
     where devices compute for real (confined or at host speed); none where they sleep to the model."""
     if emulation == Emulation.SLEEP:
         return {}
-    return {"operation_overhead_s": host_operation_overhead_s(cache_dir), "byte_overhead_s": host_byte_overhead_s(cache_dir)}
+    return {"operation_overhead_s": host_operation_overhead_s(cache_dir),
+            "byte_overhead_s": host_byte_overhead_s(cache_dir)}
 
 
 def operation_overhead_record(cache_dir: str | None = None) -> dict:
