@@ -102,6 +102,12 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     }
 
 
+def schedule_bound(run: dict) -> float:
+    """M / (M + S - 1): a synchronous pipeline's busy fraction with perfectly balanced stages and free links."""
+    m, stages = run["num_micro_batches"], len(run["stages"])
+    return m / (m + stages - 1)
+
+
 def markdown(results: dict) -> str:
     lines = [
         f"Measured on {results['machine']}, {results['cores']} cores ({results['date']}; 1-minute load "
@@ -112,18 +118,20 @@ def markdown(results: dict) -> str:
         "cgroups; nothing sleeps, so measured and predicted are free to differ. **Sleep**: the same planner on "
         "the presets, every device sleeping to the cost model (the model's figure: measured = predicted by "
         "construction). Links paced at 100 Mbps in both. `efficiency`: confined throughput / the sum of the "
-        "devices' own training throughput in their cgroups.",
+        "devices' own training throughput in their cgroups (at the samples per call they calibrated at). "
+        "`bound`: the most a synchronous schedule of M micro-batches over S stages could reach, "
+        "M / (M + S - 1) (fill and drain idle, perfect balance, free communication).",
         "",
         "| model | pool | planner | plan (confined, measured speeds) | sync-round s measured | predicted | "
-        "error | efficiency | samples/s | sleep: plan on presets | sleep: sync-round s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "error | efficiency | bound | samples/s | sleep: plan on presets | sleep: sync-round s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
         c, s = row["confined"], row["sleep"]
         lines.append(
             f"| {row['model']} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} | {c['sync_round_s']:.3f} "
             f"| {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% | {row['efficiency']:.2f} "
-            f"| {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")
+            f"| {schedule_bound(c):.2f} | {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")
     lines += ["", "Per device (confined): quota, speed measured in its cgroup, memory limit (budget + the worker's "
               "own runtime), the cgroup's peak and the worker's peak resident set.", "",
               "| model | pool | device | quota cores | measured speed | limit MiB | cgroup peak MiB | RSS peak MiB |",
