@@ -250,10 +250,12 @@ def _mib(values: list) -> str:
 def conditions(results: dict) -> str:
     if results.get("emulate", "sleep") == "cgroup":
         how = (f"devices **confined by cgroups** at time scale {results['time_scale']} (quotas = preset speeds "
-               f"x{results['time_scale']} cores, links paced at the bandwidths x{results['time_scale']}), planned "
-               "from the speeds they measured in their cgroups; nothing sleeps. `pred.`: the cost model on those "
-               "speeds, with the runtime's overhead per operation; measured and predicted are free to differ. An "
-               "OOM is the kernel's, at the cgroup's memory limit (budget + the worker's runtime)")
+               f"x{results['time_scale']} cores, links paced at the bandwidths x{results['time_scale']}, a "
+               "replicated stage's all-reduce too), each method planned from the speeds the devices measured in "
+               "their cgroups at the samples per call its plan gives them; nothing sleeps. `pred.`: the cost model "
+               "on those speeds, with the runtime's overhead per operation and per byte; measured and predicted "
+               "are free to differ. An OOM is the kernel's, at the cgroup's memory limit (budget + the worker's "
+               "runtime)")
     else:
         how = (f"devices **sleeping to the cost model** at time scale {results['time_scale']} (speeds and link "
                f"bandwidths x{results['time_scale']}: samples/s are of the scaled pool, ratios are unchanged). "
