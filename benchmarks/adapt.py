@@ -200,7 +200,8 @@ def markdown(results: dict, command: str) -> str:
         "processes on **emulated** devices (every preset at least 5x slower than a host core; links paced at",
         "the pool's 100 Mbps, also when state moves): compute times follow the cost model by construction, so",
         "these figures measure detection, the control protocol, planning, paced migration, replay and",
-        "scheduling overhead, on a shared 2-core machine.",
+        "scheduling overhead, on a shared 2-core machine. The same on devices confined by cgroups, where",
+        "nothing sleeps: [adapt_cgroup.md](adapt_cgroup.md).",
     ])
     lines = [
         "# Adapting and surviving: measured" + (" on confined devices" if confined else ""),
