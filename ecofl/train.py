@@ -36,7 +36,7 @@ class EvalResult:
 def add_proximal_gradient(params: list[torch.Tensor], reference: list[torch.Tensor], mu: float) -> None:
     """Add the gradient of FedProx's mu/2 ||w - w_ref||^2, mu (w - w_ref), to each ``p.grad`` in place.
 
-    The closed form of the term's gradient (Li et al., FedProx eq. 2): the
+    The closed form of the term's gradient (FedProx, Li et al.; Eco-FL §5.1): the
     same update as back-propagating the term, without building its graph over
     every parameter, which cost as much as the model's own backward pass for
     the FedAvg CNN.
