@@ -82,6 +82,7 @@ from ecofl.pools import load_pool  # noqa: E402
 SHAPE, CLASSES = (3, 32, 32), 10
 MODELS = {"mobilenet_v2": "block", "bert_small": "fine"}
 BATCH = 64  # the planners try its divisors as micro-batch sizes
+PLANNING_MICRO_BATCH = 8  # confined: the devices' speeds the plans are made from are measured at this size
 
 
 def homes(slowdown: float) -> dict[str, HomePool]:
@@ -224,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{home}/{model}"
             pool, limits = presets, None
             if confined:  # the devices time the model in their cgroups; every plan is made from that
-                calibrated = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE, profile, presets, 8)
+                calibrated = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE, profile, presets,
+                                          PLANNING_MICRO_BATCH)
                 pool, limits = calibrated.pool, calibrated.limits
                 speeds[key] = ", ".join(f"{d.name} {d.speed:.3f} (quota {limits[i].cores:.3f})"
                                         for i, d in enumerate(pool.devices))
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[key] = {}
             for name, plan in plans(profile, pool, args.micro_batches).items():
                 run_pool = pool
-                if confined and operating_micro_batch(plan) != 8:  # predicted at the speeds of its micro-batch
+                if confined and operating_micro_batch(plan) != PLANNING_MICRO_BATCH:  # its own size's speeds
                     run_pool = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE, profile, presets,
                                             operating_micro_batch(plan)).pool
                 # A slow plan (the even partition over a 0.2 Mbps link) streams for minutes: wait for it.

@@ -127,7 +127,8 @@ class Devices:
 
     A confined device's speed depends on the micro-batch it computes (a throttled process loses more of its
     quota to per-call work on small ones), so each method is calibrated at the samples per device its plan
-    on the presets gives (:func:`~ecofl.pipeline.runtime.calibration.operating_micro_batch`), as Asteroid §3.3 profiles per batch size.
+    on the presets gives (:func:`~ecofl.pipeline.runtime.calibration.operating_micro_batch`), as Asteroid
+    §3.3 profiles per batch size.
     """
 
     def __init__(self, args: argparse.Namespace):
