@@ -51,11 +51,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ecofl.data import load_dataset  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
+from ecofl.devices import HomePool  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
+from ecofl.pipeline.plan import Plan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import HomePipeline, ZooModel  # noqa: E402
-from ecofl.pipeline.runtime.calibration import confine_pool  # noqa: E402
+from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds  # noqa: E402
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,21 +76,23 @@ class Home:
         self.x, self.y = data.train.x[: batch * 8], data.train.y[: batch * 8]
         self.batch = batch
 
-    def pool(self, pool_name: str):
-        """The pool to plan on and the limits its devices run under (confined: their speeds measured once)."""
-        pool = load_pool(pool_name)
+    def plan_for(self, pool: HomePool) -> Plan:
+        return make_plan("ecofl", self.profile, pool, self.batch)
+
+    def planned(self, pool_name: str):
+        """The pool, its plan and the limits its devices run under (confined: their speeds measured once, at the
+        micro-batch the plan runs them at)."""
+        presets = load_pool(pool_name)
         if self.emulate == "sleep":
-            return pool, None
+            return presets, self.plan_for(presets), None
         if pool_name not in self.confined:
-            micro_batch = make_plan("ecofl", self.profile, pool, self.batch).micro_batch
-            self.confined[pool_name] = confine_pool(self.spec, tuple(self.spec.input_shape), self.profile, pool,
-                                                    micro_batch)
-        confined = self.confined[pool_name]
-        return confined.pool, confined.limits
+            self.confined[pool_name] = plan_on_measured_speeds(self.plan_for, presets, lambda size: confine_pool(
+                self.spec, tuple(self.spec.input_shape), self.profile, presets, size))
+        confined, plan = self.confined[pool_name]
+        return confined.pool, plan, confined.limits
 
     def run(self, pool_name: str, rounds: int, tolerance: FaultTolerance | None, events: list[str]) -> dict:
-        pool, limits = self.pool(pool_name)
-        plan = make_plan("ecofl", self.profile, pool, self.batch)
+        pool, plan, limits = self.planned(pool_name)
         started = time.time()
         with HomePipeline(self.spec, pool, plan, profile=self.profile, emulate=self.emulate, limits=limits,
                           timeout_s=120, fault_tolerance=tolerance) as home:

@@ -58,7 +58,7 @@ from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import ZooModel  # noqa: E402
-from ecofl.pipeline.runtime.calibration import confine_pool, operating_micro_batch  # noqa: E402
+from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds  # noqa: E402
 from ecofl.pipeline.runtime.host_overhead import operation_overhead_record  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
@@ -83,12 +83,11 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     presets = scaled(load_pool(pool_name), factor)
     preset_plan = make_plan(planner, profile, presets, args.batch)
     print(f"{model} on {presets.name}: each device times the model in its cgroup ...", file=sys.stderr, flush=True)
-    calibrated_at = operating_micro_batch(preset_plan)
-    confined = confine_pool(spec, SHAPE, profile, presets, calibrated_at)
-    plan = make_plan(planner, profile, confined.pool, args.batch)
+    confined, plan = plan_on_measured_speeds(lambda devices: make_plan(planner, profile, devices, args.batch),
+                                             presets, lambda size: confine_pool(spec, SHAPE, profile, presets, size))
     run = run_plan(spec, confined.pool, plan, profile, emulate="cgroup", limits=confined.limits, rounds=args.rounds,
                    timeout_s=args.timeout, cache_dir=cache_dir)
-    alone = sum(calibrated_at / m["step_s"] for m in confined.measured.values())
+    alone = sum(confined.micro_batch / m["step_s"] for m in confined.measured.values())
     print(f"  confined: {run['sync_round_s']:.3f} s measured, {run['predicted_sync_round_s']:.3f} s predicted "
           f"({100 * run['planner_error']:.1f}%), efficiency {run['throughput'] / alone:.2f}", file=sys.stderr)
     sleep = run_plan(spec, presets, preset_plan, profile, emulate="sleep", rounds=args.rounds,

@@ -62,6 +62,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -78,7 +79,7 @@ from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import EmulatedOOM, ZooModel  # noqa: E402
-from ecofl.pipeline.runtime.calibration import confine_pool, operating_micro_batch  # noqa: E402
+from ecofl.pipeline.runtime.calibration import ConfinedPool, confine_pool, plan_on_measured_speeds  # noqa: E402
 from ecofl.pipeline.runtime.errors import DeviceOutOfMemory  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
@@ -122,33 +123,34 @@ class Profiles:
 
 
 class Devices:
-    """The pools the runs plan on: the scaled presets (sleep), or the speeds the confined devices measured in
-    their cgroups (cgroup; once per model, pool and micro-batch), with the limits they run under.
+    """The pools the runs plan on and their plans: the scaled presets (sleep), or the speeds the confined
+    devices measured in their cgroups (cgroup), with the limits they run under.
 
     A confined device's speed depends on the micro-batch it computes (a throttled process loses more of its
-    quota to per-call work on small ones), so each method is calibrated at the samples per device its plan
-    on the presets gives (:func:`~ecofl.pipeline.runtime.calibration.operating_micro_batch`), as Asteroid
-    §3.3 profiles per batch size.
+    quota to per-call work on small ones), so each method's plan is made on speeds measured at the samples
+    per device it runs (:func:`~ecofl.pipeline.runtime.calibration.plan_on_measured_speeds`; once per model,
+    pool and size), as Asteroid §3.3 profiles per batch size.
     """
 
     def __init__(self, args: argparse.Namespace):
-        self.args, self.confined = args, {}
+        self.args, self.calibrated = args, {}
 
-    def __call__(self, model: str, pool_name: str, profile: ModelProfile, micro_batch: int
-                 ) -> tuple[HomePool, dict | None]:
+    def __call__(self, model: str, pool_name: str, profile: ModelProfile, plan_for: Callable[[HomePool], Plan]
+                 ) -> tuple[HomePool, Plan, dict | None]:
         presets = scaled(load_pool(pool_name, None), self.args.time_scale)
         if self.args.emulate == "sleep":
-            return presets, None
-        key = (model, pool_name, micro_batch)
-        if key not in self.confined:
-            confined = confine_pool(ZooModel(model, SHAPE, CLASSES, GRANULARITY), SHAPE, profile, presets,
-                                    micro_batch)
-            print(f"[{model} {pool_name} micro-batch {micro_batch}] speeds measured in the cgroups: " + ", ".join(
+            return presets, plan_for(presets), None
+
+        def measure(size: int) -> ConfinedPool:
+            confined = confine_pool(ZooModel(model, SHAPE, CLASSES, GRANULARITY), SHAPE, profile, presets, size)
+            print(f"[{model} {pool_name} micro-batch {size}] speeds measured in the cgroups: " + ", ".join(
                 f"{d.name} {d.speed:.3f} (quota {confined.limits[i].cores:.3f})"
                 for i, d in enumerate(confined.pool.devices)), file=sys.stderr, flush=True)
-            self.confined[key] = confined
-        confined = self.confined[key]
-        return confined.pool, confined.limits
+            return confined
+
+        confined, plan = plan_on_measured_speeds(plan_for, presets, measure,
+                                                 self.calibrated.setdefault((model, pool_name), {}))
+        return confined.pool, plan, confined.limits
 
 
 def emulated_run(model: str, pool: HomePool, plan: Plan, profile: ModelProfile, args: argparse.Namespace,
@@ -171,9 +173,9 @@ def emulated_run(model: str, pool: HomePool, plan: Plan, profile: ModelProfile, 
 def table2(args: argparse.Namespace, profiles: Profiles, devices: Devices) -> dict:
     """1F1B-Sync and GPipe on one partition, for each M (Eco-FL Table 2)."""
     profile = profiles(TABLE2_MODEL)
-    pool, limits = devices(TABLE2_MODEL, TABLE2_POOL, profile, TABLE2_MICRO_BATCH)
     counts = [int(m) for m in args.table2_m.split(",")]
-    base = make_plan("ecofl", profile, pool, TABLE2_MICRO_BATCH * max(counts), micro_batch=TABLE2_MICRO_BATCH)
+    pool, base, limits = devices(TABLE2_MODEL, TABLE2_POOL, profile, lambda pool: make_plan(
+        "ecofl", profile, pool, TABLE2_MICRO_BATCH * max(counts), micro_batch=TABLE2_MICRO_BATCH))
     runs = []
     for m in counts:
         for schedule in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
@@ -191,12 +193,10 @@ def fig12(args: argparse.Namespace, profiles: Profiles, devices: Devices) -> dic
     for model in FIG12_MODELS:
         profile = profiles(model)
         for pool_name in FIG12_POOLS:
-            presets = scaled(load_pool(pool_name, None), args.time_scale)
             for planner in FIG12_PLANNERS:
                 options = {"balance": "flops"} if planner == "even" else {}
-                on_presets = make_plan(planner, profile, presets, args.batch, **options)
-                pool, limits = devices(model, pool_name, profile, operating_micro_batch(on_presets))
-                plan = make_plan(planner, profile, pool, args.batch, **options)
+                pool, plan, limits = devices(model, pool_name, profile, lambda pool: make_plan(
+                    planner, profile, pool, args.batch, **options))
                 runs.append({"model": model, "pool": pool_name, "planner": planner,
                              **emulated_run(model, pool, plan, profile, args, f"fig12 {model} {pool_name} {planner}",
                                             limits)})
@@ -216,22 +216,19 @@ def table4(args: argparse.Namespace, profiles: Profiles, devices: Devices) -> di
     for model in TABLE4_MODELS:
         profile = profiles(model)
         for pool_name in TABLE4_POOLS:
-            presets = scaled(load_pool(pool_name, None), args.time_scale)
             for planner in TABLE4_METHODS:
-                on_presets = make_plan(planner, profile, presets, args.table4_batch)
-                pool, limits = devices(model, pool_name, profile, operating_micro_batch(on_presets))
-                plan = make_plan(planner, profile, pool, args.table4_batch)
+                pool, plan, limits = devices(model, pool_name, profile, lambda pool: make_plan(
+                    planner, profile, pool, args.table4_batch))
                 runs.append({"model": model, "pool": pool_name, "method": planner,
                              **emulated_run(model, pool, plan, profile, args, f"table4 {model} {pool_name} {planner}",
                                             limits)})
-            index = max(range(len(presets)), key=lambda d: presets.devices[d].speed)
-            pool, limits = devices(model, pool_name, profile,
-                                   single_device_plan(profile, presets.devices[index]).micro_batch)
+            pool, plan, limits = devices(model, pool_name, profile, lambda pool: single_device_plan(
+                profile, max(pool.devices, key=lambda d: d.speed)))
             index = max(range(len(pool)), key=lambda d: pool.devices[d].speed)
             fastest = pool.devices[index]
             alone = HomePool(fastest.name, (fastest,))
             runs.append({"model": model, "pool": pool_name, "method": "device",
-                         **emulated_run(model, alone, single_device_plan(profile, fastest), profile, args,
+                         **emulated_run(model, alone, plan, profile, args,
                                         f"table4 {model} {pool_name} {fastest.name} alone",
                                         None if limits is None else {0: limits[index]})})
     return {"batch": args.table4_batch, "runs": runs}

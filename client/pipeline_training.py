@@ -28,7 +28,7 @@ from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
 from ecofl.pipeline.runtime import HomePipeline, ZooModel
-from ecofl.pipeline.runtime.calibration import confine_pool, operating_micro_batch
+from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation, default_emulation
 from ecofl.net.liveness import LivenessSettings
 from ecofl.pipeline.runtime.faults import FaultTolerance
@@ -50,8 +50,9 @@ def home_plan(
     if emulation != Emulation.CGROUP:
         return pool, profile, plan, None
     spec = ZooModel(model, tuple(input_shape), num_classes, granularity)
-    confined = confine_pool(spec, tuple(input_shape), profile, pool, operating_micro_batch(plan))
-    return confined.pool, profile, make_plan(planner, profile, confined.pool, batch_size), confined.limits
+    confined, plan = plan_on_measured_speeds(lambda devices: make_plan(planner, profile, devices, batch_size), pool,
+                                             lambda size: confine_pool(spec, tuple(input_shape), profile, pool, size))
+    return confined.pool, profile, plan, confined.limits
 
 
 @lru_cache(maxsize=1)

@@ -25,7 +25,13 @@ from ecofl.errors import UserError
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.profile import profile_model
 from ecofl.pipeline.runtime import LayerList
-from ecofl.pipeline.runtime.calibration import measure_speeds, operating_micro_batch
+from ecofl.pipeline.replan import with_speeds
+from ecofl.pipeline.runtime.calibration import (
+    ConfinedPool,
+    measure_speeds,
+    operating_micro_batch,
+    plan_on_measured_speeds,
+)
 from ecofl.pipeline.runtime.confinement import Confinement, check_fits, pool_limits
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.errors import DeviceOutOfMemory
@@ -141,6 +147,40 @@ def test_devices_calibrate_at_the_samples_each_computes_per_call():
     assert operating_micro_batch(chain) == 8
     assert operating_micro_batch(replicated) == 4
     assert operating_micro_batch(data_parallel) == 26
+
+
+def one_device_plan(micro_batch: int) -> Plan:
+    return Plan("one", (StagePlan((0, 3), (0,), (micro_batch,), 1),), micro_batch, 4)
+
+
+def test_devices_are_measured_again_where_the_plan_on_their_speeds_runs_another_size():
+    """The plan on speeds measured at 8 runs 16: measured there too, and the returned plan is predicted at the
+    speeds of the size it runs (a fixed point, a cycle, and a cache that measures nothing twice)."""
+    presets = HomePool("home", (DeviceSpec("d", 1.0, GB, 1e6),))
+    measured: list[int] = []
+
+    def measure(size: int, speeds: dict[int, float]) -> ConfinedPool:
+        measured.append(size)
+        return ConfinedPool(with_speeds(presets, {0: speeds[size]}), {0: DeviceLimits(1.0, GB)}, {}, size)
+
+    def plan_for(runs: dict[float, int]):
+        return lambda pool: one_device_plan(runs[pool.devices[0].speed])
+
+    fixed_point = {1.0: 8, 0.5: 16, 0.6: 16}  # presets run 8; at 8 they measure 0.5, whose plan runs 16 ...
+    confined, plan = plan_on_measured_speeds(plan_for(fixed_point), presets,
+                                             lambda size: measure(size, {8: 0.5, 16: 0.6}))
+    assert measured == [8, 16] and confined.micro_batch == plan.micro_batch == 16
+    assert confined.pool.devices[0].speed == 0.6
+
+    measured.clear()
+    cycle = {1.0: 8, 0.5: 16, 0.6: 8}  # ... whose plan runs 8 again: stop, the plan at 8 with the speeds of 8
+    cache: dict[int, ConfinedPool] = {}
+    confined, plan = plan_on_measured_speeds(plan_for(cycle), presets, lambda size: measure(size, {8: 0.5, 16: 0.6}),
+                                             cache)
+    assert measured == [8, 16] and plan.micro_batch == confined.micro_batch == 8
+    assert confined.pool.devices[0].speed == 0.5
+    plan_on_measured_speeds(plan_for(cycle), presets, lambda size: measure(size, {}), cache)
+    assert measured == [8, 16]
 
 
 def test_a_pool_whose_quotas_do_not_fit_this_machine_is_refused():

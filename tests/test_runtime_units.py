@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,3 +90,24 @@ def test_memory_ledger_projects_the_schedule_peak_from_measured_forwards():
     relaxed = MemoryLedger("0", 0, budget=10, fixed=100, resident_bound=8, schedule="gpipe", enforce=False)
     relaxed.forward(0, 10**6)
     assert relaxed.peak_bytes == 10**6
+
+
+def test_a_frozen_heap_leaves_full_collections_only_what_came_after():
+    """A worker freezes torch's and its model's objects once built (.heap), so a full collection, which holds
+    the GIL a confined device's heartbeat needs, walks only what the process allocated since."""
+    script = (
+        "import gc, json\n"
+        "from ecofl.models import build_model\n"
+        "from ecofl.pipeline.runtime.heap import freeze_heap\n"
+        "model = build_model('mobilenet_v2', (1, 28, 28), 10)\n"
+        "tracked = len(gc.get_objects())\n"
+        "frozen = freeze_heap()\n"
+        "garbage = [[i] for i in range(1000)]\n"
+        "print(json.dumps([tracked, frozen, len(gc.get_objects())]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    tracked, frozen, walked = json.loads(out.stdout)
+    assert tracked > 100_000  # torch's modules and the model: what a full pass walked before
+    assert frozen >= 0.9 * tracked
+    assert 1000 <= walked < 0.02 * tracked  # what came after the freeze, and nothing much else

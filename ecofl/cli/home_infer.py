@@ -43,7 +43,7 @@ from ecofl.models import GRANULARITIES, build_model
 from ecofl.pipeline.planners import PLANNERS, check_planner, make_plan
 from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.pipeline.runtime import HomePipelineError, ZooModel
-from ecofl.pipeline.runtime.calibration import confine_pool, operating_micro_batch
+from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.host_overhead import runtime_overheads
 from ecofl.pipeline.runtime.portal import HomePipeline
@@ -91,9 +91,11 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(args.planner, profile, pool, args.batch, objective="inference", **options)
     limits = None
     if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
-        confined = confine_pool(spec, shape, profile, pool, operating_micro_batch(plan))
+        presets = pool
+        confined, plan = plan_on_measured_speeds(
+            lambda devices: make_plan(args.planner, profile, devices, args.batch, objective="inference", **options),
+            presets, lambda size: confine_pool(spec, shape, profile, presets, size))
         pool, limits = confined.pool, confined.limits
-        plan = make_plan(args.planner, profile, pool, args.batch, objective="inference", **options)
     x, y = data.test.x[: args.samples], data.test.y[: args.samples]
     count = -(-len(x) // plan.micro_batch)
     predicted = simulate_stream(plan, profile, host_pool(pool) if mode == Emulation.NONE else pool, count,

@@ -45,7 +45,7 @@ from ecofl.pipeline.replan import REPLAN_KINDS
 from ecofl.pipeline.runtime.faults import INJECTION_SYNTAX, FaultTolerance, Injection
 from ecofl.pipeline.runtime.traps import PHASES
 from ecofl.pipeline.runtime.portal import HomePipeline
-from ecofl.pipeline.runtime.calibration import confine_pool, operating_micro_batch
+from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.cli.emulation_option import add_emulation_argument, chosen_emulation
 from ecofl.pipeline.runtime.host_overhead import runtime_overheads
@@ -101,9 +101,10 @@ def run(args: argparse.Namespace) -> int:
     if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
         if not args.json:
             print(f"each device times {args.model} in its cgroup ...", file=sys.stderr, flush=True)
-        confined = confine_pool(spec, shape, profile, pool, operating_micro_batch(plan))
+        presets = pool
+        confined, plan = plan_on_measured_speeds(lambda devices: _plan(args, profile, devices), presets,
+                                                 lambda size: confine_pool(spec, shape, profile, presets, size))
         pool, limits, calibration = confined.pool, confined.limits, confined.measured
-        plan = _plan(args, profile, pool)
     predicted = predict(plan, profile, pool, mode, args.rounds, args.cache_dir)
     x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]
     events = [Injection.parse(text) for text in args.inject]

@@ -37,6 +37,7 @@ from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import with_speeds
 from ecofl.cgroups import DeviceLimits
+from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
 from ecofl.pipeline.runtime.worker_environment import worker_environment
 from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
@@ -103,8 +104,8 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
         for device in processes:
             confinement.release(device)
     speeds = {d: speed_from_step(profile, micro_batch, s) for d, s in measured.items()}
-    report = {d: {"quota_cores": confinement.limits[d].cores, "step_s": measured[d], "measured_speed": speeds[d]}
-              for d in devices}
+    report = {d: {"quota_cores": confinement.limits[d].cores, "micro_batch": micro_batch, "step_s": measured[d],
+                  "measured_speed": speeds[d]} for d in devices}
     return with_speeds(pool, speeds), report
 
 
@@ -117,12 +118,13 @@ def operating_micro_batch(plan: Plan) -> int:
 
 @dataclass(frozen=True)
 class ConfinedPool:
-    """A pool of confined devices: the speeds they measured (for the planner and the cost model), the limits
-    they run under (from the presets), and what each measured."""
+    """A pool of confined devices: the speeds they measured at ``micro_batch`` samples per call (for the planner
+    and the cost model), the limits they run under (from the presets), and what each measured."""
 
     pool: HomePool
     limits: dict[int, DeviceLimits]
     measured: dict[int, dict]
+    micro_batch: int
 
 
 def confine_pool(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile, presets: HomePool,
@@ -131,7 +133,40 @@ def confine_pool(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelP
     limits = pool_limits(presets)
     pool, measured = measure_speeds(model, input_shape, profile, presets, Confinement(limits), micro_batch,
                                     min_seconds)
-    return ConfinedPool(pool, limits, measured)
+    return ConfinedPool(pool, limits, measured, micro_batch)
+
+
+#: At most this many micro-batch sizes calibrated in search of a plan that runs at a size its speeds were
+#: measured at (then once more, at the size the last plan runs).
+MAX_CALIBRATIONS = 3
+
+
+def plan_on_measured_speeds(plan_for: Callable[[HomePool], Plan], presets: HomePool,
+                            measure: Callable[[int], ConfinedPool],
+                            calibrated: dict[int, ConfinedPool] | None = None) -> tuple[ConfinedPool, Plan]:
+    """A plan made from the devices' measured speeds, and the speeds measured at the size it runs them at.
+
+    A confined device's speed depends on its samples per call (:func:`operating_micro_batch`), and the plan's
+    micro-batch depends on the speeds. So the devices measure (``measure(size)``, e.g. :func:`confine_pool`)
+    at the size the plan on the ``presets`` gives, ``plan_for`` plans on what they measured, and where that
+    plan runs another size they measure there and plan again, until a plan runs at a size already measured.
+    The pool returned is the one measured at the returned plan's own size, so the cost model predicts the
+    plan at the speeds it runs at (Asteroid §3.3 profiles each device at every batch size it plans with).
+    ``calibrated`` caches the measurements by size, across calls on the same model and devices.
+    """
+    calibrated = {} if calibrated is None else calibrated
+    size = operating_micro_batch(plan_for(presets))
+    for _ in range(MAX_CALIBRATIONS):
+        if size not in calibrated:
+            calibrated[size] = measure(size)
+        plan = plan_for(calibrated[size].pool)
+        runs_at = operating_micro_batch(plan)
+        if runs_at in calibrated:
+            break
+        size = runs_at
+    if runs_at not in calibrated:
+        calibrated[runs_at] = measure(runs_at)
+    return calibrated[runs_at], plan
 
 
 def _line(process: subprocess.Popen, timeout_s: float) -> str:
@@ -152,6 +187,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(worker_threads())
     model, _ = spec_from_json(json.loads(args.model)).build()
+    freeze_heap()  # as a worker does: no full collection of torch's objects inside the timed steps
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(args.micro_batch, *map(int, args.input_shape.split(",")), generator=generator)
     with torch.no_grad():

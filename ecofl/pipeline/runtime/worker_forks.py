@@ -165,6 +165,9 @@ def worker_forks(environment: dict[str, str]) -> WorkerForks:
 def serve() -> None:
     """Fork a worker per request line on standard input; report pids and exit codes on standard output."""
     from ecofl.pipeline.runtime import worker  # torch and the runtime, once for every child
+    from ecofl.pipeline.runtime.heap import freeze_heap
+
+    freeze_heap()  # the children's collections leave the shared pages alone
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the portal's to handle: it stops the workers
     server = os.getpid()

@@ -78,6 +78,7 @@ from ecofl.pipeline.runtime.process_memory import peak_rss_bytes, reset_peak
 from ecofl.net.sealed import SealedSocket
 from ecofl.pipeline.runtime.stage import Optimization, StageExecutor
 from ecofl.pipeline.runtime.stage_state import StageState, as_arrays, from_arrays
+from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.stream_stage import StreamExecutor
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.traps import Trap, Traps
@@ -102,6 +103,7 @@ class Worker:
         self.keeps_snapshots = config.snapshots
         torch.set_num_threads(worker_threads())  # one, or a confined device's whole cores
         self.model, self.layers = spec_from_json(config.model).build()
+        freeze_heap()  # before the heartbeat: a full collection must not silence it (.heap)
         self.state = StageState(self.model, self.layers)
         self.settings: Optimization | None = None
         self.reference: dict[str, torch.Tensor] = {}
