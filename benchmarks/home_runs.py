@@ -29,13 +29,14 @@ from pathlib import Path
 
 import torch
 
-from ecofl.cli.home_train import describe, predict
+from ecofl.cli.home_train import describe
 from ecofl.cgroups import DeviceLimits
 from ecofl.devices import HomePool
 from ecofl.net.netns import HomeNetwork
 from ecofl.pipeline.plan import Plan, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime import HomePipeline, ZooModel
+from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.schedule import PASSES, ActionKind
 
 LR, MOMENTUM = 0.01, 0.9
@@ -90,7 +91,7 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
         wall = time.time() - started
         cpu = sum(map(cpu_seconds, pids)) - cpu_before
         confined = home.confinement_report()
-    report = describe(plan, pool, predict(plan, profile, pool, emulate, cache_dir=cache_dir), result, emulate)
+    report = describe(plan, pool, predict_sync_round(plan, profile, pool, emulate, cache_dir=cache_dir), result, emulate)
     compute: dict[int, float] = {}
     for event in result.timeline:
         if event.kind in (*PASSES, ActionKind.STEP, ActionKind.ALLREDUCE):

@@ -31,13 +31,13 @@ import json
 import statistics
 import sys
 
-from ecofl.devices import host_cores, host_pool
+from ecofl.devices import host_cores
 from ecofl.pools import load_pool
 from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.data import DATASETS, load_dataset
 from ecofl.errors import UserError
 from ecofl.models import GRANULARITIES
-from ecofl.pipeline.cost import SyncRoundCost, simulate
+from ecofl.pipeline.cost import SyncRoundCost
 from ecofl.pipeline.plan import TRAINING_SCHEDULES, Plan, ScheduleKind
 from ecofl.pipeline.planners import PLANNERS, check_planner, make_plan
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
@@ -45,10 +45,10 @@ from ecofl.pipeline.replan import REPLAN_KINDS
 from ecofl.pipeline.runtime.faults import INJECTION_SYNTAX, FaultTolerance, Injection
 from ecofl.pipeline.runtime.traps import PHASES
 from ecofl.pipeline.runtime.portal import HomePipeline
+from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.cli.emulation_option import add_emulation_argument, chosen_emulation
-from ecofl.pipeline.runtime.host_overhead import runtime_overheads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         confined, plan = plan_on_measured_speeds(lambda devices: _plan(args, profile, devices), presets,
                                                  lambda size: confine_pool(spec, shape, profile, presets, size))
         pool, limits, calibration = confined.pool, confined.limits, confined.measured
-    predicted = predict(plan, profile, pool, mode, args.rounds, args.cache_dir)
+    predicted = predict_sync_round(plan, profile, pool, mode, args.rounds, args.cache_dir)
     x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]
     events = [Injection.parse(text) for text in args.inject]
     tolerance = None
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     except HomePipelineError as error:
         raise UserError(str(error)) from None
     if final_plan != plan:
-        predicted = predict(final_plan, profile, pool, mode, args.rounds, args.cache_dir)
+        predicted = predict_sync_round(final_plan, profile, pool, mode, args.rounds, args.cache_dir)
     report = describe(final_plan, pool, predicted, result, mode, args.rounds)
     report["devices"] = device_report(final_plan, pool, result, calibration, confined)
     if args.timeline:
@@ -179,24 +179,6 @@ def _progress(total: int):
         print(f"\rsync-round {done}/{total} [{bar:<20}] {seconds:.2f} s", end=end, file=sys.stderr, flush=True)
 
     return show
-
-
-def predict(plan: Plan, profile, pool, emulation: Emulation | bool, rounds: int = 1, cache_dir: str | None = None
-            ) -> SyncRoundCost:
-    """The cost model's sync-round: of the pool (confined: at the speeds its devices measured), or of its
-    devices as processes of this machine (``emulation`` none).
-
-    At host speed the devices share this machine's cores; at host speed and confined, every operation
-    costs the runtime's own overhead on this host, per operation and per byte sent or received
-    (:mod:`ecofl.pipeline.runtime.host_overhead`, measured once into ``cache_dir``), at the device's speed. An asynchronous 1F1B plan runs the call's ``rounds`` x M micro-batches as one pass: that pass is predicted.
-    """
-    if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
-        plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * rounds)
-    emulation = Emulation.parse(emulation)
-    overheads = runtime_overheads(emulation, cache_dir)
-    if emulation != Emulation.NONE:  # each device its own cores; confined, the runtime's work at its speed too
-        return simulate(plan, profile, pool, **overheads)
-    return simulate(plan, profile, host_pool(pool), cores=host_cores(), **overheads)
 
 
 def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,

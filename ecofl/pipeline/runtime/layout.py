@@ -16,7 +16,6 @@ from typing import Iterable
 from torch import nn
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.plan import Plan, ScheduleKind, plan_schedule
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime.control_messages import Epoch
@@ -82,7 +81,3 @@ class PipelineLayout:
         if not self.pace_links:
             return None
         return float(self.pool.devices[device].bandwidth_bps)
-
-    def predicted_sync_round_s(self) -> float | None:
-        """The cost model's sync-round of the current plan (None without a profile)."""
-        return None if self.profile is None else simulate(self.plan, self.profile, self.pool).sync_round_s
