@@ -35,8 +35,9 @@ defines them.
 
 With ``--emulate cgroup`` (root) nothing sleeps: every device's worker runs in
 a cgroup of its own at its preset's speed in host cores (no ``--slowdown``)
-and memory, the devices first time the model there
-(:func:`~ecofl.pipeline.runtime.calibration.confine_pool`, at micro-batch 8),
+and memory, the devices first time the model's eval-mode forwards there, as
+they will stream (:func:`~ecofl.pipeline.runtime.calibration.confine_pool`,
+at micro-batch 8),
 and every plan is made from the speeds they measured. A plan whose devices
 compute another number of samples per call is predicted on speeds measured
 again at that number (a throttled device's speed depends on it), with the
@@ -75,6 +76,7 @@ from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import HomePipeline, ZooModel  # noqa: E402
 from ecofl.pipeline.runtime.calibration import confine_pool, operating_micro_batch  # noqa: E402
 from ecofl.pipeline.runtime.emulation import Emulation  # noqa: E402
+from ecofl.pipeline.runtime.confinement import pool_limits  # noqa: E402
 from ecofl.pipeline.runtime.host_overhead import runtime_overheads  # noqa: E402
 from ecofl.pipeline.stream import simulate_stream  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
@@ -224,19 +226,22 @@ def main(argv: list[str] | None = None) -> int:
             profile = profile_zoo_model(model, SHAPE, CLASSES, granularity, args.cache_dir)
             key = f"{home}/{model}"
             pool, limits = presets, None
-            if confined:  # the devices time the model in their cgroups; every plan is made from that
-                calibrated = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE, profile, presets,
-                                          PLANNING_MICRO_BATCH)
-                pool, limits = calibrated.pool, calibrated.limits
+            calibrated: dict[int, HomePool] = {}  # the devices' speeds by samples per call
+
+            def speeds_at(size: int) -> HomePool:
+                if size not in calibrated:
+                    calibrated[size] = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE, profile,
+                                                    presets, size, objective="inference").pool
+                return calibrated[size]
+
+            if confined:  # the devices time the model's forwards in their cgroups; every plan is made from that
+                pool, limits = speeds_at(PLANNING_MICRO_BATCH), pool_limits(presets)
                 speeds[key] = ", ".join(f"{d.name} {d.speed:.3f} (quota {limits[i].cores:.3f})"
                                         for i, d in enumerate(pool.devices))
                 print(f"{key}: measured speeds {speeds[key]}", flush=True)
             runs[key] = {}
             for name, plan in plans(profile, pool, args.micro_batches).items():
-                run_pool = pool
-                if confined and operating_micro_batch(plan) != PLANNING_MICRO_BATCH:  # its own size's speeds
-                    run_pool = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE, profile, presets,
-                                            operating_micro_batch(plan)).pool
+                run_pool = speeds_at(operating_micro_batch(plan)) if confined else pool  # its own size's speeds
                 # A slow plan (the even partition over a 0.2 Mbps link) streams for minutes: wait for it.
                 expected_s = plan.micro_batch * args.micro_batches / simulate_stream(
                     plan, profile, run_pool, args.micro_batches).throughput

@@ -31,6 +31,7 @@ from ecofl.pipeline.runtime.calibration import (
     measure_speeds,
     operating_micro_batch,
     plan_on_measured_speeds,
+    speed_from_step,
 )
 from ecofl.pipeline.runtime.confinement import Confinement, check_fits, pool_limits
 from ecofl.pipeline.runtime.emulation import Emulation
@@ -181,6 +182,25 @@ def test_devices_are_measured_again_where_the_plan_on_their_speeds_runs_another_
     assert confined.pool.devices[0].speed == 0.5
     plan_on_measured_speeds(plan_for(cycle), presets, lambda size: measure(size, {}), cache)
     assert measured == [8, 16]
+
+
+def test_a_device_that_will_stream_times_eval_mode_forwards_and_its_speed_counts_forwards_only():
+    """PipeEdge's devices only run forwards: calibrated on them (eval mode, no autograd), a device's speed is the
+    profile's forwards over its measured step, so the stream model's forwards add up to what it measured."""
+    model, side = convolutions(16), 16
+    profile = profile_model(model.build()[1], (3, side, side), (4, 8), name="calibration-convolutions", repeats=2)
+    forward, backward = profile.layer_times(4)
+    assert speed_from_step(profile, 4, 0.01, "inference") == pytest.approx(forward.sum() / 0.01)
+    assert speed_from_step(profile, 4, 0.01) == pytest.approx((forward.sum() + backward.sum()) / 0.01)
+    command = [sys.executable, "-m", "ecofl.pipeline.runtime.calibration", "--model", json.dumps(model.to_json()),
+               "--input-shape", f"3,{side},{side}", "--micro-batch", "4", "--seconds", "0.2",
+               "--objective", "inference"]
+    out = subprocess.run(command, input="go\n", capture_output=True, text=True, check=True, timeout=120, cwd=ROOT)
+    ready, measured = out.stdout.splitlines()
+    assert ready == "ready" and json.loads(measured)["seconds_per_step"] > 0
+    with pytest.raises(ValueError, match="objective must be one of training, inference"):
+        measure_speeds(model, (3, side, side), profile, HomePool("p", (DeviceSpec("a", 0.4, GB, 1e9),)), None, 4,
+                       objective="serving")
 
 
 def test_a_pool_whose_quotas_do_not_fit_this_machine_is_refused():

@@ -1,4 +1,4 @@
-"""Confined devices measure themselves under their limits: each one's speed on the model it will train.
+"""Confined devices measure themselves under their limits: each one's speed on the model it will run.
 
 Asteroid §3.3 profiles every layer on every device before planning; Eco-FL
 §4.2 plans from each device's measured compute. Here a confined device
@@ -9,7 +9,9 @@ so the burst of quota an idle device starts with does not flatter it. Its
 speed for the planner is the host profile's time for the same step over
 the measured time (:func:`speed_from_step`), so the cost model's time for
 the whole model on the device is what the device measured, split across
-layers in the host profile's proportions.
+layers in the host profile's proportions. A device that will stream
+inference (PipeEdge) times eval-mode forwards without autograd instead,
+cheaper than the profile's training-mode forwards.
 
 Each device runs :func:`main` (``python -m ecofl.pipeline.runtime.calibration``)
 as a process in its cgroup: it imports torch and builds the model at the
@@ -43,6 +45,7 @@ from ecofl.pipeline.runtime.worker_environment import worker_environment
 from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
 
 READY, GO = "ready", "go"
+OBJECTIVES = ("training", "inference")  # what a device times: the steps it will run
 #: Seconds of timed steps per device. Asteroid Env B's five devices at 4 samples, calibrated 6 times each:
 #: 2 s varied by 4.5-7.4% (coefficient of variation; up to 1.24x between two runs), 6 s by 2.0-6.2%.
 CALIBRATION_S = 5.0
@@ -57,21 +60,30 @@ def seconds_per_call(step: Callable[[], object], min_seconds: float, min_calls: 
     return (time.perf_counter() - start) / calls
 
 
-def host_step_s(profile: ModelProfile, micro_batch: int) -> float:
-    """The host profile's seconds for one training step (forward and backward of every layer)."""
+def host_step_s(profile: ModelProfile, micro_batch: int, objective: str = "training") -> float:
+    """The host profile's seconds for one step: a training step's forward and backward of every layer, or an
+    inference step's forwards."""
     forward, backward = profile.layer_times(micro_batch)
-    return float(forward.sum() + backward.sum())
+    return float(forward.sum() + (backward.sum() if objective == "training" else 0.0))
 
 
-def speed_from_step(profile: ModelProfile, micro_batch: int, measured_s: float) -> float:
-    """A device's speed (host cores) given its measured seconds per training step of ``micro_batch``."""
-    return host_step_s(profile, micro_batch) / measured_s
+def speed_from_step(profile: ModelProfile, micro_batch: int, measured_s: float, objective: str = "training"
+                    ) -> float:
+    """A device's speed (host cores) given its measured seconds per step of ``micro_batch``.
+
+    The profile's forwards are timed in training mode; an inference step (eval mode, no autograd) is cheaper.
+    Measured as inference, the speed makes the cost model's forwards sum to what the device measured for the
+    whole model, split across layers in the training profile's proportions."""
+    return host_step_s(profile, micro_batch, objective) / measured_s
 
 
 def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile, pool: HomePool,
                    confinement: Confinement, micro_batch: int, min_seconds: float = CALIBRATION_S,
-                   timeout_s: float = 300.0) -> tuple[HomePool, dict]:
-    """``pool`` with each confined device's speed as measured in its cgroup, and what each measured."""
+                   timeout_s: float = 300.0, objective: str = "training") -> tuple[HomePool, dict]:
+    """``pool`` with each confined device's speed as measured in its cgroup on ``objective``'s steps (training:
+    forward, loss and backward; inference: an eval-mode forward without autograd), and what each measured."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     devices = sorted(confinement.limits)
     processes: dict[int, subprocess.Popen] = {}
     try:
@@ -79,7 +91,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             group, env = confinement.enter(device)
             command = [sys.executable, "-m", "ecofl.pipeline.runtime.calibration", "--model", json.dumps(
                 model.to_json()), "--input-shape", ",".join(map(str, input_shape)), "--micro-batch",
-                str(micro_batch), "--seconds", str(min_seconds)]
+                str(micro_batch), "--seconds", str(min_seconds), "--objective", objective]
             processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
                                                  text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         for device, process in processes.items():
@@ -103,9 +115,9 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             process.wait()
         for device in processes:
             confinement.release(device)
-    speeds = {d: speed_from_step(profile, micro_batch, s) for d, s in measured.items()}
-    report = {d: {"quota_cores": confinement.limits[d].cores, "micro_batch": micro_batch, "step_s": measured[d],
-                  "measured_speed": speeds[d]} for d in devices}
+    speeds = {d: speed_from_step(profile, micro_batch, s, objective) for d, s in measured.items()}
+    report = {d: {"quota_cores": confinement.limits[d].cores, "objective": objective, "micro_batch": micro_batch,
+                  "step_s": measured[d], "measured_speed": speeds[d]} for d in devices}
     return with_speeds(pool, speeds), report
 
 
@@ -128,11 +140,12 @@ class ConfinedPool:
 
 
 def confine_pool(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile, presets: HomePool,
-                 micro_batch: int, min_seconds: float = CALIBRATION_S) -> ConfinedPool:
-    """Each device of ``presets`` confined to its speed in cores and its budget, its speed measured there."""
+                 micro_batch: int, min_seconds: float = CALIBRATION_S, objective: str = "training") -> ConfinedPool:
+    """Each device of ``presets`` confined to its speed in cores and its budget, its speed measured there on
+    ``objective``'s steps (:func:`measure_speeds`)."""
     limits = pool_limits(presets)
     pool, measured = measure_speeds(model, input_shape, profile, presets, Confinement(limits), micro_batch,
-                                    min_seconds)
+                                    min_seconds, objective=objective)
     return ConfinedPool(pool, limits, measured, micro_batch)
 
 
@@ -179,11 +192,12 @@ def _line(process: subprocess.Popen, timeout_s: float) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="time training steps of a model here (in a device's cgroup)")
+    parser = argparse.ArgumentParser(description="time steps of a model here (in a device's cgroup)")
     parser.add_argument("--model", required=True, help="the model as JSON (ModelSpec.to_json)")
     parser.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 1,28,28")
     parser.add_argument("--micro-batch", type=int, required=True)
     parser.add_argument("--seconds", type=float, default=CALIBRATION_S)
+    parser.add_argument("--objective", choices=OBJECTIVES, default="training")
     args = parser.parse_args()
     torch.set_num_threads(worker_threads())
     model, _ = spec_from_json(json.loads(args.model)).build()
@@ -194,9 +208,17 @@ def main() -> int:
         classes = model(x).shape[1]
     y = torch.randint(0, classes, (args.micro_batch,), generator=generator)
 
-    def step() -> None:
+    def train() -> None:
         model.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(model(x), y).backward()
+
+    def infer() -> None:  # as a streaming stage runs (.stream_stage)
+        with torch.no_grad():
+            model(x)
+
+    if args.objective == "inference":
+        model.eval()
+    step = train if args.objective == "training" else infer
 
     step()  # allocations and first-call work, not measured
     print(READY, flush=True)
