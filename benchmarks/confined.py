@@ -9,7 +9,8 @@ inputs, 10 classes, synthetic data) and pool:
 1. the host profile is measured now, into a fresh cache (with the runtime's
    overhead per operation, :mod:`ecofl.pipeline.runtime.host_overhead`);
 2. each device times training steps of the model in its cgroup, all at
-   once (:mod:`ecofl.pipeline.runtime.calibration`): its measured speed;
+   once (:mod:`ecofl.pipeline.runtime.calibration`): its measured speed, at
+   the samples per call the plan on those speeds runs it at;
 3. the planner plans on the measured speeds, the cost model predicts the
    sync-round, and the plan runs confined: one warm-up and ``--rounds``
    measured sync-rounds. **Planner error** = |predicted - measured| / measured
@@ -30,7 +31,11 @@ writable cgroups (it says why not, and stops, where they are missing).
 
     .venv/bin/python benchmarks/confined.py [--rounds 3] [--batch 64] [--models mobilenet_v2,efficientnet_b0]
 
-writes benchmarks/results/confined.json and the "confined" section of docs/pipeline.md.
+writes benchmarks/results/confined.json and the "confined" section of docs/pipeline.md. A larger
+mini-batch (more micro-batches, a higher bound on efficiency) goes to a section of its own:
+
+    .venv/bin/python benchmarks/confined.py --batch 256 --models mobilenet_v2 --pools ecofl-3stage:ecofl:1 \
+        --json benchmarks/results/confined_batch256.json --section confined-batch256
 """
 
 from __future__ import annotations
@@ -161,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "confined.json"))
     parser.add_argument("--doc", default=str(ROOT / "docs" / "pipeline.md"))
+    parser.add_argument("--section", default="confined", help="the doc's marked section to write the table into")
     args = parser.parse_args(argv)
     hierarchy = find_hierarchy()
     if isinstance(hierarchy, str):
@@ -179,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1))
     table = markdown(results)
-    replace_section(Path(args.doc), table, "confined")
+    if not replace_section(Path(args.doc), table, args.section):
+        print(f"{args.doc} has no section {args.section!r}: the table is only printed", file=sys.stderr)
     print(table)
     return 0
 
