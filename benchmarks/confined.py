@@ -117,7 +117,7 @@ def markdown(results: dict) -> str:
         f"Measured on {results['machine']}, {results['cores']} cores ({results['date']}; 1-minute load "
         f"{results['load_before']:.2f} before), {results['hierarchy']}; batch {results['batch']}, "
         f"{results['rounds']} measured sync-rounds after one warm-up, "
-        f"`python benchmarks/confined.py`. **Confined**: every device a worker in a cgroup of its own at its "
+        f"`{results.get('command', 'python benchmarks/confined.py')}`. **Confined**: every device a worker in a cgroup of its own at its "
         "preset's speed in cores and its memory budget, planned from the speeds the devices measured in their "
         "cgroups; nothing sleeps, so measured and predicted are free to differ. **Sleep**: the same planner on "
         "the presets, every device sleeping to the cost model (the model's figure: measured = predicted by "
@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as cache_dir:
         results = {"machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "cores": host_cores(),
                    "hierarchy": hierarchy.name, "load_before": os.getloadavg()[0], "rounds": args.rounds,
-                   "batch": args.batch, "overhead": operation_overhead_record(cache_dir), "rows": []}
+                   "batch": args.batch, "overhead": operation_overhead_record(cache_dir), "rows": [],
+                   "command": " ".join(["python benchmarks/confined.py", *(sys.argv[1:] if argv is None else argv)])}
         for model in args.models.split(","):
             for pool_name, planner, factor in cases:
                 results["rows"].append(measure(model, pool_name, planner, factor, args, cache_dir))
