@@ -113,25 +113,22 @@ def test_a_frozen_heap_leaves_full_collections_only_what_came_after():
     assert 1000 <= walked < 0.02 * tracked  # what came after the freeze, and nothing much else
 
 
-@pytest.mark.parametrize("mode", ["sleep", "none"])
-def test_a_pipelines_prediction_carries_the_runtimes_overheads_where_devices_compute_for_real(mode, monkeypatch):
-    """The figure a simulation's pipeline homes report beside their measured sync-rounds is the one the CLI
-    prints: the runtime's overheads included where nothing sleeps, the devices sharing this host at host speed."""
+@pytest.mark.parametrize("mode", ["sleep", "cgroup", "none"])
+def test_the_prediction_carries_the_runtimes_overheads_where_devices_compute_for_real(mode, monkeypatch):
+    """One prediction for the CLI, the benchmarks and a simulation's pipeline homes (.prediction): the runtime's
+    overheads included where nothing sleeps, the devices sharing this host's cores at host speed."""
     from ecofl.devices import host_cores, host_pool
     from ecofl.pipeline.cost import simulate
-    from ecofl.pipeline.runtime import HomePipeline
     from ecofl.pipeline.runtime import prediction
-    from pipeline_kit import PROFILE, THREE_STAGES, WITHOUT_BATCH_NORM, pool
+    from pipeline_kit import PROFILE, THREE_STAGES, pool
 
     overheads = {"operation_overhead_s": 0.004, "byte_overhead_s": 1e-8}  # as if measured on this host
     monkeypatch.setattr(prediction, "runtime_overheads",
                         lambda emulation, cache_dir=None: {} if emulation == "sleep" else overheads)
     devices = pool(3)
-    home = HomePipeline(WITHOUT_BATCH_NORM, devices, THREE_STAGES, profile=PROFILE, emulate=mode)  # not entered
     plain = simulate(THREE_STAGES, PROFILE, devices)
-    expected = plain if mode == "sleep" else simulate(THREE_STAGES, PROFILE, host_pool(devices), cores=host_cores(),
-                                                      **overheads)
-    assert home.predicted_sync_round_s() == pytest.approx(expected.sync_round_s)
-    confined = prediction.predict_sync_round(THREE_STAGES, PROFILE, devices, "cgroup")  # each device its cores
-    assert confined.sync_round_s == pytest.approx(simulate(THREE_STAGES, PROFILE, devices, **overheads).sync_round_s)
-    assert confined.sync_round_s > plain.sync_round_s
+    expected = {"sleep": plain, "cgroup": simulate(THREE_STAGES, PROFILE, devices, **overheads),
+                "none": simulate(THREE_STAGES, PROFILE, host_pool(devices), cores=host_cores(), **overheads)}[mode]
+    predicted = prediction.predict_sync_round(THREE_STAGES, PROFILE, devices, mode)
+    assert predicted.sync_round_s == pytest.approx(expected.sync_round_s)
+    assert mode == "sleep" or predicted.sync_round_s > plain.sync_round_s

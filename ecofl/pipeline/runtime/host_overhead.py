@@ -34,6 +34,7 @@ from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import DEFAULT_CACHE_DIR, PROFILE_METHOD, profile_model
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.model_spec import LayerList
+from ecofl.pipeline.runtime.portal import HomePipeline
 
 WIDTH, LAYERS, DEVICES = 16, 6, 3
 WIDE = 16384  # floats a sample between the wide model's stages
@@ -108,8 +109,6 @@ class _Calibration:
 
     def __init__(self, name: str, spec: LayerList, micro_batch: int, micro_batches: int, rounds: int,
                  timeout_s: float, cache_dir: str | None):
-        from ecofl.pipeline.runtime.portal import HomePipeline  # the portal predicts with this module's figures
-
         _, layers = spec.build()
         self.profile = profile_model(layers, (WIDTH,), name=name, cache_dir=cache_dir)
         pool = make_pool("calibration", ["nano-10w"] * DEVICES)

@@ -44,7 +44,6 @@ from ecofl.pipeline.runtime.model_spec import ModelSpec
 from ecofl.net.netns import HomeNetwork
 from ecofl.pipeline.runtime.pipelined_inference import stream_inference
 from ecofl.pipeline.runtime.stage import Optimization
-from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.runtime.statistics import InferenceResult, PipelineResult
 from ecofl.pipeline.runtime.sync_training import train_async, train_sync_rounds
 from ecofl.weights import Weights, get_weights
@@ -146,13 +145,6 @@ class HomePipeline:
         """Each confined device's CPU quota, memory limit and cgroup peak (empty unless ``emulate="cgroup"``)."""
         confinement = self.control.devices.confinement
         return {} if confinement is None else {d: confinement.report(d) for d in sorted(confinement.groups)}
-
-    def predicted_sync_round_s(self) -> float | None:
-        """The cost model's sync-round of the current plan as this pipeline runs it, the runtime's overheads
-        included where devices compute for real (:mod:`.prediction`; None without a profile)."""
-        layout = self.layout
-        return None if layout.profile is None else predict_sync_round(
-            layout.plan, layout.profile, layout.pool, self.emulation).sync_round_s
 
     # -- lifetime ------------------------------------------------------------------
 

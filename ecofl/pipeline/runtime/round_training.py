@@ -30,6 +30,7 @@ import torch
 
 from ecofl.errors import UserError
 from ecofl.pipeline.runtime.portal import HomePipeline
+from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.train import TrainConfig
 from ecofl.weights import Weights
 
@@ -52,7 +53,7 @@ class PipelineTraining:
     micro_batches: int = 1  # of the main plan
     recoveries: int = 0  # devices lost, slowed or joined and recovered from (fault tolerance)
     failures: int = 0  # of which devices lost (killed, frozen or found failed) and recovered from
-    predicted_sync_round_s: float | None = None  # the main plan's, from the cost model
+    predicted_sync_round_s: float | None = None  # the main plan's, predicted as the CLI does (.prediction)
 
     def metrics(self) -> dict[str, float | int]:
         rounds = self.sync_round_s
@@ -111,7 +112,8 @@ def train_round(open_pipeline: OpenPipeline, weights: Weights, x: torch.Tensor, 
             failures += sum(event["kind"] in ("kill", "freeze", "failure") for event in result.events)
         finished = time.perf_counter()
         main = pipes[segments[0][0]]
-        predicted = main.predicted_sync_round_s()
+        predicted = None if main.profile is None else predict_sync_round(
+            main.plan, main.profile, main.layout.pool, main.emulation).sync_round_s
     return PipelineTraining(
         weights=current, loss=loss_sum / seen, num_samples=n, steps=len(round_s), pool=pool_name,
         start_s=trained - started, train_s=finished - trained, sync_round_s=round_s,
