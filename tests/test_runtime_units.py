@@ -1,26 +1,26 @@
-"""The runtime's pure parts, without processes: topology, wire format, link pacing, memory ledger."""
+"""The runtime's pure parts, without processes: topology, wire format, link pacing, memory ledger, prediction."""
 
 from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ecofl.devices import DeviceSpec, HomePool
+from ecofl.devices import DeviceSpec, HomePool, host_cores, host_pool
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.wire import recv_message, send_message
+from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.instructions import device_program
 from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan
 from ecofl.pipeline.runtime.emulation import MemoryLedger
+from ecofl.pipeline.runtime import prediction
 from ecofl.pipeline.runtime.errors import EmulatedOOM
 from ecofl.pipeline.runtime.topology import Peer, WorkerRole, worker_roles
 from ecofl.pipeline.schedule import one_f_one_b
+from pipeline_kit import PROFILE, THREE_STAGES, pool
 
 
 def test_replicated_stages_exchange_overlapping_sample_ranges():
@@ -92,36 +92,10 @@ def test_memory_ledger_projects_the_schedule_peak_from_measured_forwards():
     assert relaxed.peak_bytes == 10**6
 
 
-def test_a_frozen_heap_leaves_full_collections_only_what_came_after():
-    """A worker freezes torch's and its model's objects once built (.heap), so a full collection, which holds
-    the GIL a confined device's heartbeat needs, walks only what the process allocated since."""
-    script = (
-        "import gc, json\n"
-        "from ecofl.models import build_model\n"
-        "from ecofl.pipeline.runtime.heap import freeze_heap\n"
-        "model = build_model('mobilenet_v2', (1, 28, 28), 10)\n"
-        "tracked = len(gc.get_objects())\n"
-        "frozen = freeze_heap()\n"
-        "garbage = [[i] for i in range(1000)]\n"
-        "print(json.dumps([tracked, frozen, len(gc.get_objects())]))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parent.parent)
-    tracked, frozen, walked = json.loads(out.stdout)
-    assert tracked > 100_000  # torch's modules and the model: what a full pass walked before
-    assert frozen >= 0.9 * tracked
-    assert 1000 <= walked < 0.02 * tracked  # what came after the freeze, and nothing much else
-
-
 @pytest.mark.parametrize("mode", ["sleep", "cgroup", "none"])
 def test_the_prediction_carries_the_runtimes_overheads_where_devices_compute_for_real(mode, monkeypatch):
     """One prediction for the CLI, the benchmarks and a simulation's pipeline homes (.prediction): the runtime's
     overheads included where nothing sleeps, the devices sharing this host's cores at host speed."""
-    from ecofl.devices import host_cores, host_pool
-    from ecofl.pipeline.cost import simulate
-    from ecofl.pipeline.runtime import prediction
-    from pipeline_kit import PROFILE, THREE_STAGES, pool
-
     overheads = {"operation_overhead_s": 0.004, "byte_overhead_s": 1e-8}  # as if measured on this host
     monkeypatch.setattr(prediction, "runtime_overheads",
                         lambda emulation, cache_dir=None: {} if emulation == "sleep" else overheads)
