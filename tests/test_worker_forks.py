@@ -1,4 +1,4 @@
-"""The fork server that starts a portal's local workers: exit codes, signals, nothing outliving the portal, frozen heaps."""
+"""The fork server that starts a portal's workers: exit codes, signals, nothing outliving the portal, frozen heaps."""
 
 from __future__ import annotations
 
