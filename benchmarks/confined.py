@@ -120,10 +120,11 @@ def markdown(results: dict) -> str:
         f"`{results.get('command', 'python benchmarks/confined.py')}`. **Confined**: every device a worker in a "
         "cgroup of its own at its preset's speed in cores and its memory budget, planned from the speeds the "
         "devices measured in their cgroups; nothing sleeps, so measured and predicted are free to differ. "
-        "**Sleep**: the same planner on the presets, every device sleeping to the cost model (the model's figure: measured = predicted by "
-        "construction). Links paced at 100 Mbps in both. `efficiency`: confined throughput / the sum of the "
-        "devices' own training throughput in their cgroups (at the samples per call they calibrated at). "
-        "`bound`: the most a synchronous schedule of M micro-batches over S stages could reach, "
+        "**Sleep**: the same planner on the presets, every device sleeping to the cost model (the model's "
+        "figure: measured = predicted by construction). Links paced at 100 Mbps in both. `efficiency`: "
+        "confined throughput / the sum of the devices' own training throughput in their cgroups (at the "
+        "samples per call they calibrated at). `bound`: the most a synchronous schedule of M micro-batches "
+        "over S stages could reach, "
         "M / (M + S - 1) (fill and drain idle, perfect balance, free communication).",
         "",
         "| model | pool | planner | plan (confined, measured speeds) | sync-round s measured | predicted | "
