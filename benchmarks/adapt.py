@@ -80,14 +80,14 @@ class Home:
         return make_plan("ecofl", self.profile, pool, self.batch)
 
     def planned(self, pool_name: str):
-        """The pool, its plan and the limits its devices run under (confined: their speeds measured once, at the
-        micro-batch the plan runs them at)."""
+        """The pool, its plan and the limits its devices run under (confined: their speeds measured once, on the
+        stages the plan gives them)."""
         presets = load_pool(pool_name)
         if self.emulate == "sleep":
             return presets, self.plan_for(presets), None
         if pool_name not in self.confined:
-            self.confined[pool_name] = plan_on_measured_speeds(self.plan_for, presets, lambda size: confine_pool(
-                self.spec, tuple(self.spec.input_shape), self.profile, presets, size))
+            self.confined[pool_name] = plan_on_measured_speeds(self.plan_for, presets, lambda work: confine_pool(
+                self.spec, tuple(self.spec.input_shape), self.profile, presets, work))
         confined, plan = self.confined[pool_name]
         return confined.pool, plan, confined.limits
 

@@ -8,17 +8,18 @@ inputs, 10 classes, synthetic data) and pool:
 
 1. the host profile is measured now, into a fresh cache (with the runtime's
    overhead per operation, :mod:`ecofl.pipeline.runtime.host_overhead`);
-2. each device times training steps of the model in its cgroup, all at
-   once (:mod:`ecofl.pipeline.runtime.calibration`): its measured speed, at
-   the samples per call the plan on those speeds runs it at;
+2. each device times training steps in its cgroup, all at once
+   (:mod:`ecofl.pipeline.runtime.calibration`): first of the whole model,
+   then of the stage the plan on those speeds gives it (its layers at its
+   share), until the plan's stages are ones its devices measured;
 3. the planner plans on the measured speeds, the cost model predicts the
    sync-round, and the plan runs confined: one warm-up and ``--rounds``
    measured sync-rounds. **Planner error** = |predicted - measured| / measured
    (target: at most 10% on every row). **Pipeline efficiency** = measured
-   throughput / the sum of every device's own training throughput in its
-   cgroup (its micro-batch over its measured step time; target: at least
-   0.85). Each device's quota, memory limit, cgroup peak and worker peak RSS
-   are recorded.
+   throughput / the sum of every device's own training throughput of the
+   whole model in its cgroup (its micro-batch over its measured step time;
+   target: at least 0.85). Each device's quota, memory limit, cgroup peak
+   and worker peak RSS are recorded.
 4. Beside it, the same planner on the presets with every device sleeping to
    the cost model (``--emulate sleep``): the model's figure, where measured
    equals predicted by construction.
@@ -63,7 +64,8 @@ from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import ZooModel  # noqa: E402
-from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds  # noqa: E402
+from ecofl.pipeline.runtime.calibration import (  # noqa: E402
+    ConfinedPool, Workload, confine_pool, plan_on_measured_speeds)
 from ecofl.pipeline.runtime.host_overhead import operation_overhead_record  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
@@ -88,11 +90,14 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     presets = scaled(load_pool(pool_name), factor)
     preset_plan = make_plan(planner, profile, presets, args.batch)
     print(f"{model} on {presets.name}: each device times the model in its cgroup ...", file=sys.stderr, flush=True)
+    calibrated: dict[Workload, ConfinedPool] = {}
     confined, plan = plan_on_measured_speeds(lambda devices: make_plan(planner, profile, devices, args.batch),
-                                             presets, lambda size: confine_pool(spec, SHAPE, profile, presets, size))
+                                             presets, lambda work: confine_pool(spec, SHAPE, profile, presets, work),
+                                             calibrated)
+    whole = next(c for w, c in calibrated.items() if all(work.layers is None for _, work in w))
     run = run_plan(spec, confined.pool, plan, profile, emulate="cgroup", limits=confined.limits, rounds=args.rounds,
                    timeout_s=args.timeout, cache_dir=cache_dir)
-    alone = sum(confined.micro_batch / m["step_s"] for m in confined.measured.values())
+    alone = sum(m["micro_batch"] / m["step_s"] for m in whole.measured.values())  # the whole model, each alone
     print(f"  confined: {run['sync_round_s']:.3f} s measured, {run['predicted_sync_round_s']:.3f} s predicted "
           f"({100 * run['planner_error']:.1f}%), efficiency {run['throughput'] / alone:.2f}", file=sys.stderr)
     sleep = run_plan(spec, presets, preset_plan, profile, emulate="sleep", rounds=args.rounds,
@@ -100,6 +105,7 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     return {
         "model": model, "pool": presets.name, "planner": planner, "scale": factor,
         "measured_speeds": {str(d): m for d, m in confined.measured.items()},
+        "whole_model_speeds": {str(d): m for d, m in whole.measured.items()},
         "devices_alone_throughput": alone, "efficiency": run["throughput"] / alone,
         "confined": {**run, "plan_text": describe_plan(plan, confined.pool)},
         "sleep": {**sleep, "plan_text": describe_plan(preset_plan, presets)},
@@ -122,8 +128,8 @@ def markdown(results: dict) -> str:
         "devices measured in their cgroups; nothing sleeps, so measured and predicted are free to differ. "
         "**Sleep**: the same planner on the presets, every device sleeping to the cost model (the model's "
         "figure: measured = predicted by construction). Links paced at 100 Mbps in both. `efficiency`: "
-        "confined throughput / the sum of the devices' own training throughput in their cgroups (at the "
-        "samples per call they calibrated at). `bound`: the most a synchronous schedule of M micro-batches "
+        "confined throughput / the sum of the devices' own training throughput of the whole model in their "
+        "cgroups (at the samples per call they first calibrated at). `bound`: the most a synchronous schedule of M micro-batches "
         "over S stages could reach, "
         "M / (M + S - 1) (fill and drain idle, perfect balance, free communication).",
         "",
@@ -137,18 +143,21 @@ def markdown(results: dict) -> str:
             f"| {row['model']} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} | {c['sync_round_s']:.3f} "
             f"| {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% | {row['efficiency']:.2f} "
             f"| {schedule_bound(c):.2f} | {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")
-    lines += ["", "Per device (confined): quota, speed measured in its cgroup, memory limit (budget + the worker's "
-              "own runtime), the cgroup's peak and the worker's peak resident set.", "",
-              "| model | pool | device | quota cores | measured speed | limit MiB | cgroup peak MiB | RSS peak MiB |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "Per device (confined): quota, speed measured in its cgroup on the whole model and on its own "
+              "stage (the one the prediction uses), memory limit (budget + the worker's own runtime), the cgroup's "
+              "peak and the worker's peak resident set.", "",
+              "| model | pool | device | quota cores | speed, whole model | speed, own stage | limit MiB "
+              "| cgroup peak MiB | RSS peak MiB |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for row in results["rows"]:
         c = row["confined"]
         for st in c["stages"]:
             for d, name in zip(st["devices"], st["device_names"]):
                 box, speed = c["confined"].get(str(d), {}), row["measured_speeds"][str(d)]["measured_speed"]
+                whole = row.get("whole_model_speeds", {}).get(str(d), {}).get("measured_speed")
                 peak = box.get("cgroup_peak_bytes")
                 lines.append(f"| {row['model']} | {row['pool']} | {d}: {name} | {box.get('cpu_quota', 0):.3f} "
-                             f"| {speed:.3f} | {box.get('memory_limit_bytes', 0) / MIB:.0f} "
+                             f"| {'-' if whole is None else f'{whole:.3f}'} | {speed:.3f} | {box.get('memory_limit_bytes', 0) / MIB:.0f} "
                              f"| {'-' if peak is None else f'{peak / MIB:.0f}'} | {st['peak_rss_bytes'] / MIB:.0f} |")
     worst = max(row["confined"]["planner_error"] for row in results["rows"])
     least = min(row["efficiency"] for row in results["rows"])

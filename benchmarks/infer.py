@@ -38,10 +38,10 @@ a cgroup of its own at its preset's speed in host cores (no ``--slowdown``)
 and memory, the devices first time the model's eval-mode forwards there, as
 they will stream (:func:`~ecofl.pipeline.runtime.calibration.confine_pool`,
 at micro-batch 8),
-and every plan is made from the speeds they measured. A plan whose devices
-compute another number of samples per call is predicted on speeds measured
-again at that number (a throttled device's speed depends on it), with the
-runtime's overheads per forward and per byte. Then predicted against
+and every plan is made from the speeds they measured. Each plan is then
+predicted on speeds its devices measured again on their own stages (their
+layers at their samples per call: a throttled device's speed depends on
+both), with the runtime's overheads per forward and per byte. Then predicted against
 measured throughput is the stream model's real error.
 
     .venv/bin/python benchmarks/infer.py [--micro-batches 24] [--slowdown 0.25] [--emulate sleep|cgroup]
@@ -74,7 +74,7 @@ from ecofl.pipeline.plan import STREAM_IN_FLIGHT, Plan, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import HomePipeline, ZooModel  # noqa: E402
-from ecofl.pipeline.runtime.calibration import confine_pool, operating_micro_batch  # noqa: E402
+from ecofl.pipeline.runtime.calibration import Workload, confine_pool, plan_workload  # noqa: E402
 from ecofl.pipeline.runtime.emulation import Emulation  # noqa: E402
 from ecofl.pipeline.runtime.confinement import pool_limits  # noqa: E402
 from ecofl.pipeline.runtime.host_overhead import runtime_overheads  # noqa: E402
@@ -226,22 +226,23 @@ def main(argv: list[str] | None = None) -> int:
             profile = profile_zoo_model(model, SHAPE, CLASSES, granularity, args.cache_dir)
             key = f"{home}/{model}"
             pool, limits = presets, None
-            calibrated: dict[int, HomePool] = {}  # the devices' speeds by samples per call
+            calibrated: dict[Workload | int, HomePool] = {}  # the devices' speeds by what they timed
 
-            def speeds_at(size: int) -> HomePool:
-                if size not in calibrated:
-                    calibrated[size] = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE, profile,
-                                                    presets, size, objective="inference").pool
-                return calibrated[size]
+            def speeds_on(workload: Workload | int) -> HomePool:
+                if workload not in calibrated:
+                    calibrated[workload] = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE,
+                                                        profile, presets, workload, objective="inference").pool
+                return calibrated[workload]
 
             if confined:  # the devices time the model's forwards in their cgroups; every plan is made from that
-                pool, limits = speeds_at(PLANNING_MICRO_BATCH), pool_limits(presets)
+                pool, limits = speeds_on(PLANNING_MICRO_BATCH), pool_limits(presets)
                 speeds[key] = ", ".join(f"{d.name} {d.speed:.3f} (quota {limits[i].cores:.3f})"
                                         for i, d in enumerate(pool.devices))
                 print(f"{key}: measured speeds {speeds[key]}", flush=True)
             runs[key] = {}
             for name, plan in plans(profile, pool, args.micro_batches).items():
-                run_pool = speeds_at(operating_micro_batch(plan)) if confined else pool  # its own size's speeds
+                # predicted at the speeds its devices measured on their own stages
+                run_pool = speeds_on(plan_workload(plan, range(len(presets.devices)))) if confined else pool
                 # A slow plan (the even partition over a 0.2 Mbps link) streams for minutes: wait for it.
                 expected_s = plan.micro_batch * args.micro_batches / simulate_stream(
                     plan, profile, run_pool, args.micro_batches).throughput

@@ -79,7 +79,8 @@ from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import EmulatedOOM, ZooModel  # noqa: E402
-from ecofl.pipeline.runtime.calibration import ConfinedPool, confine_pool, plan_on_measured_speeds  # noqa: E402
+from ecofl.pipeline.runtime.calibration import (  # noqa: E402
+    ConfinedPool, Workload, confine_pool, describe_workload, plan_on_measured_speeds)
 from ecofl.pipeline.runtime.errors import DeviceOutOfMemory  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
@@ -126,10 +127,11 @@ class Devices:
     """The pools the runs plan on and their plans: the scaled presets (sleep), or the speeds the confined
     devices measured in their cgroups (cgroup), with the limits they run under.
 
-    A confined device's speed depends on the micro-batch it computes (a throttled process loses more of its
-    quota to per-call work on small ones), so each method's plan is made on speeds measured at the samples
-    per device it runs (:func:`~ecofl.pipeline.runtime.calibration.plan_on_measured_speeds`; once per model,
-    pool and size), as Asteroid §3.3 profiles per batch size.
+    A confined device's speed depends on the layers and the samples per call it computes (a throttled process
+    loses more of its quota to per-call work on small micro-batches), so each method's plan is predicted on the
+    speeds its devices measured on their own stages
+    (:func:`~ecofl.pipeline.runtime.calibration.plan_on_measured_speeds`; once per model, pool and workload),
+    as Asteroid §3.3 profiles each layer on each device per batch size.
     """
 
     def __init__(self, args: argparse.Namespace):
@@ -141,9 +143,9 @@ class Devices:
         if self.args.emulate == "sleep":
             return presets, plan_for(presets), None
 
-        def measure(size: int) -> ConfinedPool:
-            confined = confine_pool(ZooModel(model, SHAPE, CLASSES, GRANULARITY), SHAPE, profile, presets, size)
-            print(f"[{model} {pool_name} micro-batch {size}] speeds measured in the cgroups: " + ", ".join(
+        def measure(workload: Workload) -> ConfinedPool:
+            confined = confine_pool(ZooModel(model, SHAPE, CLASSES, GRANULARITY), SHAPE, profile, presets, workload)
+            print(f"[{model} {pool_name} {describe_workload(workload)}] speeds measured in the cgroups: " + ", ".join(
                 f"{d.name} {d.speed:.3f} (quota {confined.limits[i].cores:.3f})"
                 for i, d in enumerate(confined.pool.devices)), file=sys.stderr, flush=True)
             return confined

@@ -51,7 +51,7 @@ def home_plan(
         return pool, profile, plan, None
     spec = ZooModel(model, tuple(input_shape), num_classes, granularity)
     confined, plan = plan_on_measured_speeds(lambda devices: make_plan(planner, profile, devices, batch_size), pool,
-                                             lambda size: confine_pool(spec, tuple(input_shape), profile, pool, size))
+                                             lambda work: confine_pool(spec, tuple(input_shape), profile, pool, work))
     return confined.pool, profile, plan, confined.limits
 
 

@@ -28,10 +28,15 @@ from ecofl.pipeline.runtime import LayerList
 from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.runtime.calibration import (
     ConfinedPool,
+    Work,
+    Workload,
+    describe_workload,
     measure_speeds,
     operating_micro_batch,
     plan_on_measured_speeds,
+    plan_workload,
     speed_from_step,
+    whole_model,
 )
 from ecofl.pipeline.runtime.confinement import Confinement, check_fits, pool_limits
 from ecofl.pipeline.runtime.emulation import Emulation
@@ -150,38 +155,48 @@ def test_devices_calibrate_at_the_samples_each_computes_per_call():
     assert operating_micro_batch(data_parallel) == 26
 
 
-def one_device_plan(micro_batch: int) -> Plan:
-    return Plan("one", (StagePlan((0, 3), (0,), (micro_batch,), 1),), micro_batch, 4)
+def two_stages(cut: int, micro_batch: int = 8) -> Plan:
+    return Plan("two", (StagePlan((0, cut), (0,), (micro_batch,), 2), StagePlan((cut + 1, 3), (1,), (micro_batch,), 1)),
+                micro_batch, 4)
 
 
-def test_devices_are_measured_again_where_the_plan_on_their_speeds_runs_another_size():
-    """The plan on speeds measured at 8 runs 16: measured there too, and the returned plan is predicted at the
-    speeds of the size it runs (a fixed point, a cycle, and a cache that measures nothing twice)."""
-    presets = HomePool("home", (DeviceSpec("d", 1.0, GB, 1e6),))
-    measured: list[int] = []
+def test_a_plan_gives_each_device_its_stage_to_time_and_an_idle_device_the_whole_model():
+    replicated = Plan("hpp", (StagePlan((0, 1), (0, 1), (4, 4), 2), StagePlan((2, 3), (2,), (8,), 1)), 8, 4)
+    assert plan_workload(replicated, range(4)) == (
+        (0, Work(4, (0, 1))), (1, Work(4, (0, 1))), (2, Work(8, (2, 3))), (3, Work(4)))
+    assert describe_workload(plan_workload(two_stages(1), range(2))) == "0: 0-1 x8, 1: 2-3 x8"
+    assert describe_workload(whole_model(range(3), 4)) == "whole model x4"
 
-    def measure(size: int, speeds: dict[int, float]) -> ConfinedPool:
-        measured.append(size)
-        return ConfinedPool(with_speeds(presets, {0: speeds[size]}), {0: DeviceLimits(1.0, GB)}, {}, size)
 
-    def plan_for(runs: dict[float, int]):
-        return lambda pool: one_device_plan(runs[pool.devices[0].speed])
+def test_devices_time_the_whole_model_then_their_own_stages_and_the_plan_is_predicted_on_those():
+    """The plan on whole-model speeds cuts after layer 1; on its stages device 0 measures slower, and the plan on
+    those speeds cuts after layer 0: measured there too, and the returned plan is predicted at the speeds its
+    devices showed on its own stages (a fixed point, a cycle, and a cache that measures nothing twice)."""
+    presets = HomePool("home", (DeviceSpec("a", 1.0, GB, 1e6),) * 2)
+    measured: list[Workload] = []
+    whole, cut_1, cut_0 = whole_model(range(2), 8), plan_workload(two_stages(1), range(2)), \
+        plan_workload(two_stages(0), range(2))
 
-    fixed_point = {1.0: 8, 0.5: 16, 0.6: 16}  # presets run 8; at 8 they measure 0.5, whose plan runs 16 ...
-    confined, plan = plan_on_measured_speeds(plan_for(fixed_point), presets,
-                                             lambda size: measure(size, {8: 0.5, 16: 0.6}))
-    assert measured == [8, 16] and confined.micro_batch == plan.micro_batch == 16
-    assert confined.pool.devices[0].speed == 0.6
+    def measure(workload: Workload, speeds: dict[Workload, tuple[float, float]]) -> ConfinedPool:
+        measured.append(workload)
+        pool = with_speeds(presets, dict(enumerate(speeds[workload])))
+        return ConfinedPool(pool, {0: DeviceLimits(1.0, GB), 1: DeviceLimits(1.0, GB)}, {}, workload)
+
+    def plan_for(pool: HomePool) -> Plan:
+        return two_stages(1 if pool.devices[0].speed >= pool.devices[1].speed else 0)
+
+    fixed_point = {whole: (0.5, 0.5), cut_1: (0.4, 0.6), cut_0: (0.4, 0.6)}
+    confined, plan = plan_on_measured_speeds(plan_for, presets, lambda w: measure(w, fixed_point))
+    assert measured == [whole, cut_1, cut_0] and plan == two_stages(0) and confined.workload == cut_0
 
     measured.clear()
-    cycle = {1.0: 8, 0.5: 16, 0.6: 8}  # ... whose plan runs 8 again: stop, the plan at 8 with the speeds of 8
-    cache: dict[int, ConfinedPool] = {}
-    confined, plan = plan_on_measured_speeds(plan_for(cycle), presets, lambda size: measure(size, {8: 0.5, 16: 0.6}),
-                                             cache)
-    assert measured == [8, 16] and plan.micro_batch == confined.micro_batch == 8
-    assert confined.pool.devices[0].speed == 0.5
-    plan_on_measured_speeds(plan_for(cycle), presets, lambda size: measure(size, {}), cache)
-    assert measured == [8, 16]
+    cycle = {whole: (0.5, 0.5), cut_1: (0.4, 0.6), cut_0: (0.7, 0.5)}  # on its stages, cut 0 plans cut 1 again
+    cache: dict[Workload, ConfinedPool] = {}
+    confined, plan = plan_on_measured_speeds(plan_for, presets, lambda w: measure(w, cycle), cache)
+    assert measured == [whole, cut_1, cut_0] and plan == two_stages(1) and confined.workload == cut_1
+    assert [d.speed for d in confined.pool.devices] == [0.4, 0.6]
+    plan_on_measured_speeds(plan_for, presets, lambda w: measure(w, {}), cache)
+    assert measured == [whole, cut_1, cut_0]
 
 
 def test_a_device_that_will_stream_times_eval_mode_forwards_and_its_speed_counts_forwards_only():
@@ -198,6 +213,13 @@ def test_a_device_that_will_stream_times_eval_mode_forwards_and_its_speed_counts
     out = subprocess.run(command, input="go\n", capture_output=True, text=True, check=True, timeout=120, cwd=ROOT)
     ready, measured = out.stdout.splitlines()
     assert ready == "ready" and json.loads(measured)["seconds_per_step"] > 0
+    assert speed_from_step(profile, Work(4, (2, 3)), 0.01) == pytest.approx(
+        (forward[2:4].sum() + backward[2:4].sum()) / 0.01)
+    stage = [*command[:command.index("--objective")], "--layers", "2,3"]  # a middle stage, trained on a gradient
+    out = subprocess.run(stage, input="go\n", capture_output=True, text=True, check=True, timeout=120, cwd=ROOT)
+    assert out.stdout.splitlines()[0] == "ready" and json.loads(out.stdout.splitlines()[1])["seconds_per_step"] > 0
+    refused = subprocess.run([*command, "--layers", "3,9"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert refused.returncode != 0 and "the model has layers 0-4" in refused.stderr
     with pytest.raises(ValueError, match="objective must be one of training, inference"):
         measure_speeds(model, (3, side, side), profile, HomePool("p", (DeviceSpec("a", 0.4, GB, 1e9),)), None, 4,
                        objective="serving")

@@ -1,23 +1,33 @@
-"""Confined devices measure themselves under their limits: each one's speed on the model it will run.
+"""Confined devices measure themselves under their limits: each one's speed on the work it will do.
 
 Asteroid §3.3 profiles every layer on every device before planning; Eco-FL
 §4.2 plans from each device's measured compute. Here a confined device
-(``--emulate cgroup``, :mod:`.confinement`) times whole training steps of
-the model (forward, loss and backward of one micro-batch) in its own
-cgroup, at its own quota, for at least ``min_seconds``: many CFS periods,
-so the burst of quota an idle device starts with does not flatter it. Its
-speed for the planner is the host profile's time for the same step over
-the measured time (:func:`speed_from_step`), so the cost model's time for
-the whole model on the device is what the device measured, split across
-layers in the host profile's proportions. A device that will stream
-inference (PipeEdge) times eval-mode forwards without autograd instead,
-cheaper than the profile's training-mode forwards.
+(``--emulate cgroup``, :mod:`.confinement`) times training steps (forward,
+loss or the gradient from the next stage, and backward of one micro-batch)
+in its own cgroup, at its own quota, for at least ``min_seconds``: many CFS
+periods, so the burst of quota an idle device starts with does not flatter
+it. Its speed for the planner is the host profile's time for the same
+layers over the measured time (:func:`speed_from_step`); the cost model
+then predicts the device's time for those layers as what it measured.
+
+What a device times is a :class:`Work`: first the whole model, at the
+samples per call the plan on the presets gives it; then the layers and the
+share of the stage the plan on those speeds gives it
+(:func:`plan_on_measured_speeds`). A throttled device's speed is not the
+same on every layer, nor on the whole model as on a part of it: on
+MobileNetV2 in a 0.1-core cgroup, with every device running as in a
+pipeline, stages ran 0-35% faster than the whole model had measured, the
+later layers most. So, as FTPipeHD §III-D re-estimates a device's capacity
+from the layers it runs, the pool a plan is predicted on is the one its
+devices measured on their own stages. A device that will stream inference
+(PipeEdge) times eval-mode forwards without autograd instead, cheaper than
+the profile's training-mode forwards.
 
 Each device runs :func:`main` (``python -m ecofl.pipeline.runtime.calibration``)
-as a process in its cgroup: it imports torch and builds the model at the
-start-up quota, says ``ready``, and times the steps once the portal has put
-it under its own quota and said ``go``. The devices measure at the same
-time, as they will train.
+as a process in its cgroup: it imports torch, builds the model and computes
+its stage's input at the start-up quota, says ``ready``, and times the
+steps once the portal has put it under its own quota and said ``go``. The
+devices measure at the same time, as they will train.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -60,38 +70,82 @@ def seconds_per_call(step: Callable[[], object], min_seconds: float, min_calls: 
     return (time.perf_counter() - start) / calls
 
 
-def host_step_s(profile: ModelProfile, micro_batch: int, objective: str = "training") -> float:
-    """The host profile's seconds for one step: a training step's forward and backward of every layer, or an
-    inference step's forwards."""
-    forward, backward = profile.layer_times(micro_batch)
-    return float(forward.sum() + (backward.sum() if objective == "training" else 0.0))
+@dataclass(frozen=True)
+class Work:
+    """What a device times: ``samples`` per call through ``layers`` (first, last; ``None``: the whole model)."""
+
+    samples: int
+    layers: tuple[int, int] | None = None
+
+    def layer_slice(self, profile: ModelProfile) -> slice:
+        return slice(0, profile.num_layers) if self.layers is None else slice(self.layers[0], self.layers[1] + 1)
 
 
-def speed_from_step(profile: ModelProfile, micro_batch: int, measured_s: float, objective: str = "training"
+#: What each device of a pool times, by device index (a cache key: one calibration per workload).
+Workload = tuple[tuple[int, Work], ...]
+
+
+def whole_model(devices: Iterable[int], samples: int) -> Workload:
+    """Every device times the whole model at ``samples`` per call."""
+    return tuple((d, Work(samples)) for d in sorted(devices))
+
+
+def plan_workload(plan: Plan, devices: Iterable[int]) -> Workload:
+    """Each device of ``plan`` times its stage's layers at its share of a micro-batch; any other of ``devices``
+    (which the plan leaves idle, and a re-plan may use) the whole model at the plan's operating micro-batch."""
+    work = {d: Work(share, stage.layers) for stage in plan.stages for d, share in zip(stage.devices, stage.shares)
+            if share}
+    idle = Work(operating_micro_batch(plan))
+    return tuple((d, work.get(d, idle)) for d in sorted(devices))
+
+
+def describe_workload(workload: Workload) -> str:
+    """E.g. ``whole model x4`` or ``0: 0-7 x4, 1: 8-13 x4``."""
+    works = {work for _, work in workload}
+    if len(works) == 1 and next(iter(works)).layers is None:
+        return f"whole model x{next(iter(works)).samples}"
+    return ", ".join(f"{d}: " + ("all" if w.layers is None else f"{w.layers[0]}-{w.layers[1]}") + f" x{w.samples}"
+                     for d, w in workload)
+
+
+def host_step_s(profile: ModelProfile, work: Work | int, objective: str = "training") -> float:
+    """The host profile's seconds for one step of ``work`` (or of the whole model at so many samples): a training
+    step's forward and backward of its layers, or an inference step's forwards."""
+    work = Work(work) if isinstance(work, int) else work
+    forward, backward = profile.layer_times(work.samples)
+    layers = work.layer_slice(profile)
+    return float(forward[layers].sum() + (backward[layers].sum() if objective == "training" else 0.0))
+
+
+def speed_from_step(profile: ModelProfile, work: Work | int, measured_s: float, objective: str = "training"
                     ) -> float:
-    """A device's speed (host cores) given its measured seconds per step of ``micro_batch``.
+    """A device's speed (host cores) given its measured seconds per step of ``work``.
 
     The profile's forwards are timed in training mode; an inference step (eval mode, no autograd) is cheaper.
-    Measured as inference, the speed makes the cost model's forwards sum to what the device measured for the
-    whole model, split across layers in the training profile's proportions."""
-    return host_step_s(profile, micro_batch, objective) / measured_s
+    Measured as inference, the speed makes the cost model's forwards sum to what the device measured for its
+    layers, split across them in the training profile's proportions."""
+    return host_step_s(profile, work, objective) / measured_s
 
 
 def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile, pool: HomePool,
-                   confinement: Confinement, micro_batch: int, min_seconds: float = CALIBRATION_S,
+                   confinement: Confinement, workload: Workload | int, min_seconds: float = CALIBRATION_S,
                    timeout_s: float = 300.0, objective: str = "training") -> tuple[HomePool, dict]:
     """``pool`` with each confined device's speed as measured in its cgroup on ``objective``'s steps (training:
-    forward, loss and backward; inference: an eval-mode forward without autograd), and what each measured."""
+    forward, loss or a gradient, and backward; inference: an eval-mode forward without autograd) of its work
+    (``workload``; a number: the whole model at that many samples), and what each measured."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     devices = sorted(confinement.limits)
+    work = dict(whole_model(devices, workload) if isinstance(workload, int) else workload)
     processes: dict[int, subprocess.Popen] = {}
     try:
         for device in devices:
             group, env = confinement.enter(device)
             command = [sys.executable, "-m", "ecofl.pipeline.runtime.calibration", "--model", json.dumps(
                 model.to_json()), "--input-shape", ",".join(map(str, input_shape)), "--micro-batch",
-                str(micro_batch), "--seconds", str(min_seconds), "--objective", objective]
+                str(work[device].samples), "--seconds", str(min_seconds), "--objective", objective]
+            if work[device].layers is not None:
+                command += ["--layers", ",".join(map(str, work[device].layers))]
             processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
                                                  text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         for device, process in processes.items():
@@ -115,9 +169,10 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             process.wait()
         for device in processes:
             confinement.release(device)
-    speeds = {d: speed_from_step(profile, micro_batch, s, objective) for d, s in measured.items()}
-    report = {d: {"quota_cores": confinement.limits[d].cores, "objective": objective, "micro_batch": micro_batch,
-                  "step_s": measured[d], "measured_speed": speeds[d]} for d in devices}
+    speeds = {d: speed_from_step(profile, work[d], s, objective) for d, s in measured.items()}
+    report = {d: {"quota_cores": confinement.limits[d].cores, "objective": objective,
+                  "micro_batch": work[d].samples, "layers": work[d].layers, "step_s": measured[d],
+                  "measured_speed": speeds[d]} for d in devices}
     return with_speeds(pool, speeds), report
 
 
@@ -130,56 +185,61 @@ def operating_micro_batch(plan: Plan) -> int:
 
 @dataclass(frozen=True)
 class ConfinedPool:
-    """A pool of confined devices: the speeds they measured at ``micro_batch`` samples per call (for the planner
-    and the cost model), the limits they run under (from the presets), and what each measured."""
+    """A pool of confined devices: the speeds they measured on ``workload`` (for the planner and the cost
+    model), the limits they run under (from the presets), and what each measured."""
 
     pool: HomePool
     limits: dict[int, DeviceLimits]
     measured: dict[int, dict]
-    micro_batch: int
+    workload: Workload
 
 
 def confine_pool(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile, presets: HomePool,
-                 micro_batch: int, min_seconds: float = CALIBRATION_S, objective: str = "training") -> ConfinedPool:
+                 workload: Workload | int, min_seconds: float = CALIBRATION_S, objective: str = "training"
+                 ) -> ConfinedPool:
     """Each device of ``presets`` confined to its speed in cores and its budget, its speed measured there on
-    ``objective``'s steps (:func:`measure_speeds`)."""
+    ``objective``'s steps of its work (:func:`measure_speeds`)."""
     limits = pool_limits(presets)
-    pool, measured = measure_speeds(model, input_shape, profile, presets, Confinement(limits), micro_batch,
+    if isinstance(workload, int):
+        workload = whole_model(limits, workload)
+    pool, measured = measure_speeds(model, input_shape, profile, presets, Confinement(limits), workload,
                                     min_seconds, objective=objective)
-    return ConfinedPool(pool, limits, measured, micro_batch)
+    return ConfinedPool(pool, limits, measured, workload)
 
 
-#: At most this many micro-batch sizes calibrated in search of a plan that runs at a size its speeds were
-#: measured at (then once more, at the size the last plan runs).
+#: At most this many workloads calibrated in search of a plan whose devices measured their own stages (then
+#: once more, on the stages of the last plan).
 MAX_CALIBRATIONS = 3
 
 
 def plan_on_measured_speeds(plan_for: Callable[[HomePool], Plan], presets: HomePool,
-                            measure: Callable[[int], ConfinedPool],
-                            calibrated: dict[int, ConfinedPool] | None = None) -> tuple[ConfinedPool, Plan]:
-    """A plan made from the devices' measured speeds, and the speeds measured at the size it runs them at.
+                            measure: Callable[[Workload], ConfinedPool],
+                            calibrated: dict[Workload, ConfinedPool] | None = None) -> tuple[ConfinedPool, Plan]:
+    """A plan made from the devices' measured speeds, and the speeds its devices measured on their own stages.
 
-    A confined device's speed depends on its samples per call (:func:`operating_micro_batch`), and the plan's
-    micro-batch depends on the speeds. So the devices measure (``measure(size)``, e.g. :func:`confine_pool`)
-    at the size the plan on the ``presets`` gives, ``plan_for`` plans on what they measured, and where that
-    plan runs another size they measure there and plan again, until a plan runs at a size already measured.
-    The pool returned is the one measured at the returned plan's own size, so the cost model predicts the
-    plan at the speeds it runs at (Asteroid §3.3 profiles each device at every batch size it plans with).
-    ``calibrated`` caches the measurements by size, across calls on the same model and devices.
+    The devices first time the whole model (``measure(workload)``, e.g. :func:`confine_pool`) at the samples
+    per call the plan on the ``presets`` gives them (:func:`operating_micro_batch`); ``plan_for`` plans on
+    what they measured. Then each times its stage of that plan (its layers at its share,
+    :func:`plan_workload`), and ``plan_for`` plans again on those speeds, until a plan's stages are ones
+    already measured. The pool returned is the one measured on the returned plan's own stages, so the cost
+    model predicts each device at the speed it showed on the layers and samples it will run (Asteroid §3.3
+    profiles each layer on each device at every batch size it plans with). ``calibrated`` caches the
+    measurements by workload, across calls on the same model and devices.
     """
     calibrated = {} if calibrated is None else calibrated
-    size = operating_micro_batch(plan_for(presets))
+    devices = range(len(presets.devices))
+    workload = whole_model(devices, operating_micro_batch(plan_for(presets)))
     for _ in range(MAX_CALIBRATIONS):
-        if size not in calibrated:
-            calibrated[size] = measure(size)
-        plan = plan_for(calibrated[size].pool)
-        runs_at = operating_micro_batch(plan)
-        if runs_at in calibrated:
+        if workload not in calibrated:
+            calibrated[workload] = measure(workload)
+        plan = plan_for(calibrated[workload].pool)
+        runs = plan_workload(plan, devices)
+        if runs in calibrated:
             break
-        size = runs_at
-    if runs_at not in calibrated:
-        calibrated[runs_at] = measure(runs_at)
-    return calibrated[runs_at], plan
+        workload = runs
+    if runs not in calibrated:
+        calibrated[runs] = measure(runs)
+    return calibrated[runs], plan
 
 
 def _line(process: subprocess.Popen, timeout_s: float) -> str:
@@ -196,30 +256,45 @@ def main() -> int:
     parser.add_argument("--model", required=True, help="the model as JSON (ModelSpec.to_json)")
     parser.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 1,28,28")
     parser.add_argument("--micro-batch", type=int, required=True)
+    parser.add_argument("--layers", default=None, help="first,last layer of the stage to time (default: all)")
     parser.add_argument("--seconds", type=float, default=CALIBRATION_S)
     parser.add_argument("--objective", choices=OBJECTIVES, default="training")
     args = parser.parse_args()
     torch.set_num_threads(worker_threads())
-    model, _ = spec_from_json(json.loads(args.model)).build()
-    freeze_heap()  # as a worker does: no full collection of torch's objects inside the timed steps
+    _, layers = spec_from_json(json.loads(args.model)).build()
+    first, last = map(int, args.layers.split(",")) if args.layers else (0, len(layers) - 1)
+    if not 0 <= first <= last < len(layers):
+        parser.error(f"--layers {args.layers}: the model has layers 0-{len(layers) - 1}")
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(args.micro_batch, *map(int, args.input_shape.split(",")), generator=generator)
+    with torch.no_grad():  # the stage's input, as the stage before it would send it
+        for layer in layers[:first]:
+            x = layer(x)
+    stage = torch.nn.Sequential(*layers[first : last + 1])
+    if args.objective == "inference":
+        stage.eval()
+    freeze_heap()  # as a worker does: no full collection of torch's objects inside the timed steps
+    x.requires_grad_(first > 0 and args.objective == "training")  # a stage sends its input's gradient back
     with torch.no_grad():
-        classes = model(x).shape[1]
-    y = torch.randint(0, classes, (args.micro_batch,), generator=generator)
+        out = stage(x)
+    is_last = last == len(layers) - 1
+    y = torch.randint(0, out.shape[1], (args.micro_batch,), generator=generator) if is_last else None
+    gradient = None if is_last else torch.randn(out.shape, generator=generator)  # as the next stage sends it
 
     def train() -> None:
-        model.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        stage.zero_grad(set_to_none=True)
+        x.grad = None
+        out = stage(x)
+        if is_last:
+            torch.nn.functional.cross_entropy(out, y).backward()
+        else:
+            out.backward(gradient)
 
     def infer() -> None:  # as a streaming stage runs (.stream_stage)
         with torch.no_grad():
-            model(x)
+            stage(x)
 
-    if args.objective == "inference":
-        model.eval()
     step = train if args.objective == "training" else infer
-
     step()  # allocations and first-call work, not measured
     print(READY, flush=True)
     if sys.stdin.readline().strip() != GO:

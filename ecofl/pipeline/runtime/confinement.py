@@ -20,6 +20,11 @@ loaded first, which a resident set would count); until then the budget plus
 :data:`STARTUP_ALLOWANCE_BYTES`. A worker killed by the kernel at its
 memory limit is told apart from a kill or a crash (:meth:`Confinement.out_of_memory`).
 
+While any device is confined, an idle-priority spinner keeps each of this
+machine's cores awake (:class:`~ecofl.awake_cores.AwakeCores`): a halted
+core would otherwise slow every slice of a device's quota by a quarter, and
+unevenly.
+
 A pool is refused when its quotas do not fit this machine's cores with
 :data:`PORTAL_RESERVE_CORES` left for the portal (Eco-FL §3: the portal
 drives the pipeline, sends the inputs and gathers the outputs).
@@ -31,6 +36,7 @@ import math
 import os
 from collections.abc import Mapping
 
+from ecofl.awake_cores import AwakeCores
 from ecofl.cgroups import DeviceCgroup, DeviceLimits, Hierarchy, find_hierarchy, remove_stale
 from ecofl.devices import HomePool, host_cores
 from ecofl.errors import UserError
@@ -56,6 +62,7 @@ class Confinement:
         self.groups: dict[int, DeviceCgroup] = {}
         self.throttled: set[int] = set()  # devices under their own quota (ready workers)
         self.slowdowns: dict[int, float] = {}
+        self.awake = AwakeCores()  # running while any device has a cgroup
         remove_stale(hierarchy)
 
     @classmethod
@@ -74,6 +81,7 @@ class Confinement:
         limits = self.limits[device]
         startup = DeviceLimits(STARTUP_CORES, limits.memory_bytes + STARTUP_ALLOWANCE_BYTES)
         self.groups[device] = self.hierarchy.create(f"device{device}", startup)
+        self.awake.start()
         threads = str(max(1, math.floor(limits.cores)))
         return self.groups[device], {"OMP_NUM_THREADS": threads, THREADS_ENV: threads}
 
@@ -111,6 +119,8 @@ class Confinement:
         """Remove ``device``'s cgroup (killing what still runs in it)."""
         group = self.groups.pop(device, None)
         self.throttled.discard(device)
+        if not self.groups:
+            self.awake.stop()
         if group is not None:
             group.remove()
 
@@ -121,6 +131,7 @@ class Confinement:
                 self.release(device)
             except (OSError, RuntimeError) as error:
                 errors.append(f"device {device}: {error}")
+        self.awake.stop()
         if errors:
             raise RuntimeError("cgroups left behind: " + "; ".join(errors))
 
