@@ -86,8 +86,9 @@ class Home:
         if self.emulate == "sleep":
             return presets, self.plan_for(presets), None
         if pool_name not in self.confined:
-            self.confined[pool_name] = plan_on_measured_speeds(self.plan_for, presets, lambda work: confine_pool(
-                self.spec, tuple(self.spec.input_shape), self.profile, presets, work))
+            self.confined[pool_name] = plan_on_measured_speeds(
+                self.plan_for, self.profile, presets,
+                lambda work: confine_pool(self.spec, tuple(self.spec.input_shape), self.profile, presets, work))
         confined, plan = self.confined[pool_name]
         return confined.pool, plan, confined.limits
 

@@ -92,8 +92,8 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     print(f"{model} on {presets.name}: each device times the model in its cgroup ...", file=sys.stderr, flush=True)
     calibrated: dict[Workload, ConfinedPool] = {}
     confined, plan = plan_on_measured_speeds(lambda devices: make_plan(planner, profile, devices, args.batch),
-                                             presets, lambda work: confine_pool(spec, SHAPE, profile, presets, work),
-                                             calibrated)
+                                             profile, presets,
+                                             lambda work: confine_pool(spec, SHAPE, profile, presets, work), calibrated)
     whole = next(c for w, c in calibrated.items() if all(work.layers is None for _, work in w))
     run = run_plan(spec, confined.pool, plan, profile, emulate="cgroup", limits=confined.limits, rounds=args.rounds,
                    timeout_s=args.timeout, cache_dir=cache_dir)
@@ -129,8 +129,8 @@ def markdown(results: dict) -> str:
         "**Sleep**: the same planner on the presets, every device sleeping to the cost model (the model's "
         "figure: measured = predicted by construction). Links paced at 100 Mbps in both. `efficiency`: "
         "confined throughput / the sum of the devices' own training throughput of the whole model in their "
-        "cgroups (at the samples per call they first calibrated at). `bound`: the most a synchronous schedule of M micro-batches "
-        "over S stages could reach, "
+        "cgroups (at the samples per call they first calibrated at). `bound`: the most a synchronous schedule "
+        "of M micro-batches over S stages could reach, "
         "M / (M + S - 1) (fill and drain idle, perfect balance, free communication).",
         "",
         "| model | pool | planner | plan (confined, measured speeds) | sync-round s measured | predicted | "
@@ -157,7 +157,8 @@ def markdown(results: dict) -> str:
                 whole = row.get("whole_model_speeds", {}).get(str(d), {}).get("measured_speed")
                 peak = box.get("cgroup_peak_bytes")
                 lines.append(f"| {row['model']} | {row['pool']} | {d}: {name} | {box.get('cpu_quota', 0):.3f} "
-                             f"| {'-' if whole is None else f'{whole:.3f}'} | {speed:.3f} | {box.get('memory_limit_bytes', 0) / MIB:.0f} "
+                             f"| {'-' if whole is None else f'{whole:.3f}'} | {speed:.3f} "
+                             f"| {box.get('memory_limit_bytes', 0) / MIB:.0f} "
                              f"| {'-' if peak is None else f'{peak / MIB:.0f}'} | {st['peak_rss_bytes'] / MIB:.0f} |")
     worst = max(row["confined"]["planner_error"] for row in results["rows"])
     least = min(row["efficiency"] for row in results["rows"])

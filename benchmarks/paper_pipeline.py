@@ -150,7 +150,7 @@ class Devices:
                 for i, d in enumerate(confined.pool.devices)), file=sys.stderr, flush=True)
             return confined
 
-        confined, plan = plan_on_measured_speeds(plan_for, presets, measure,
+        confined, plan = plan_on_measured_speeds(plan_for, profile, presets, measure,
                                                  self.calibrated.setdefault((model, pool_name), {}))
         return confined.pool, plan, confined.limits
 

@@ -50,8 +50,9 @@ def home_plan(
     if emulation != Emulation.CGROUP:
         return pool, profile, plan, None
     spec = ZooModel(model, tuple(input_shape), num_classes, granularity)
-    confined, plan = plan_on_measured_speeds(lambda devices: make_plan(planner, profile, devices, batch_size), pool,
-                                             lambda work: confine_pool(spec, tuple(input_shape), profile, pool, work))
+    confined, plan = plan_on_measured_speeds(
+        lambda devices: make_plan(planner, profile, devices, batch_size), profile, pool,
+        lambda work: confine_pool(spec, tuple(input_shape), profile, pool, work))
     return confined.pool, profile, plan, confined.limits
 
 

@@ -45,6 +45,7 @@ from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.portal import HomePipeline
 from pipeline_kit import FAST_HEARTBEAT, THREE_STAGES, assert_gone
 from processes import worker_processes
+from test_cost import synthetic_profile
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -170,9 +171,12 @@ def test_a_plan_gives_each_device_its_stage_to_time_and_an_idle_device_the_whole
 
 def test_devices_time_the_whole_model_then_their_own_stages_and_the_plan_is_predicted_on_those():
     """The plan on whole-model speeds cuts after layer 1; on its stages device 0 measures slower, and the plan on
-    those speeds cuts after layer 0: measured there too, and the returned plan is predicted at the speeds its
-    devices showed on its own stages (a fixed point, a cycle, and a cache that measures nothing twice)."""
-    presets = HomePool("home", (DeviceSpec("a", 1.0, GB, 1e6),) * 2)
+    those speeds cuts after layer 0: measured there too. Of the plans made, the one the cost model predicts
+    fastest at the speeds its own devices showed on its own stages is returned, with those speeds (a fixed
+    point, a cycle, a plan made on another plan's speeds that turns out slower, and a cache that measures
+    nothing twice). Four equal layers: a stage's time is its layers over its device's speed."""
+    presets = HomePool("home", (DeviceSpec("a", 1.0, GB, 1e9),) * 2)
+    profile = synthetic_profile(4)
     measured: list[Workload] = []
     whole, cut_1, cut_0 = whole_model(range(2), 8), plan_workload(two_stages(1), range(2)), \
         plan_workload(two_stages(0), range(2))
@@ -185,18 +189,23 @@ def test_devices_time_the_whole_model_then_their_own_stages_and_the_plan_is_pred
     def plan_for(pool: HomePool) -> Plan:
         return two_stages(1 if pool.devices[0].speed >= pool.devices[1].speed else 0)
 
-    fixed_point = {whole: (0.5, 0.5), cut_1: (0.4, 0.6), cut_0: (0.4, 0.6)}
-    confined, plan = plan_on_measured_speeds(plan_for, presets, lambda w: measure(w, fixed_point))
-    assert measured == [whole, cut_1, cut_0] and plan == two_stages(0) and confined.workload == cut_0
+    def run(speeds: dict[Workload, tuple[float, float]], cache=None) -> tuple[ConfinedPool, Plan]:
+        measured.clear()
+        return plan_on_measured_speeds(plan_for, profile, presets, lambda w: measure(w, speeds), cache)
 
-    measured.clear()
-    cycle = {whole: (0.5, 0.5), cut_1: (0.4, 0.6), cut_0: (0.7, 0.5)}  # on its stages, cut 0 plans cut 1 again
+    # cut 1 on its stages: 2 layers / 0.4 = 5 units; cut 0 on its own: max(1 / 0.4, 3 / 0.8) = 3.75
+    confined, plan = run({whole: (0.5, 0.5), cut_1: (0.4, 0.6), cut_0: (0.4, 0.8)})
+    assert measured == [whole, cut_1, cut_0] and plan == two_stages(0) and confined.workload == cut_0
+    # cut 0 on its own stages plans cut 1 again (a cycle); cut 0 there: max(1 / 0.7, 3 / 0.5) = 6 > 5
     cache: dict[Workload, ConfinedPool] = {}
-    confined, plan = plan_on_measured_speeds(plan_for, presets, lambda w: measure(w, cycle), cache)
+    confined, plan = run({whole: (0.5, 0.5), cut_1: (0.4, 0.6), cut_0: (0.7, 0.5)}, cache)
     assert measured == [whole, cut_1, cut_0] and plan == two_stages(1) and confined.workload == cut_1
     assert [d.speed for d in confined.pool.devices] == [0.4, 0.6]
-    plan_on_measured_speeds(plan_for, presets, lambda w: measure(w, {}), cache)
-    assert measured == [whole, cut_1, cut_0]
+    run({}, cache)
+    assert measured == []
+    # cut 0, planned on cut 1's speeds, is slower on its own (max(1 / 0.2, 3 / 0.5) = 6): cut 1 is kept
+    confined, plan = run({whole: (0.5, 0.5), cut_1: (0.4, 0.6), cut_0: (0.2, 0.5)})
+    assert measured == [whole, cut_1, cut_0] and plan == two_stages(1) and confined.workload == cut_1
 
 
 def test_a_device_that_will_stream_times_eval_mode_forwards_and_its_speed_counts_forwards_only():

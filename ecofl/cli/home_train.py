@@ -102,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"each device times {args.model} in its cgroup ...", file=sys.stderr, flush=True)
         presets = pool
-        confined, plan = plan_on_measured_speeds(lambda devices: _plan(args, profile, devices), presets,
-                                                 lambda work: confine_pool(spec, shape, profile, presets, work))
+        confined, plan = plan_on_measured_speeds(
+            lambda devices: _plan(args, profile, devices), profile, presets,
+            lambda work: confine_pool(spec, shape, profile, presets, work))
         pool, limits, calibration = confined.pool, confined.limits, confined.measured
     predicted = predict_sync_round(plan, profile, pool, mode, args.rounds, args.cache_dir)
     x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]

@@ -45,9 +45,11 @@ from dataclasses import dataclass
 import torch
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.cost import simulate
+from ecofl.pipeline.plan import Plan, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import with_speeds
+from ecofl.pipeline.stream import simulate_stream
 from ecofl.cgroups import DeviceLimits
 from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
@@ -212,7 +214,15 @@ def confine_pool(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelP
 MAX_CALIBRATIONS = 3
 
 
-def plan_on_measured_speeds(plan_for: Callable[[HomePool], Plan], presets: HomePool,
+def seconds_per_sample(plan: Plan, profile: ModelProfile, pool: HomePool) -> float:
+    """The cost model's time per sample of ``plan`` on ``pool``: its sync-round over its mini-batch (Eco-FL
+    eqs. 1-2), or, streaming, its inverse throughput (PipeEdge §III-B)."""
+    if plan.schedule == ScheduleKind.STREAM:
+        return 1.0 / simulate_stream(plan, profile, pool).throughput
+    return simulate(plan, profile, pool).sync_round_s / plan.batch_size
+
+
+def plan_on_measured_speeds(plan_for: Callable[[HomePool], Plan], profile: ModelProfile, presets: HomePool,
                             measure: Callable[[Workload], ConfinedPool],
                             calibrated: dict[Workload, ConfinedPool] | None = None) -> tuple[ConfinedPool, Plan]:
     """A plan made from the devices' measured speeds, and the speeds its devices measured on their own stages.
@@ -221,25 +231,29 @@ def plan_on_measured_speeds(plan_for: Callable[[HomePool], Plan], presets: HomeP
     per call the plan on the ``presets`` gives them (:func:`operating_micro_batch`); ``plan_for`` plans on
     what they measured. Then each times its stage of that plan (its layers at its share,
     :func:`plan_workload`), and ``plan_for`` plans again on those speeds, until a plan's stages are ones
-    already measured. The pool returned is the one measured on the returned plan's own stages, so the cost
-    model predicts each device at the speed it showed on the layers and samples it will run (Asteroid §3.3
-    profiles each layer on each device at every batch size it plans with). ``calibrated`` caches the
+    already measured. Of the plans made, each now measured on its own stages, the one the cost model predicts
+    fastest at those speeds is returned, with them: a plan made on speeds measured elsewhere can be worse than
+    the one they were measured on. So the cost model predicts each device at the speed it showed on the layers
+    and samples it will run (Asteroid §3.3 profiles each layer on each device at every batch size it plans
+    with; FTPipeHD §III-D re-estimates a device's capacity from the layers it runs). ``calibrated`` caches the
     measurements by workload, across calls on the same model and devices.
     """
     calibrated = {} if calibrated is None else calibrated
     devices = range(len(presets.devices))
     workload = whole_model(devices, operating_micro_batch(plan_for(presets)))
+    plans: list[Plan] = []
     for _ in range(MAX_CALIBRATIONS):
         if workload not in calibrated:
             calibrated[workload] = measure(workload)
-        plan = plan_for(calibrated[workload].pool)
-        runs = plan_workload(plan, devices)
-        if runs in calibrated:
+        plans.append(plan_for(calibrated[workload].pool))
+        workload = plan_workload(plans[-1], devices)
+        if workload in calibrated:
             break
-        workload = runs
-    if runs not in calibrated:
-        calibrated[runs] = measure(runs)
-    return calibrated[runs], plan
+    if workload not in calibrated:
+        calibrated[workload] = measure(workload)
+    measured = [(plan, calibrated[plan_workload(plan, devices)]) for plan in plans]
+    plan, confined = min(measured, key=lambda pair: seconds_per_sample(pair[0], profile, pair[1].pool))
+    return confined, plan
 
 
 def _line(process: subprocess.Popen, timeout_s: float) -> str:
