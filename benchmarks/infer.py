@@ -156,7 +156,8 @@ def markdown(report: dict) -> str:
         how = ("devices **confined by cgroups** at their presets' speeds in host cores and their memory, plans "
                "made from the speeds the devices measured in their cgroups (" + "; ".join(
                    f"{home}: {speeds}" for home, speeds in report["measured_speeds"].items())
-               + "), nothing sleeps: compute, transfers and overheads are all measured")
+               + "), each plan predicted at the speeds its devices measured again on their own stages, cores kept "
+               "awake by idle-priority spinners; nothing sleeps: compute, transfers and overheads are all measured")
     else:
         command = (f"python benchmarks/infer.py --micro-batches {report['micro_batches']} "
                    f"--slowdown {report['slowdown']}")

@@ -252,8 +252,9 @@ def conditions(results: dict) -> str:
         how = (f"devices **confined by cgroups** at time scale {results['time_scale']} (quotas = preset speeds "
                f"x{results['time_scale']} cores, links paced at the bandwidths x{results['time_scale']}, a "
                "replicated stage's all-reduce too), each method planned from the speeds the devices measured in "
-               "their cgroups at the samples per call its plan gives them; nothing sleeps. `pred.`: the cost model "
-               "on those speeds, with the runtime's overhead per operation and per byte; measured and predicted "
+               "their cgroups and predicted at the speeds they measured on their own stages of its plan (cores "
+               "kept awake by idle-priority spinners); nothing sleeps. `pred.`: the cost model on those speeds, "
+               "with the runtime's overhead per operation and per byte; measured and predicted "
                "are free to differ. An OOM is the kernel's, at the cgroup's memory limit (budget + the worker's "
                "runtime)")
     else:

@@ -17,8 +17,9 @@ with momentum, one optimizer step per mini-batch, under two conditions:
   that every device is more than 5x slower than a host core.
 - **confined, 100 Mbps** (root): the same namespaces and links, and every
   stage process of *both* runtimes in a cgroup of its own with its device's
-  (slowed) speed as a CPU quota (:mod:`ecofl.cgroups`); nothing sleeps on
-  either side, so compute is real and both runtimes get the same CPU.
+  (slowed) speed as a CPU quota (:mod:`ecofl.cgroups`), the cores kept
+  awake for both (:mod:`ecofl.awake_cores`); nothing sleeps on either side,
+  so compute is real and both runtimes get the same CPU.
 
 and two schedules each: our 1F1B-Sync (stage s keeps K_s = 2(S - s) - 1
 forwards in flight, Eco-FL eq. 3) against torch's ``Schedule1F1B`` (S - s
@@ -65,6 +66,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 
 from benchmarks.home_runs import LR, MOMENTUM, describe_plan, run_plan, synthetic_batch  # noqa: E402
 from benchmarks.markdown_section import replace_section  # noqa: E402
+from ecofl.awake_cores import AwakeCores  # noqa: E402
 from ecofl.cgroups import DeviceLimits, find_hierarchy  # noqa: E402
 from ecofl.devices import HomePool, host_cores, make_pool  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
@@ -231,10 +233,11 @@ def run_torch_pipelining(plan: Plan, args: argparse.Namespace, profile_path: str
         setup_path = os.path.join(tmp, "setup.json")
         Path(setup_path).write_text(json.dumps(setup))
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0" if network else "lo"}
-        groups = {}
+        groups, awake = {}, AwakeCores()
         started = time.time()
         try:
             if limits is not None:  # entered before the namespace: `ip netns exec` hides /sys/fs/cgroup
+                awake.start()  # as our runtime's confined devices have them (ecofl.awake_cores)
                 hierarchy = find_hierarchy()
                 groups = {d: hierarchy.create(f"torch-rank{rank}", DeviceLimits(
                     limits[d].cores, limits[d].memory_bytes + STARTUP_ALLOWANCE_BYTES)) for rank, d in enumerate(devices)}
@@ -251,6 +254,7 @@ def run_torch_pipelining(plan: Plan, args: argparse.Namespace, profile_path: str
                         p.kill()
                     p.wait()
         finally:
+            awake.stop()
             for group in groups.values():
                 group.remove()
         if any(codes):
