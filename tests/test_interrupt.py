@@ -88,3 +88,22 @@ def test_sigterm_inside_a_shaped_home_network_deletes_its_namespaces():
     assert process.returncode != 0  # stopped, as by Ctrl-C
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(ns in listed for ns in namespaces)
+
+
+def test_a_deferred_clean_up_finishes_before_the_signals_sent_during_it_interrupt():
+    """Two SIGTERMs inside ``interrupts_deferred`` (a confined calibration's clean-up) wait for the block to end,
+    then interrupt: nothing the clean-up had left to remove is left behind."""
+    script = textwrap.dedent("""
+        import os, signal
+        from ecofl.interrupt import interrupts_deferred, sigterm_as_interrupt
+        with sigterm_as_interrupt():
+            try:
+                with interrupts_deferred():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    print("clean-up finished", flush=True)
+            except KeyboardInterrupt:
+                print("interrupted after it", flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines() == ["clean-up finished", "interrupted after it"], out.stderr

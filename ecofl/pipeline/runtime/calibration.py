@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from ecofl.devices import HomePool
+from ecofl.interrupt import interrupts_deferred
 from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.plan import Plan, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
@@ -166,11 +167,12 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
                 raise RuntimeError(f"device {device} could not calibrate: {why}")
             measured[device] = json.loads(said)["seconds_per_step"]
     finally:
-        for process in processes.values():
-            process.kill()
-            process.wait()
-        for device in processes:
-            confinement.release(device)
+        with interrupts_deferred():  # a second Ctrl-C must not leave a cgroup or a process behind
+            for process in processes.values():
+                process.kill()
+                process.wait()
+            for device in processes:
+                confinement.release(device)
     speeds = {d: speed_from_step(profile, work[d], s, objective) for d, s in measured.items()}
     report = {d: {"quota_cores": confinement.limits[d].cores, "objective": objective,
                   "micro_batch": work[d].samples, "layers": work[d].layers, "step_s": measured[d],
