@@ -249,11 +249,13 @@ def _mib(values: list) -> str:
 
 def conditions(results: dict) -> str:
     if results.get("emulate", "sleep") == "cgroup":
+        calibrated = ("and predicted at the speeds they measured on their own stages of its plan (cores kept awake by "
+                      "idle-priority spinners)" if results.get("calibration") == "stages" else
+                      "at the samples per call its plan gives them")  # runs from before stage calibration
         how = (f"devices **confined by cgroups** at time scale {results['time_scale']} (quotas = preset speeds "
                f"x{results['time_scale']} cores, links paced at the bandwidths x{results['time_scale']}, a "
                "replicated stage's all-reduce too), each method planned from the speeds the devices measured in "
-               "their cgroups and predicted at the speeds they measured on their own stages of its plan (cores "
-               "kept awake by idle-priority spinners); nothing sleeps. `pred.`: the cost model on those speeds, "
+               f"their cgroups {calibrated}; nothing sleeps. `pred.`: the cost model on those speeds, "
                "with the runtime's overhead per operation and per byte; measured and predicted "
                "are free to differ. An OOM is the kernel's, at the cgroup's memory limit (budget + the worker's "
                "runtime)")
@@ -402,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             measured["conditions"] = {
                 "command": "python benchmarks/paper_pipeline.py " + " ".join(sys.argv[1:] if argv is None else argv),
                 "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": args.rounds, "time_scale": args.time_scale,
-                "batch": args.batch, "emulate": args.emulate}
+                "batch": args.batch, "emulate": args.emulate, "calibration": "stages"}
             results[part + suffix] = measured
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(results, indent=1))  # nothing lost if a later part fails

@@ -15,9 +15,9 @@ samples per call the plan on the presets gives it; then the layers and the
 share of the stage the plan on those speeds gives it
 (:func:`plan_on_measured_speeds`). A throttled device's speed is not the
 same on every layer, nor on the whole model as on a part of it: on
-MobileNetV2 in a 0.1-core cgroup, with every device running as in a
-pipeline, stages ran 0-35% faster than the whole model had measured, the
-later layers most. So, as FTPipeHD §III-D re-estimates a device's capacity
+Eco-FL's 3-stage testbed (MobileNetV2), the stages ran from 17% slower to
+33% faster inside the pipeline than the whole model had measured on the
+same devices. So, as FTPipeHD §III-D re-estimates a device's capacity
 from the layers it runs, the pool a plan is predicted on is the one its
 devices measured on their own stages. A device that will stream inference
 (PipeEdge) times eval-mode forwards without autograd instead, cheaper than
