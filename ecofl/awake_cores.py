@@ -4,13 +4,14 @@ A confined device (:mod:`ecofl.cgroups`) runs a short slice of its CPU
 quota each period and then sleeps, so the core it ran on goes idle many
 times a second. On a virtual machine an idle core halts and the hypervisor
 takes it away, and each slice then starts on a cold core. Measured here
-(KVM, 2 cores, MobileNetV2 training steps in a 0.1-core cgroup with a 1 ms
-quota per 10 ms period, two interleaved repeats of 8 x 4 s each): 0.74 and
-0.73 steps/s with the cores left to halt, a coefficient of variation of
-8.5-9% between the 4 s chunks; 0.91 and 0.99 steps/s and 2.8-3.3% with a
-spinner on each core. So without the spinners a device computes a quarter
-slower than its quota and its speed drifts, and neither is a property of
-the device being emulated.
+(``benchmarks/awake_cores.py``, docs/pipeline.md; KVM, 2 cores, MobileNetV2
+training steps in a 0.1-core cgroup with a 1 ms quota per 10 ms period, two
+alternating repeats of 8 x 4 s each): 0.63 and 0.74 steps/s with the cores
+left to halt, 0.58-0.68 of the quota, a coefficient of variation of
+8.7-13.1% between the 4 s chunks; 0.93 and 0.96 steps/s, 0.84-0.88 of the
+quota and 3.2-4.1% with a spinner on each core. So without the spinners a
+device computes a quarter slower than its quota and its speed drifts, and
+neither is a property of the device being emulated.
 
 A spinner runs under ``SCHED_IDLE`` (Linux): the kernel runs it only when
 nothing else wants the core and preempts it the moment anything wakes, so
