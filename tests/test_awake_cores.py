@@ -64,12 +64,15 @@ def test_the_cores_are_kept_awake_exactly_while_a_device_is_confined():
         assert not confinement.awake.running
         confinement.enter(0)
         confinement.enter(1)
-        assert confinement.awake.running
+        spinners = [spinner.pid for spinner in confinement.awake.spinners]
+        assert len(spinners) == len(os.sched_getaffinity(0)) and all(map(alive, spinners))
         confinement.release(0)
-        assert confinement.awake.running
+        assert all(map(alive, spinners))
         confinement.release(1)
-        assert not confinement.awake.running
+        assert not any(map(alive, spinners))
         confinement.enter(0)
+        spinners = [spinner.pid for spinner in confinement.awake.spinners]
+        assert spinners and all(map(alive, spinners))
     finally:
         confinement.close()
-    assert not confinement.awake.running
+    assert not any(map(alive, spinners))

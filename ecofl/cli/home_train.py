@@ -10,8 +10,9 @@ and memory, measured against predicted; ``--json`` prints one object;
 
 ``--emulate cgroup`` (the default where cgroups are writable) confines each
 device's worker to its speed in cores and its memory budget; the devices
-first time the model in their cgroups (:mod:`ecofl.pipeline.runtime.calibration`),
-the planner plans from those measured speeds, and nothing forces measured
+first time the whole model, then their own stages, in their cgroups
+(:mod:`ecofl.pipeline.runtime.calibration`), the planner plans from those
+measured speeds, and nothing forces measured
 and predicted to agree: the difference is the planner's error on a home of
 truly different devices. ``--emulate sleep`` makes every operation sleep
 until the cost model's time, so the two agree by construction except for
