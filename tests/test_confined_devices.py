@@ -331,7 +331,7 @@ def test_a_worker_over_its_real_memory_limit_is_named_out_of_memory_and_nothing_
 def test_a_quota_cut_is_detected_from_measured_times_and_the_slowed_device_gets_less_work():
     """Eco-FL §4.4 for real: device 1's quota is divided by 4 at round 2 (its worker is not told); the portal
     sees its compute times grow and re-plans it to less work."""
-    model, side = convolutions(48), 48
+    model, side = convolutions(64), 64
     x, y = images(64, side)
     presets = HomePool("even", (DeviceSpec("a", 0.4, GB, 1e9),) * 3)
     layers = model.build()[1]
