@@ -1,5 +1,3 @@
-import sys
+from ecofl.cli import run
 
-from ecofl.cli import main
-
-sys.exit(main())
+run()

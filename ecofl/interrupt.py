@@ -9,6 +9,7 @@ SIGTERM raises :class:`KeyboardInterrupt` in the main thread instead, and the
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from contextlib import contextmanager
@@ -40,15 +41,35 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def end_at(*signums: int) -> None:
+    """From now on, ``signums`` end this program at once with :data:`INTERRUPTED_EXIT`: for where nothing is left
+    to clean up (the interpreter's exit, after every ``with`` block has), so that a signal there does not turn the
+    exit status into "killed by the signal"."""
+    for signum in signums:
+        signal.signal(signum, lambda *_: os._exit(INTERRUPTED_EXIT))
+
+
 @contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block ends: for a clean-up that a second signal must not cut short
-    (it is raised as the block ends). Only the main thread receives them; elsewhere this changes nothing."""
+    """Ctrl-C and SIGTERM wait until the block ends: for a clean-up that a second signal must not cut short.
+
+    Inside, both signals are only remembered; the first one is raised again as the block ends, to the handler
+    that was in place before. (Blocking them with a signal mask would not do: the kernel hands a signal
+    blocked in the main thread to any other thread, and Python still runs its handler in the main thread.)
+    Handlers belong to the main thread: elsewhere this changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    received: list[int] = []
+
+    def remember(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = {signum: signal.signal(signum, remember) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        if received:
+            signal.raise_signal(received[0])

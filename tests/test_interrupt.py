@@ -91,19 +91,39 @@ def test_sigterm_inside_a_shaped_home_network_deletes_its_namespaces():
 
 
 def test_a_deferred_clean_up_finishes_before_the_signals_sent_during_it_interrupt():
-    """Two SIGTERMs inside ``interrupts_deferred`` (a confined calibration's clean-up) wait for the block to end,
-    then interrupt: nothing the clean-up had left to remove is left behind."""
+    """Two SIGTERMs inside ``interrupts_deferred`` (a clean-up removing cgroups and reaping workers) wait for the
+    block to end, then interrupt: nothing the clean-up had left to remove is left behind. Another thread is
+    running, as the fork server's reader is during a home's clean-up: the kernel may hand it the signals."""
     script = textwrap.dedent("""
-        import os, signal
+        import os, signal, threading
         from ecofl.interrupt import interrupts_deferred, sigterm_as_interrupt
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
         with sigterm_as_interrupt():
             try:
                 with interrupts_deferred():
                     os.kill(os.getpid(), signal.SIGTERM)
                     os.kill(os.getpid(), signal.SIGTERM)
+                    for _ in range(10 ** 6):  # a Python-level handler would have run by now
+                        pass
                     print("clean-up finished", flush=True)
             except KeyboardInterrupt:
                 print("interrupted after it", flush=True)
     """)
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.splitlines() == ["clean-up finished", "interrupted after it"], out.stderr
+
+
+def test_a_signal_during_an_interrupted_programs_exit_keeps_its_exit_status():
+    """The ``ecofl`` program stopped once exits with 130 even when a second SIGTERM or Ctrl-C reaches it while the
+    interpreter exits (reaping the fork server, after every clean-up): not as killed by the signal."""
+    for signum in ("SIGTERM", "SIGINT"):
+        script = textwrap.dedent(f"""
+            import atexit, os, signal, time
+            import ecofl.cli
+            ecofl.cli.main = lambda: 130  # a run that was interrupted and has cleaned up
+            atexit.register(lambda: (os.kill(os.getpid(), signal.{signum}), time.sleep(5), print("not ended")))
+            ecofl.cli.run()
+        """)
+        out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 130 and "not ended" not in out.stdout and "Traceback" not in out.stderr, \
+            (signum, out.returncode, out.stderr)

@@ -69,7 +69,9 @@ def test_home_train_at_host_speed_reports_real_memory_and_a_host_prediction(tmp_
     host = simulate(plan, profile, host_pool(pool), cores=report["cores"], operation_overhead_s=overhead,
                     byte_overhead_s=per_byte)
     assert report["predicted_sync_round_s"] == pytest.approx(host.sync_round_s)
-    assert 0 < overhead < 0.1 and 0 < per_byte < 1e-6  # measured (wide activations cost); 1 us/B would be 1 MB/s
+    # Measured; 1 us/B would be 1 MB/s. The time per byte is what the wide model's round takes beyond the narrow
+    # one's overhead: on a machine loaded while the narrow model ran (other tests), that overhead covers it: 0.
+    assert 0 < overhead < 0.1 and 0 <= per_byte < 1e-6
     assert simulate(plan, profile, pool).sync_round_s > 3 * simulate(plan, profile, host_pool(pool)).sync_round_s
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 
 from ecofl.errors import UserError
-from ecofl.interrupt import INTERRUPTED_EXIT, sigterm_as_interrupt
+from ecofl.interrupt import INTERRUPTED_EXIT, end_at, sigterm_as_interrupt
 
 # Command words -> the module in this package that registers it, in the order ``ecofl --help`` lists them.
 COMMANDS: dict[tuple[str, ...], str] = {
@@ -79,5 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED_EXIT
 
 
+def run() -> None:
+    """The ``ecofl`` program: :func:`main` (which turns SIGTERM into Ctrl-C while it runs), its exit status.
+
+    Before it and after it, SIGTERM (and Ctrl-C once interrupted) ends the program with the interrupted status:
+    a second signal during the exit of a stopped run (a user pressing Ctrl-C twice) does not change it."""
+    end_at(signal.SIGTERM)
+    code = main()
+    if code == INTERRUPTED_EXIT:
+        end_at(signal.SIGINT)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

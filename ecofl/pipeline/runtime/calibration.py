@@ -143,14 +143,15 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
     processes: dict[int, subprocess.Popen] = {}
     try:
         for device in devices:
-            group, env = confinement.enter(device)
             command = [sys.executable, "-m", "ecofl.pipeline.runtime.calibration", "--model", json.dumps(
                 model.to_json()), "--input-shape", ",".join(map(str, input_shape)), "--micro-batch",
                 str(work[device].samples), "--seconds", str(min_seconds), "--objective", objective]
             if work[device].layers is not None:
                 command += ["--layers", ",".join(map(str, work[device].layers))]
-            processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
-                                                 text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            with interrupts_deferred():  # the cgroup is not made without the process recorded for clean-up
+                group, env = confinement.enter(device)
+                processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
+                                                     text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         for device, process in processes.items():
             said = _line(process, timeout_s)
             if not said.startswith(READY):
@@ -171,7 +172,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             for process in processes.values():
                 process.kill()
                 process.wait()
-            for device in processes:
+            for device in devices:  # also one whose process did not start
                 confinement.release(device)
     speeds = {d: speed_from_step(profile, work[d], s, objective) for d, s in measured.items()}
     report = {d: {"quota_cores": confinement.limits[d].cores, "objective": objective,

@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 
+from ecofl.interrupt import interrupts_deferred
 from ecofl.pipeline.runtime.confinement import Confinement
 from ecofl.pipeline.runtime.worker_environment import PORTAL_PID_ENV, SECRET_ENV, worker_environment
 from ecofl.pipeline.runtime.worker_forks import WORKER_NAME, ForkedWorker, worker_forks
@@ -36,17 +37,18 @@ class LocalDevices:
         """Start device ``device``'s worker, in network namespace ``namespace`` if given."""
         env = worker_environment({SECRET_ENV: secret.hex()})
         cgroup_procs: list[str] = []
-        if self.confinement is not None:
-            group, confined_env = self.confinement.enter(device)
-            cgroup_procs = group.procs_files
-            env.update(confined_env)
         log = tempfile.NamedTemporaryFile(prefix=f"ecofl-device{device}-", suffix=".log", delete=True)
         self._stderr[device] = log
         server = worker_forks(worker_environment({PORTAL_PID_ENV: str(os.getpid())}))
-        self.processes[device] = server.fork(
-            ["--portal", f"{portal[0]}:{portal[1]}", "--device", str(device)], env, log.name,
-            f"{WORKER_NAME}{device}", cgroup_procs, namespace,
-        )
+        with interrupts_deferred():  # the cgroup and the worker in it are recorded, for stop() to remove
+            if self.confinement is not None:
+                group, confined_env = self.confinement.enter(device)
+                cgroup_procs = group.procs_files
+                env.update(confined_env)
+            self.processes[device] = server.fork(
+                ["--portal", f"{portal[0]}:{portal[1]}", "--device", str(device)], env, log.name,
+                f"{WORKER_NAME}{device}", cgroup_procs, namespace,
+            )
 
     @property
     def pids(self) -> dict[int, int]:
@@ -95,13 +97,14 @@ class LocalDevices:
                 except subprocess.TimeoutExpired:
                     process.kill()
         finally:
-            for process in self.processes.values():
-                if process.poll() is None:
-                    process.kill()
-                process.wait()
-            if self.confinement is not None:
-                self.confinement.close()
-            for log in self._stderr.values():
-                log.close()
-            self._stderr.clear()
+            with interrupts_deferred():  # a third Ctrl-C must not leave a worker or a cgroup behind
+                for process in self.processes.values():
+                    if process.poll() is None:
+                        process.kill()
+                    process.wait()
+                if self.confinement is not None:
+                    self.confinement.close()
+                for log in self._stderr.values():
+                    log.close()
+                self._stderr.clear()
 
