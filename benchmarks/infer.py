@@ -38,10 +38,13 @@ a cgroup of its own at its preset's speed in host cores (no ``--slowdown``)
 and memory, the devices first time the model's eval-mode forwards there, as
 they will stream (:func:`~ecofl.pipeline.runtime.calibration.confine_pool`,
 at micro-batch 8),
-and every plan is made from the speeds they measured. Each plan is then
-predicted on speeds its devices measured again on their own stages (their
+and every plan is made from the speeds they measured. Each planner then
+plans again on the speeds its devices measure on their own stages (their
 layers at their samples per call: a throttled device's speed depends on
-both), with the runtime's overheads per forward and per byte. Then predicted against
+both) until its plan's stages are measured, as ``ecofl home infer`` does
+(:func:`~ecofl.pipeline.runtime.calibration.plan_on_measured_speeds`), and
+each plan is predicted at its devices' stage speeds, with the runtime's
+overheads per forward and per byte. Then predicted against
 measured throughput is the stream model's real error.
 
     .venv/bin/python benchmarks/infer.py [--micro-batches 24] [--slowdown 0.25] [--emulate sleep|cgroup]
@@ -59,6 +62,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -74,7 +78,14 @@ from ecofl.pipeline.plan import STREAM_IN_FLIGHT, Plan, StagePlan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import HomePipeline, ZooModel  # noqa: E402
-from ecofl.pipeline.runtime.calibration import Workload, confine_pool, plan_workload  # noqa: E402
+from ecofl.pipeline.runtime.calibration import (  # noqa: E402
+    ConfinedPool,
+    Workload,
+    confine_pool,
+    plan_on_measured_speeds,
+    plan_workload,
+    whole_model,
+)
 from ecofl.pipeline.runtime.emulation import Emulation  # noqa: E402
 from ecofl.pipeline.runtime.confinement import pool_limits  # noqa: E402
 from ecofl.pipeline.runtime.host_overhead import runtime_overheads  # noqa: E402
@@ -114,17 +125,21 @@ def devices_computing(plan: Plan) -> list[int]:
     return [d for stage in plan.stages for d, share in zip(stage.devices, stage.shares) if share]
 
 
-def plans(profile: ModelProfile, pool: HomePool, count: int) -> dict[str, Plan]:
+def plans(profile: ModelProfile, pool: HomePool, count: int,
+          planned: Callable[[str], tuple[Plan, HomePool]]) -> dict[str, Plan]:
+    """The four plans for a home whose devices have speeds ``pool``; ``planned(name)`` is the named planner's
+    inference plan and the speeds it is to be judged at (confined: re-planned on its own stages' speeds)."""
     single = single_device_plan(profile, pool, count)
-    candidates = [make_plan(name, profile, pool, BATCH, objective="inference") for name in ("ecofl", "hpp")]
-    everyone = [plan for plan in candidates if len(devices_computing(plan)) == len(pool)]
+    candidates = [planned(name) for name in ("ecofl", "hpp")]
+    everyone = [(plan, speeds) for plan, speeds in candidates if len(devices_computing(plan)) == len(pool)]
     chosen = {
-        "pipeedge": make_plan("pipeedge", profile, pool, BATCH, objective="inference"),
+        "pipeedge": planned("pipeedge")[0],
         "best single device": single,
-        "even": make_plan("even", profile, pool, BATCH, objective="inference"),
+        "even": planned("even")[0],
     }
     if everyone:
-        chosen["every device"] = max(everyone, key=lambda plan: simulate_stream(plan, profile, pool, count).throughput)
+        chosen["every device"] = max(everyone, key=lambda pair: simulate_stream(
+            pair[0], profile, pair[1], count).throughput)[0]
     return chosen
 
 
@@ -227,23 +242,33 @@ def main(argv: list[str] | None = None) -> int:
             profile = profile_zoo_model(model, SHAPE, CLASSES, granularity, args.cache_dir)
             key = f"{home}/{model}"
             pool, limits = presets, None
-            calibrated: dict[Workload | int, HomePool] = {}  # the devices' speeds by what they timed
+            devices = range(len(presets.devices))
+            calibrated: dict[Workload, ConfinedPool] = {}  # the devices' speeds by what they timed
 
-            def speeds_on(workload: Workload | int) -> HomePool:
+            def speeds_on(workload: Workload) -> ConfinedPool:
                 if workload not in calibrated:
                     calibrated[workload] = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE,
-                                                        profile, presets, workload, objective="inference").pool
+                                                        profile, presets, workload, objective="inference")
                 return calibrated[workload]
 
+            def planned(name: str) -> tuple[Plan, HomePool]:
+                if not confined:
+                    return make_plan(name, profile, pool, BATCH, objective="inference"), pool
+                measured, plan = plan_on_measured_speeds(
+                    lambda devices: make_plan(name, profile, devices, BATCH, objective="inference"), profile,
+                    presets, speeds_on, calibrated)
+                return plan, measured.pool
+
             if confined:  # the devices time the model's forwards in their cgroups; every plan is made from that
-                pool, limits = speeds_on(PLANNING_MICRO_BATCH), pool_limits(presets)
+                pool = speeds_on(whole_model(devices, PLANNING_MICRO_BATCH)).pool
+                limits = pool_limits(presets)
                 speeds[key] = ", ".join(f"{d.name} {d.speed:.3f} (quota {limits[i].cores:.3f})"
                                         for i, d in enumerate(pool.devices))
                 print(f"{key}: measured speeds {speeds[key]}", flush=True)
             runs[key] = {}
-            for name, plan in plans(profile, pool, args.micro_batches).items():
+            for name, plan in plans(profile, pool, args.micro_batches, planned).items():
                 # predicted at the speeds its devices measured on their own stages
-                run_pool = speeds_on(plan_workload(plan, range(len(presets.devices)))) if confined else pool
+                run_pool = speeds_on(plan_workload(plan, devices)).pool if confined else pool
                 # A slow plan (the even partition over a 0.2 Mbps link) streams for minutes: wait for it.
                 expected_s = plan.micro_batch * args.micro_batches / simulate_stream(
                     plan, profile, run_pool, args.micro_batches).throughput
