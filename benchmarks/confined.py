@@ -118,6 +118,16 @@ def schedule_bound(run: dict) -> float:
     return m / (m + stages - 1)
 
 
+def breakdown_cells(breakdown: dict | None) -> str:
+    """A device's compute and hand-off waits, measured against predicted (``-`` where the run has none)."""
+    if breakdown is None:
+        return "- | - | - | -"
+    m, p = breakdown["measured"], breakdown["predicted"]
+    return (f"{m['compute_s']:.2f} / {p['compute_s']:.2f} | {m['idle_s']:.2f} / {p['idle_s']:.2f} "
+            f"| {m['handoffs_waited']}: {m['handoff_wait_s']:.2f} s "
+            f"| {p['handoffs_waited']}: {p['handoff_wait_s']:.2f} s")
+
+
 def markdown(results: dict) -> str:
     lines = [
         f"Measured on {results['machine']}, {results['cores']} cores ({results['date']}; 1-minute load "
@@ -145,10 +155,16 @@ def markdown(results: dict) -> str:
             f"| {schedule_bound(c):.2f} | {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")
     lines += ["", "Per device (confined): quota, speed measured in its cgroup on the whole model and on its own "
               "stage (the one the prediction uses), memory limit (budget + the worker's own runtime), the cgroup's "
-              "peak and the worker's peak resident set.", "",
+              "peak and the worker's peak resident set; then, in the last measured sync-round against the "
+              "prediction (ecofl/pipeline/round_breakdown.py), its compute (forwards and backwards), its idle time "
+              "between its first and last operation, and the hand-offs it waited for (a neighbour's activations or "
+              "gradient, from the end of the operation that produced it to the start of the one that used it): how "
+              "many, and their seconds in all; the rest of its idle time is the schedule's fill and drain and the "
+              "runtime's time between operations.", "",
               "| model | pool | device | quota cores | speed, whole model | speed, own stage | limit MiB "
-              "| cgroup peak MiB | RSS peak MiB |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| cgroup peak MiB | RSS peak MiB | compute s measured / predicted | idle s measured / predicted "
+              "| hand-off waits measured | predicted |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in results["rows"]:
         c = row["confined"]
         for st in c["stages"]:
@@ -159,7 +175,8 @@ def markdown(results: dict) -> str:
                 lines.append(f"| {row['model']} | {row['pool']} | {d}: {name} | {box.get('cpu_quota', 0):.3f} "
                              f"| {'-' if whole is None else f'{whole:.3f}'} | {speed:.3f} "
                              f"| {box.get('memory_limit_bytes', 0) / MIB:.0f} "
-                             f"| {'-' if peak is None else f'{peak / MIB:.0f}'} | {st['peak_rss_bytes'] / MIB:.0f} |")
+                             f"| {'-' if peak is None else f'{peak / MIB:.0f}'} | {st['peak_rss_bytes'] / MIB:.0f} "
+                             f"| {breakdown_cells((c.get('breakdown') or {}).get(str(d)))} |")
     worst = max(row["confined"]["planner_error"] for row in results["rows"])
     least = min(row["efficiency"] for row in results["rows"])
     lines += ["", f"Largest planner error: {100 * worst:.1f}% (target <= 10%); lowest efficiency {least:.2f} "

@@ -35,9 +35,11 @@ from ecofl.devices import HomePool
 from ecofl.net.netns import HomeNetwork
 from ecofl.pipeline.plan import Plan, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
+from ecofl.pipeline.round_breakdown import DeviceBreakdown, round_breakdown
 from ecofl.pipeline.runtime import HomePipeline, ZooModel
 from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.schedule import PASSES, ActionKind
+from ecofl.pipeline.timeline import TimelineEvent
 
 LR, MOMENTUM = 0.01, 0.9
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -77,8 +79,10 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
     ``cpu_cores_used`` (CPU seconds of the workers and this portal during
     the measured rounds / their wall time: below the host's cores when other
     jobs took the rest; ``cpu_s_per_round`` the same seconds per round),
-    ``load_average`` (1 min, before and after) and the
-    timeline's compute time per device (``compute_s``).
+    ``load_average`` (1 min, before and after), the
+    timeline's compute time per device (``compute_s``) and, per device, the
+    last measured round's compute, idle time and hand-off waits beside the
+    prediction's (``breakdown``: synchronous schedules whose plan did not change).
     """
     x, y = synthetic_batch(spec, plan.batch_size)
     load_before = os.getloadavg()[0]
@@ -91,7 +95,8 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
         wall = time.time() - started
         cpu = sum(map(cpu_seconds, pids)) - cpu_before
         confined = home.confinement_report()
-    report = describe(plan, pool, predict_sync_round(plan, profile, pool, emulate, cache_dir=cache_dir), result, emulate)
+    predicted = predict_sync_round(plan, profile, pool, emulate, cache_dir=cache_dir)
+    report = describe(plan, pool, predicted, result, emulate)
     compute: dict[int, float] = {}
     for event in result.timeline:
         if event.kind in (*PASSES, ActionKind.STEP, ActionKind.ALLREDUCE):
@@ -105,5 +110,20 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
         compute_s={str(d): s / rounds for d, s in sorted(compute.items())},
         network="tc tbf in network namespaces" if network is not None else None,
         confined={str(d): r for d, r in confined.items()},
+        breakdown=breakdowns(result.timeline, predicted.timeline, rounds)
+        if plan.schedule != ScheduleKind.ASYNC_ONE_F_ONE_B and not result.events else None,
     )
     return report
+
+
+def breakdowns(measured: tuple[TimelineEvent, ...], predicted: tuple[TimelineEvent, ...], rounds: int
+               ) -> dict[str, dict]:
+    """Per device, the last measured sync-round's breakdown beside the predicted one's
+    (:mod:`ecofl.pipeline.round_breakdown`): compute, idle, and the hand-offs it waited for."""
+    def summary(breakdown: DeviceBreakdown) -> dict:
+        return {"compute_s": breakdown.compute_s, "idle_s": breakdown.idle_s,
+                "handoffs_waited": len(breakdown.handoff_waits_s), "handoff_wait_s": sum(breakdown.handoff_waits_s)}
+
+    last, model = round_breakdown(measured, rounds), round_breakdown(predicted)
+    return {str(d): {"stage": last[d].stage, "measured": summary(last[d]), "predicted": summary(model[d])}
+            for d in last if d in model}
