@@ -49,6 +49,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from benchmarks.home_runs import describe_plan  # noqa: E402
 from ecofl.data import load_dataset  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.devices import HomePool  # noqa: E402
@@ -101,7 +102,10 @@ class Home:
             result = home.train(None, self.x, self.y, rounds, lr=0.05, momentum=0.9,
                                 progress=lambda r, s: ends.append(time.time()),
                                 inject=[Injection.parse(e) for e in events])
+            final_plan = home.plan
         return {
+            "plan": describe_plan(plan, pool),
+            "final_plan": describe_plan(final_plan, pool),  # device indices stay the pool's after a drop
             "throughput": result.throughput,
             "round_s": list(result.sync_round_s),
             "round_end_s": [t - started for t in ends],  # every completed round, replays included
@@ -119,6 +123,8 @@ def fig13(home: Home, rounds: int, spike_round: int) -> dict:
     after = spike_round + 3  # past detection (two slow rounds) and the re-plan
     return {
         "event": event,
+        "plan": with_rescheduling["plan"],
+        "replanned": with_rescheduling["final_plan"],
         "per_round_with": [BATCH / s for s in with_rescheduling["round_s"]],
         "per_round_without": [BATCH / s for s in without["round_s"]],
         "after_with": BATCH / statistics.mean(with_rescheduling["round_s"][after:]),
@@ -138,6 +144,7 @@ def asteroid_drops(home: Home, rounds: int, drop_round: int) -> dict:
         for kind in ("lightweight", "heavy"):  # side by side, same drop
             run = home.run("asteroid-d", rounds, FaultTolerance(replan=kind), [f"kill:{device}@{drop_round}"])
             event = run["events"][0]
+            row["plan"] = run["plan"]
             after = [s for end, s in zip(run["round_end_s"], run["round_s"])][drop_round + 1:]
             row[kind] = {
                 "recovery_s": event["recovered_after_s"] - event["detected_after_s"],
@@ -146,6 +153,7 @@ def asteroid_drops(home: Home, rounds: int, drop_round: int) -> dict:
                 "recovered_after_s": event["recovered_after_s"],
                 "throughput_after": BATCH / statistics.mean(after) if after else None,
                 "bytes_moved": event["bytes_moved"],
+                "plan_after": run["final_plan"],
             }
             if device == 1:
                 curves[kind] = {"end_s": run["round_end_s"], "throughput": [BATCH / s for s in run["round_s"]]}
