@@ -148,10 +148,9 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
                 str(work[device].samples), "--seconds", str(min_seconds), "--objective", objective]
             if work[device].layers is not None:
                 command += ["--layers", ",".join(map(str, work[device].layers))]
-            with interrupts_deferred():  # the cgroup is not made without the process recorded for clean-up
-                group, env = confinement.enter(device)
-                processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
-                                                     text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            group, env = confinement.enter(device)
+            processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
+                                                 text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         for device, process in processes.items():
             said = _line(process, timeout_s)
             if not said.startswith(READY):
@@ -172,7 +171,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             for process in processes.values():
                 process.kill()
                 process.wait()
-            for device in devices:  # also one whose process did not start
+            for device in devices:  # also one whose process had not started (or not been recorded)
                 confinement.release(device)
     speeds = {d: speed_from_step(profile, work[d], s, objective) for d, s in measured.items()}
     report = {d: {"quota_cores": confinement.limits[d].cores, "objective": objective,

@@ -40,6 +40,7 @@ from ecofl.awake_cores import AwakeCores
 from ecofl.cgroups import DeviceCgroup, DeviceLimits, Hierarchy, find_hierarchy, remove_stale
 from ecofl.devices import HomePool, host_cores
 from ecofl.errors import UserError
+from ecofl.interrupt import interrupts_deferred
 
 PORTAL_RESERVE_CORES = 0.5
 STARTUP_CORES = 1.0
@@ -80,7 +81,8 @@ class Confinement:
         self.release(device)
         limits = self.limits[device]
         startup = DeviceLimits(STARTUP_CORES, limits.memory_bytes + STARTUP_ALLOWANCE_BYTES)
-        self.groups[device] = self.hierarchy.create(f"device{device}", startup)
+        with interrupts_deferred():  # no cgroup made and not recorded for release(): Ctrl-C waits for both
+            self.groups[device] = self.hierarchy.create(f"device{device}", startup)
         self.awake.start()
         threads = str(max(1, math.floor(limits.cores)))
         return self.groups[device], {"OMP_NUM_THREADS": threads, THREADS_ENV: threads}

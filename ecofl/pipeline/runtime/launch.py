@@ -40,15 +40,14 @@ class LocalDevices:
         log = tempfile.NamedTemporaryFile(prefix=f"ecofl-device{device}-", suffix=".log", delete=True)
         self._stderr[device] = log
         server = worker_forks(worker_environment({PORTAL_PID_ENV: str(os.getpid())}))
-        with interrupts_deferred():  # the cgroup and the worker in it are recorded, for stop() to remove
-            if self.confinement is not None:
-                group, confined_env = self.confinement.enter(device)
-                cgroup_procs = group.procs_files
-                env.update(confined_env)
-            self.processes[device] = server.fork(
-                ["--portal", f"{portal[0]}:{portal[1]}", "--device", str(device)], env, log.name,
-                f"{WORKER_NAME}{device}", cgroup_procs, namespace,
-            )
+        if self.confinement is not None:  # recorded in the confinement, whose close() in stop() removes it
+            group, confined_env = self.confinement.enter(device)
+            cgroup_procs = group.procs_files
+            env.update(confined_env)
+        self.processes[device] = server.fork(
+            ["--portal", f"{portal[0]}:{portal[1]}", "--device", str(device)], env, log.name,
+            f"{WORKER_NAME}{device}", cgroup_procs, namespace,
+        )
 
     @property
     def pids(self) -> dict[int, int]:
