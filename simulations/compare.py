@@ -47,13 +47,18 @@ def accuracy_at(run: Run, grid: np.ndarray) -> np.ndarray:
     return np.where(index >= 0, accuracies[np.clip(index, 0, None)], np.nan) if times.size else grid * np.nan
 
 
-def settings_of(runs: list[Run]) -> dict[str, list[Run]]:
-    """The sweep's runs per setting: the overrides that vary, except ``seed`` (e.g. ``strategy=fedat``)."""
+def varying_keys(runs: list[Run]) -> list[str]:
+    """The overrides whose values differ between ``runs``, except ``seed`` (``strategy`` if none does)."""
     keys = sorted({key for run in runs for key in run.overrides if key != "seed"})
-    varying = [key for key in keys if len({run.setting(key) for run in runs}) > 1] or ["strategy"]
+    return [key for key in keys if len({run.setting(key) for run in runs}) > 1] or ["strategy"]
+
+
+def settings_of(runs: list[Run], keys: list[str] | None = None) -> dict[str, list[Run]]:
+    """The sweep's runs per setting: their values of ``keys`` (default: those that vary; e.g. ``strategy=fedat``)."""
+    keys = varying_keys(runs) if keys is None else keys
     settings: dict[str, list[Run]] = {}
     for run in runs:
-        settings.setdefault(",".join(f"{k}={run.setting(k)}" for k in varying), []).append(run)
+        settings.setdefault(",".join(f"{k}={run.setting(k)}" for k in keys), []).append(run)
     return settings
 
 
