@@ -42,10 +42,9 @@ class AwakeCores:
         return bool(self.spinners)
 
     def start(self) -> None:
-        if self.spinners:
-            return
         command = [sys.executable, "-m", "ecofl.awake_cores", str(os.getpid())]
-        self.spinners = [subprocess.Popen(command, stdin=subprocess.DEVNULL) for _ in range(self.cores)]
+        while len(self.spinners) < self.cores:  # each recorded as it starts: stop() after a Ctrl-C finds it
+            self.spinners.append(subprocess.Popen(command, stdin=subprocess.DEVNULL))
 
     def stop(self) -> None:
         spinners, self.spinners = self.spinners, []

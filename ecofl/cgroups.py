@@ -56,6 +56,7 @@ ROOT = Path("/sys/fs/cgroup")
 MIN_QUOTA_US = 1000  # the kernel's smallest quota (and period): 1 ms
 MAX_PERIOD_US = 1_000_000  # the kernel's longest period: 1 s
 PREFIX = "ecofl-"
+REMOVE_RETRY_S = 0.2  # how long remove() waits on a busy cgroup directory before it looks for processes again
 
 
 @dataclass(frozen=True)
@@ -190,19 +191,25 @@ class DeviceCgroup:
         return int(fields.get("oom_kill", 0))
 
     def remove(self, timeout_s: float = 10.0) -> None:
-        """Kill whatever still runs in the cgroup, then remove it."""
+        """Kill whatever still runs in the cgroup, then remove it (killing again what joined it meanwhile)."""
         deadline = time.monotonic() + timeout_s
-        while pids := self.pids():
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.cpu_dir}: processes {pids} did not die")
-            time.sleep(0.02)
-        for path in reversed(self.dirs):
-            _rmdir(path, deadline)
+        while True:
+            while pids := self.pids():
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.cpu_dir}: processes {pids} did not die")
+                time.sleep(0.02)
+            try:
+                for path in reversed(self.dirs):
+                    _rmdir(path, min(deadline, time.monotonic() + REMOVE_RETRY_S))
+                return
+            except OSError as error:  # busy: a process joined after the last look (or the kernel is not done)
+                if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
 
 
 def find_hierarchy(root: Path = ROOT, self_cgroup: str | None = None) -> Hierarchy | str:

@@ -4,21 +4,25 @@
 
 Settings are matched by the overrides that vary over both sweeps together
 (``strategy=fedat``; ``partition=rlg_iid,strategy=fedat`` where only the new
-sweep has RLG-IID, whose rows then have no "before"). Per setting, over its
-seeds: late accuracy, time to each target, global updates, stragglers
-dropped, and the check of the round-closing rule (:func:`early_closes`).
-Writes ``<out>_before_after.csv`` and prints the table in Markdown.
+sweep has RLG-IID, whose rows then have no "before"), and within a setting
+only the seeds both sweeps ran are compared. Per setting, over those seeds:
+late accuracy, time to each target, global updates, stragglers dropped, and
+the check of the round-closing rule (:func:`early_closes`). Writes
+``<out>_before_after.csv``, prints the table in Markdown and names any
+setting that only one sweep has.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from simulations.compare import LABELS, settings_of, time_to_accuracy, varying_keys
+from simulations.compare import LABELS, load_sweep, settings_of, time_to_accuracy, varying_keys
 from simulations.plot import Run
 
 
@@ -37,7 +41,7 @@ def early_closes(run: Run) -> tuple[int, int] | None:
 
 
 def figures(runs: list[Run], targets: list[float]) -> dict:
-    """One setting's figures over its seeds."""
+    """One setting's figures over its seeds (``checked``: how many of them carry round times)."""
     row: dict = {"seeds": len(runs), "late_accuracy": float(np.mean([run.late_accuracy() for run in runs])),
                  "updates": float(np.mean([run.summary["updates"] for run in runs])),
                  "stragglers": float(np.mean([run.summary["stragglers_total"] for run in runs]))}
@@ -45,27 +49,48 @@ def figures(runs: list[Run], targets: list[float]) -> dict:
         reached = [t for t in (time_to_accuracy(run, target) for run in runs) if t is not None]
         row[f"reached_{target}"] = len(reached)
         row[f"mean_s_{target}"] = float(np.mean(reached)) if reached else None
-    checks = [early_closes(run) for run in runs]
-    row["late_rounds"] = None if None in checks else sum(c[0] for c in checks)
-    row["early_closes"] = None if None in checks else sum(c[1] for c in checks)
+    checks = [c for c in map(early_closes, runs) if c is not None]
+    row["checked"] = len(checks)
+    row["late_rounds"] = sum(c[0] for c in checks)
+    row["early_closes"] = sum(c[1] for c in checks)
     return row
 
 
+def _by_seed(runs: list[Run]) -> dict[str | None, Run]:
+    return {run.setting("seed"): run for run in runs}
+
+
 def before_after(before: list[Run], after: list[Run], targets: list[float]) -> list[dict]:
-    """Per setting of ``after``: {"setting", "strategy", "before": figures or None, "after": figures}."""
+    """Per setting of ``after``: {"setting", "strategy", "before": figures or None, "after": figures}.
+
+    Where both sweeps have the setting, both sides cover only the seeds both ran.
+    """
     keys = varying_keys(before + after)
     old = settings_of(before, keys)
-    return [{"setting": name, "strategy": runs[0].setting("strategy"),
-             "before": figures(old[name], targets) if name in old else None, "after": figures(runs, targets)}
-            for name, runs in settings_of(after, keys).items()]
+    rows = []
+    for name, runs in settings_of(after, keys).items():
+        new_seeds, old_seeds = _by_seed(runs), _by_seed(old.get(name, []))
+        common = [seed for seed in new_seeds if seed in old_seeds] or list(new_seeds)
+        rows.append({"setting": name, "strategy": runs[0].setting("strategy"),
+                     "before": figures([old_seeds[s] for s in common], targets) if name in old else None,
+                     "after": figures([new_seeds[s] for s in common], targets)})
+    return rows
 
 
-def _pair(row: dict, show) -> str:
-    after = show(row["after"])
-    return f"{show(row['before'])} → {after}" if row["before"] is not None else f"- → {after}"
+def unmatched(before: list[Run], after: list[Run]) -> list[str]:
+    """Settings that only one of the sweeps has, each with the sweep that has it."""
+    keys = varying_keys(before + after)
+    old, new = settings_of(before, keys), settings_of(after, keys)
+    return [f"{name} (before only)" for name in old if name not in new] + \
+        [f"{name} (after only)" for name in new if name not in old]
 
 
-def _time(target: float):
+def _pair(row: dict, show: Callable[[dict], str]) -> str:
+    before = "-" if row["before"] is None else show(row["before"])
+    return f"{before} → {show(row['after'])}"
+
+
+def _time(target: float) -> Callable[[dict], str]:
     def show(f: dict) -> str:
         mean = f[f"mean_s_{target}"]
         return f"{'-' if mean is None else f'{mean:.1f}'} ({f[f'reached_{target}']}/{f['seeds']})"
@@ -73,28 +98,23 @@ def _time(target: float):
 
 
 def _closes(f: dict) -> str:
-    return "-" if f["late_rounds"] is None else f"{f['early_closes']} of {f['late_rounds']}"
+    return "-" if not f["checked"] else f"{f['early_closes']} of {f['late_rounds']}"
 
 
 def markdown(rows: list[dict], targets: list[float]) -> str:
     """The before → after table; time to a target as mean virtual s (seeds reaching it / seeds)."""
-    head = ["setting", "late accuracy", *(f"{t:.0%}: s (seeds)" for t in targets), "global updates",
+    head = ["setting", "seeds", "late accuracy", *(f"{t:.0%}: s (seeds)" for t in targets), "global updates",
             "stragglers", "late rounds closed early"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for row in rows:
-        name = row["setting"].replace(f"strategy={row['strategy']}", LABELS.get(row["strategy"], row["strategy"]))
-        cells = [name, _pair(row, lambda f: f"{f['late_accuracy']:.3f}"), *(_pair(row, _time(t)) for t in targets),
-                 _pair(row, lambda f: f"{f['updates']:.0f}"), _pair(row, lambda f: f"{f['stragglers']:.0f}"),
-                 _pair(row, _closes)]
+        strategy = row["strategy"]
+        name = row["setting"] if strategy is None else \
+            row["setting"].replace(f"strategy={strategy}", LABELS.get(strategy, strategy))
+        cells = [name, str(row["after"]["seeds"]), _pair(row, lambda f: f"{f['late_accuracy']:.3f}"),
+                 *(_pair(row, _time(t)) for t in targets), _pair(row, lambda f: f"{f['updates']:.0f}"),
+                 _pair(row, lambda f: f"{f['stragglers']:.0f}"), _pair(row, _closes)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _load(sweep: Path) -> list[Run]:
-    runs = [Run.load(p.parent) for p in sorted(sweep.glob("*/metrics.json"))]
-    if not runs:
-        raise SystemExit(f"no runs (*/metrics.json) under {sweep}")
-    return runs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,17 +124,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--targets", type=float, nargs="+", default=[0.6, 0.7])
     parser.add_argument("--out", type=Path, required=True, help="prefix of the file written")
     args = parser.parse_args(argv)
-    rows = before_after(_load(args.before), _load(args.after), args.targets)
+    before, after = load_sweep(args.before), load_sweep(args.after)
+    rows = before_after(before, after, args.targets)
     path = args.out.parent / f"{args.out.name}_before_after.csv"
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         fields = list(rows[0]["after"])
         writer.writerow(["setting", "strategy", *(f"before_{f}" for f in fields), *(f"after_{f}" for f in fields)])
         for row in rows:
-            before = row["before"] or {}
-            writer.writerow([row["setting"], row["strategy"], *(before.get(f) for f in fields),
+            before_figures = row["before"] or {}
+            writer.writerow([row["setting"], row["strategy"], *(before_figures.get(f) for f in fields),
                              *(row["after"][f] for f in fields)])
     print(f"wrote {path}")
+    for name in unmatched(before, after):
+        print(f"unmatched setting: {name}", file=sys.stderr)
     print(markdown(rows, args.targets))
 
 

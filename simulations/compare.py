@@ -47,6 +47,14 @@ def accuracy_at(run: Run, grid: np.ndarray) -> np.ndarray:
     return np.where(index >= 0, accuracies[np.clip(index, 0, None)], np.nan) if times.size else grid * np.nan
 
 
+def load_sweep(sweep: Path) -> list[Run]:
+    """Every run under ``sweep`` (its ``*/metrics.json``); a clear exit if there is none."""
+    runs = [Run.load(p.parent) for p in sorted(sweep.glob("*/metrics.json"))]
+    if not runs:
+        raise SystemExit(f"no runs (*/metrics.json) under {sweep}")
+    return runs
+
+
 def varying_keys(runs: list[Run]) -> list[str]:
     """The overrides whose values differ between ``runs``, except ``seed`` (``strategy`` if none does)."""
     keys = sorted({key for run in runs for key in run.overrides if key != "seed"})
@@ -114,10 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--targets", type=float, nargs="+", default=[0.6, 0.7])
     parser.add_argument("--out", type=Path, required=True, help="prefix of the files written")
     args = parser.parse_args(argv)
-    runs = [Run.load(p.parent) for p in sorted(args.sweep.glob("*/metrics.json"))]
-    if not runs:
-        raise SystemExit(f"no runs (*/metrics.json) under {args.sweep}")
-    settings = settings_of(runs)
+    settings = settings_of(load_sweep(args.sweep))
     rows = time_to_accuracy_table(settings, args.targets)
     table = args.out.parent / f"{args.out.name}_time_to_accuracy.csv"
     with open(table, "w", newline="") as handle:

@@ -76,3 +76,23 @@ def test_the_cores_are_kept_awake_exactly_while_a_device_is_confined():
     finally:
         confinement.close()
     assert not any(map(alive, spinners))
+
+
+def test_a_ctrl_c_while_spinners_start_leaves_the_started_ones_for_stop(monkeypatch):
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):  # the second spinner is interrupted as it starts
+        if started:
+            raise KeyboardInterrupt
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    awake = AwakeCores(cores=2)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(KeyboardInterrupt):
+        awake.start()
+    monkeypatch.undo()
+    assert awake.spinners == started
+    awake.stop()
+    assert not alive(started[0].pid)

@@ -9,6 +9,7 @@ and memory controllers).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ecofl import cgroups
 from ecofl.cgroups import DeviceLimits, Hierarchy, cpu_bandwidth, find_hierarchy
 from ecofl.devices import GB, DeviceSpec, HomePool
 from ecofl.errors import UserError
@@ -113,6 +115,30 @@ def test_a_device_cgroup_gets_its_quota_and_memory_limit_in_each_version(tmp_pat
     assert group.cores == pytest.approx(0.2) and group.cpu_dir.name.startswith("ecofl-")
     group.set_cores(0.05)  # a quota cut
     assert group.cores == pytest.approx(0.05)
+
+
+def test_removing_a_cgroup_kills_a_process_that_joined_after_the_last_look(tmp_path, monkeypatch):
+    """A worker forked into the cgroup as it is removed (a Ctrl-C in between) makes rmdir busy: kill it, retry."""
+    group = fake_tree(tmp_path, 2).create("device1", DeviceLimits(0.2, 3 * GB))
+    latecomer = subprocess.Popen(["sleep", "60"])
+    looks = []
+    busy = [OSError(errno.EBUSY, "Device or resource busy")]
+
+    def pids() -> list[int]:  # empty at the first look; then the latecomer until it is dead
+        looks.append(len(looks))
+        return [] if len(looks) == 1 or latecomer.poll() is not None else [latecomer.pid]
+
+    def rmdir(path: Path, deadline: float) -> None:
+        if busy:
+            raise busy.pop()
+
+    monkeypatch.setattr(group, "pids", pids)
+    monkeypatch.setattr(cgroups, "_rmdir", rmdir)
+    try:
+        group.remove(timeout_s=30)
+        assert latecomer.wait(timeout=30) == -signal.SIGKILL and not busy
+    finally:
+        latecomer.kill()
 
 
 @needs_cgroups

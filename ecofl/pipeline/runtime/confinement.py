@@ -119,12 +119,13 @@ class Confinement:
 
     def release(self, device: int) -> None:
         """Remove ``device``'s cgroup (killing what still runs in it)."""
-        group = self.groups.pop(device, None)
+        group = self.groups.get(device)
+        if group is not None:
+            group.remove()  # recorded until removed: close() retries it if this is interrupted
+        self.groups.pop(device, None)
         self.throttled.discard(device)
         if not self.groups:
             self.awake.stop()
-        if group is not None:
-            group.remove()
 
     def close(self) -> None:
         errors = []
