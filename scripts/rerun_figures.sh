@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Figs. 7-9 on the round-closing rule, one run at a time, each archived as soon as it ends well
+# (docs/results/runs/<figure>_closing_rule/<run>: metrics.json, summary.json, .hydra). A run already archived is
+# skipped, so the script resumes where a stopped one left off; a run with a failed or missing home, or that stopped
+# before its time limit, is tried once more and never archived.
+#   bash scripts/rerun_figures.sh [fig7] [fig8] [fig9]      (default: all three)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export RAY_memory_usage_threshold=0.98  # Ray's memory monitor otherwise kills an actor on this 24 GiB machine
+SCRATCH=multirun/rerun_figures
+
+ended_well() {  # summary.json
+  .venv/bin/python -c "import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if d['failed_total'] == 0 \
+and d['homes_answered'] == d['num_homes'] and d['stop_reason'] == 'max_virtual_time_s' else 1)" "$1"
+}
+
+run() {  # archive run-name overrides...
+  local archive=$1 name=$2
+  shift 2
+  local dest=docs/results/runs/$archive/$name scratch=$SCRATCH/$archive
+  [ -f "$dest/summary.json" ] && return 0
+  for attempt in 1 2; do
+    rm -rf "${scratch:?}/$name"
+    echo "$(date +%T) start $archive/$name (attempt $attempt)"
+    .venv/bin/python -m simulations.run -m "$@" "hydra.sweep.dir=$scratch" "hydra.sweep.subdir='$name'" \
+      > "$SCRATCH/last.log" 2>&1
+    if [ -f "$scratch/$name/summary.json" ] && ended_well "$scratch/$name/summary.json"; then
+      mkdir -p "$dest"
+      cp -r "$scratch/$name/.hydra" "$scratch/$name/metrics.json" "$scratch/$name/summary.json" "$dest/"
+      echo "$(date +%T) archived $dest"
+      return 0
+    fi
+    echo "$(date +%T) failed $archive/$name:"
+    tail -5 "$SCRATCH/last.log"
+  done
+}
+
+fig7() {
+  for seed in 0 1 2; do
+    local i=0
+    for strategy in fedavg fedasync fedat ecofl ecofl_wo_dg; do
+      run fig7_300s_closing_rule "$seed${i}_seed=$seed,strategy=$strategy" \
+        +experiment=fig7 seed=$seed strategy=$strategy
+      i=$((i + 1))
+    done
+  done
+}
+
+fig8() {
+  for seed in 0 1 2; do
+    local i=0
+    for partition in rlg_niid rlg_iid; do
+      for strategy in ecofl fedat astraea; do
+        run fig8_200s_closing_rule "$seed${i}_partition=$partition,seed=$seed,strategy=$strategy" \
+          +experiment=fig8 partition=$partition seed=$seed strategy=$strategy
+        i=$((i + 1))
+      done
+    done
+  done
+}
+
+fig9() {
+  for seed in 0 1 2; do
+    local i=0
+    for lambda in 0 1 3 10 30 100 300; do
+      run fig9_200s_closing_rule "$seed${i}_grouping.lambda=$lambda,seed=$seed" \
+        +experiment=fig9 grouping.lambda=$lambda seed=$seed
+      i=$((i + 1))
+    done
+  done
+}
+
+mkdir -p "$SCRATCH"
+for figure in ${@:-fig7 fig8 fig9}; do
+  case $figure in
+    fig7 | fig8 | fig9) "$figure" ;;
+    *) echo "unknown figure: $figure (fig7, fig8 or fig9)" >&2; exit 2 ;;
+  esac
+done
+echo "$(date +%T) done"
