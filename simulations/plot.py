@@ -102,6 +102,12 @@ class Run:
             return float("nan")
         return float(accuracies[times >= times[-1] / 2].mean())
 
+    def mean_round_s(self) -> float:
+        """Mean time from a round's start to its close (clock seconds; NaN for runs without round times)."""
+        spans = [r["round_closed_s"] - r["round_started_s"] for r in self.rows
+                 if r.get("round_closed_s") is not None and r.get("round_started_s") is not None]
+        return float(np.mean(spans)) if spans else float("nan")
+
     def mean_of(self, column: str) -> float:
         values = [r[column] for r in self.rows if r.get(column) is not None]
         return float(np.mean(values)) if values else float("nan")
@@ -220,16 +226,18 @@ def _write_table(runs: list[Run], path: Path) -> Path:
     keys = sorted({k for run in runs for k, v in run.summary.items() if not isinstance(v, (dict, list))})
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["run", "lambda", "mean_group_js", "mean_group_latency", "late_accuracy", *keys])
+        writer.writerow(["run", "lambda", "mean_group_js", "mean_group_latency", "late_accuracy", "mean_round_s",
+                         *keys])
         for run in runs:
             writer.writerow([run.label, run.grouping_lambda(), run.mean_of("mean_group_js"),
-                             run.mean_of("mean_group_latency"), run.late_accuracy(),
+                             run.mean_of("mean_group_latency"), run.late_accuracy(), run.mean_round_s(),
                              *(run.summary.get(k) for k in keys)])
     return path
 
 
 #: Per-run figures that :func:`seed_summary` averages over seeds.
-SEED_FIGURES = ("late_accuracy", "final_accuracy", "best_accuracy", "mean_group_js", "mean_group_latency", "updates")
+SEED_FIGURES = ("late_accuracy", "final_accuracy", "best_accuracy", "mean_group_js", "mean_group_latency", "updates",
+                "mean_round_s")
 
 
 def seed_summary(runs: list[Run]) -> list[dict]:
@@ -258,6 +266,8 @@ def seed_summary(runs: list[Run]) -> list[dict]:
 def _figure(run: Run, name: str) -> float:
     if name == "late_accuracy":
         return run.late_accuracy()
+    if name == "mean_round_s":
+        return run.mean_round_s()
     if name.startswith("mean_group_"):
         return run.mean_of(name)
     value = run.summary.get(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import tomllib
 from pathlib import Path
@@ -165,6 +166,19 @@ def test_a_sweep_over_seeds_gets_each_settings_mean_and_spread(tmp_path):
     assert table["strategy=ecofl"]["seeds"] == 2
     assert table["strategy=ecofl"]["late_accuracy_mean"] == pytest.approx(0.7)
     assert table["strategy=fedat"]["final_accuracy_std"] == pytest.approx(np.std([0.3, 0.5], ddof=1))
+    assert np.isnan(table["strategy=fedat"]["mean_round_s_mean"])  # rows without round times
+
+
+def test_a_runs_mean_round_is_from_each_rounds_start_to_its_close(tmp_path):
+    fake_run(tmp_path / "0_seed=0,strategy=fedavg", 1.0, [0.1, 0.2], 0.1, 3.0)
+    rows = json.loads((tmp_path / "0_seed=0,strategy=fedavg" / "metrics.json").read_text())
+    for row, (start, close) in zip(rows, [(0.0, 9.0), (9.0, 12.0)]):
+        row.update(round_started_s=start, round_closed_s=close)
+    (tmp_path / "0_seed=0,strategy=fedavg" / "metrics.json").write_text(json.dumps(rows))
+    assert Run.load(tmp_path / "0_seed=0,strategy=fedavg").mean_round_s() == pytest.approx(6.0)
+    plot_sweep(tmp_path)
+    with open(tmp_path / "sweep.csv") as handle:
+        assert [row["mean_round_s"] for row in csv.DictReader(handle)] == ["6.0"]
 
 
 def test_runs_of_the_default_seed_join_a_later_seed_sweep_in_the_same_directory(tmp_path):
