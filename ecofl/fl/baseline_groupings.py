@@ -58,8 +58,9 @@ def astraea_mediators(
     distribution, until it holds ``capacity`` (gamma) clients or none is left;
     then the next mediator starts. No latency term. Ties go to the lower home
     id, within a relative tolerance of :data:`KL_TIE` (divergences of mirrored
-    histograms, equal in exact arithmetic, differ in their last bits). The label histograms are the raw counts each home reports (Astraea's
-    z-score data augmentation, which would change them first, is left out).
+    histograms, equal in exact arithmetic, differ in their last bits). The
+    label histograms are the raw counts each home reports (Astraea's z-score
+    data augmentation, which would change them first, is left out).
     The centres are the mediators' mean latencies (for reporting and the round
     deadline only).
     """

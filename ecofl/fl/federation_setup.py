@@ -85,9 +85,10 @@ class PipelineHomeSettings:
     ``cgroup`` (each device confined to its cores and memory), ``sleep``
     (devices sleep to the cost model), ``none`` (host speed) or ``auto``
     (cgroup where cgroups are writable, else sleep; the default); ``true``
-    and ``false`` are the old spellings of sleep and none. ``timeout_s``: the runtime's bound on any step. ``fault_tolerance``:
-    heartbeats, replication and re-planning, so a home whose device fails or
-    slows down still answers the round (``ecofl.pipeline.runtime.faults``).
+    and ``false`` are the old spellings of sleep and none. ``timeout_s``:
+    the runtime's bound on any step. ``fault_tolerance``: heartbeats,
+    replication and re-planning, so a home whose device fails or slows down
+    still answers the round (``ecofl.pipeline.runtime.faults``).
     """
 
     homes: tuple[int, ...] | str = ()

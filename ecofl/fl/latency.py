@@ -47,7 +47,9 @@ class StateSchedule:
     uniformly. States are computed lazily and cached per home.
     """
 
-    def __init__(self, initial: Sequence[int], num_states: Sequence[int], change_prob: float, period_s: float, seed: int):
+    def __init__(
+        self, initial: Sequence[int], num_states: Sequence[int], change_prob: float, period_s: float, seed: int
+    ):
         if not 0.0 <= change_prob <= 1.0:
             raise UserError(f"change_prob must lie in [0, 1], got {change_prob}")
         if not period_s > 0:
