@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from simulations.compare import LABELS, load_sweep, settings_of, time_to_accuracy, varying_keys
+from simulations.compare import load_sweep, setting_label, settings_of, time_to_accuracy, varying_keys
 from simulations.plot import Run
 
 
@@ -108,8 +108,7 @@ def markdown(rows: list[dict], targets: list[float]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for row in rows:
         strategy = row["strategy"]
-        name = row["setting"] if strategy is None else \
-            row["setting"].replace(f"strategy={strategy}", LABELS.get(strategy, strategy))
+        name = row["setting"] if strategy is None else setting_label(row["setting"], strategy)
         cells = [name, str(row["after"]["seeds"]), _pair(row, lambda f: f"{f['late_accuracy']:.3f}"),
                  *(_pair(row, _time(t)) for t in targets), _pair(row, lambda f: f"{f['updates']:.0f}"),
                  _pair(row, lambda f: f"{f['stragglers']:.0f}"), _pair(row, _closes)]

@@ -88,19 +88,40 @@ def time_to_accuracy_table(settings: dict[str, list[Run]], targets: list[float])
     return rows
 
 
+def setting_label(name: str, strategy: str) -> str:
+    """A setting as a reader names it: the strategy's name, then the other values (``FedAT, partition=rlg_iid``)."""
+    rest = other_values(name, strategy)
+    return LABELS.get(strategy, strategy) + (f", {rest}" if rest else "")
+
+
+def other_values(name: str, strategy: str) -> str:
+    """A setting's values other than its strategy (``partition=rlg_iid``), or ``""``."""
+    return ",".join(part for part in name.split(",") if part != f"strategy={strategy}")
+
+
 def plot_mean_curves(settings: dict[str, list[Run]], path: Path, step_s: float = 5.0) -> Path:
-    """Mean accuracy over seeds vs virtual time per setting, with the min-max band over seeds."""
+    """Mean accuracy over seeds vs virtual time per setting, with the min-max band over seeds.
+
+    Settings that differ in more than the strategy (Fig. 8: partition) get one panel per value of the rest.
+    """
     end = max(run.curve()[0].max() for runs in settings.values() for run in runs if run.curve()[0].size)
     grid = np.arange(step_s, end + step_s / 2, step_s)
-    figure, axes = plt.subplots(figsize=(7.5, 4.5))
+    panels: dict[str, dict[str, list[Run]]] = {}
     for name, runs in settings.items():
-        curves = np.stack([accuracy_at(run, grid) for run in runs])
-        label = LABELS.get(runs[0].setting("strategy"), name) + f" ({len(runs)} seeds)"
-        line, = axes.plot(grid, np.nanmean(curves, axis=0), label=label)
-        axes.fill_between(grid, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0), color=line.get_color(),
-                          alpha=0.15, linewidth=0)
-    _accuracy_axes(axes, None)
-    axes.legend(fontsize="small", loc="lower right")
+        panels.setdefault(other_values(name, runs[0].setting("strategy")), {})[name] = runs
+    figure, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.5), squeeze=False)
+    for ax, (title, members) in zip(axes[0], sorted(panels.items())):
+        for runs in members.values():
+            curves = np.stack([accuracy_at(run, grid) for run in runs])
+            evaluated = ~np.isnan(curves).all(axis=0)  # before every seed's first evaluation there is no mean
+            curves, times = curves[:, evaluated], grid[evaluated]
+            label = LABELS.get(runs[0].setting("strategy"), str(runs[0].setting("strategy")))
+            line, = ax.plot(times, np.nanmean(curves, axis=0), label=f"{label} ({len(runs)} seeds)")
+            ax.fill_between(times, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0), color=line.get_color(),
+                            alpha=0.15, linewidth=0)
+        _accuracy_axes(ax, None)
+        ax.set_title(title)
+        ax.legend(fontsize="small", loc="lower right")
     return _save(figure, path)
 
 
@@ -110,8 +131,7 @@ def markdown(rows: list[dict]) -> str:
     for row in rows:
         mean = f"{row['mean_s']:.1f}" if row["mean_s"] is not None else "-"
         ratio = f"{row['ratio_to_ecofl']:.2f}" if row["ratio_to_ecofl"] is not None else "-"
-        name = LABELS.get(row["strategy"], row["setting"])
-        lines.append(f"| {name} | {row['target']:.0%} | {row['reached']} of {row['seeds']} | {mean} | "
+        lines.append(f"| {setting_label(row['setting'], row['strategy'])} | {row['target']:.0%} | {row['reached']} of {row['seeds']} | {mean} | "
                      f"{row['per_seed_s']} | {ratio} |")
     return "\n".join(lines)
 

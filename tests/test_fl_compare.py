@@ -2,9 +2,11 @@
 
 import csv
 import json
+import warnings
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from simulations.before_after import early_closes
 from simulations.before_after import main as before_after_main
@@ -63,6 +65,22 @@ def test_the_command_writes_the_table_and_the_curves(sweep, tmp_path, capsys):
         assert [row["strategy"] for row in csv.DictReader(handle)] == ["ecofl", "fedat"]
     assert (tmp_path / "fig_curves.png").stat().st_size > 0
     assert "| FedAT | 60% | 1 of 2 | 15.0 | 15.0;- | 1.50 |" in capsys.readouterr().out
+
+
+def test_a_sweep_over_partitions_names_each_row_by_strategy_and_partition(tmp_path, capsys):
+    """Fig. 8: strategy x partition; a table row names both, the curves get one panel per partition, and the
+    first evaluation coming after the grid's first point makes no empty mean."""
+    for number, (partition, strategy) in enumerate([("iid", "ecofl"), ("iid", "fedat"), ("niid", "ecofl")]):
+        fake_run(tmp_path / "sweep" / f"{number}_partition={partition},seed=0,strategy={strategy}",
+                 [(12, 0.5), (20, 0.65)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        main([str(tmp_path / "sweep"), "--targets", "0.6", "--out", str(tmp_path / "fig")])
+    out = capsys.readouterr().out
+    assert "| FedAT, partition=iid | 60% | 1 of 1 | 20.0 | 20.0 | 1.00 |" in out
+    assert "| Eco-FL, partition=niid | 60% |" in out
+    width, height = Image.open(tmp_path / "fig_curves.png").size
+    assert width > 1.8 * height  # two panels side by side
 
 
 def test_fig9_averages_each_lambdas_seeds_into_one_point(tmp_path):
