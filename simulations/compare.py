@@ -71,7 +71,8 @@ def settings_of(runs: list[Run], keys: list[str] | None = None) -> dict[str, lis
 
 
 def time_to_accuracy_table(settings: dict[str, list[Run]], targets: list[float]) -> list[dict]:
-    """One row per setting and target: per-seed times, their mean, seeds reaching it, ratio to Eco-FL's mean."""
+    """One row per setting and target: per-seed times, their mean, seeds reaching it, ratio to Eco-FL's mean
+    (on the same values of the other settings; none where the sweep does not vary the strategy)."""
     rows = []
     for target in targets:
         means = {}
@@ -82,9 +83,11 @@ def time_to_accuracy_table(settings: dict[str, list[Run]], targets: list[float])
             rows.append({"setting": name, "strategy": runs[0].setting("strategy"), "target": target,
                          "seeds": len(times), "reached": len(reached), "mean_s": means[name],
                          "per_seed_s": ";".join("-" if t is None else f"{t:.1f}" for t in times)})
-        for row in rows[-len(settings):]:
+        for row in rows[-len(settings):]:  # a ratio between strategies, where the sweep varies the strategy
+            by_strategy = f"strategy={row['strategy']}" in row["setting"].split(",")
             reference = means.get(row["setting"].replace(f"strategy={row['strategy']}", f"strategy={REFERENCE}"))
-            row["ratio_to_ecofl"] = (row["mean_s"] / reference) if row["mean_s"] and reference else None
+            row["ratio_to_ecofl"] = (row["mean_s"] / reference) if by_strategy and row["mean_s"] and reference \
+                else None
     return rows
 
 

@@ -72,6 +72,8 @@ class Run:
 
         Runs of two sweeps written into one directory (``seed=1,2`` added to
         a sweep that ran the default seed) are then compared on equal terms.
+        A config group's value is its option's ``name`` (``strategy`` ->
+        ``ecofl``), as on the command line.
         """
         if key in self.overrides:
             return self.overrides[key]
@@ -80,6 +82,8 @@ class Run:
             if not isinstance(node, dict) or part not in node:
                 return None
             node = node[part]
+        if isinstance(node, dict) and "name" in node:
+            node = node["name"]
         return None if isinstance(node, (dict, list)) else str(node)
 
     def curve(self) -> tuple[np.ndarray, np.ndarray]:

@@ -83,6 +83,21 @@ def test_a_sweep_over_partitions_names_each_row_by_strategy_and_partition(tmp_pa
     assert width > 1.8 * height  # two panels side by side
 
 
+def test_a_sweep_that_keeps_the_strategy_names_it_from_the_config_and_gives_no_ratio_between_strategies(
+        tmp_path, capsys):
+    """Fig. 9: lambda varies, the strategy is the config's (a config group: its option's name)."""
+    for number, lam in enumerate([0, 30]):
+        run = tmp_path / "sweep" / f"{number}_grouping.lambda={lam},seed=0"
+        fake_run(run, [(5, 0.5), (10, 0.65 if lam else 0.55)])
+        (run / ".hydra").mkdir()
+        (run / ".hydra" / "config.yaml").write_text("strategy:\n  name: ecofl\n  mu: 0.05\nseed: 0\n")
+    assert Run.load(tmp_path / "sweep" / "0_grouping.lambda=0,seed=0").setting("strategy") == "ecofl"
+    main([str(tmp_path / "sweep"), "--targets", "0.6", "--out", str(tmp_path / "fig")])
+    out = capsys.readouterr().out
+    assert "| Eco-FL, grouping.lambda=30 | 60% | 1 of 1 | 10.0 | 10.0 | - |" in out
+    assert "| Eco-FL, grouping.lambda=0 | 60% | 0 of 1 | - | - | - |" in out
+
+
 def test_fig9_averages_each_lambdas_seeds_into_one_point(tmp_path):
     """Fig. 9 over seeds: one point per lambda, the mean of its seeds, with their lowest and highest."""
     runs = []
