@@ -107,10 +107,8 @@ def markdown(rows: list[dict], targets: list[float]) -> str:
             "stragglers", "late rounds closed early"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for row in rows:
-        strategy = row["strategy"]
-        name = row["setting"] if strategy is None else setting_label(row["setting"], strategy)
-        cells = [name, str(row["after"]["seeds"]), _pair(row, lambda f: f"{f['late_accuracy']:.3f}"),
-                 *(_pair(row, _time(t)) for t in targets), _pair(row, lambda f: f"{f['updates']:.0f}"),
+        cells = [setting_label(row["setting"], row["strategy"]), str(row["after"]["seeds"]),
+                 _pair(row, lambda f: f"{f['late_accuracy']:.3f}"), *(_pair(row, _time(t)) for t in targets), _pair(row, lambda f: f"{f['updates']:.0f}"),
                  _pair(row, lambda f: f"{f['stragglers']:.0f}"), _pair(row, _closes)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

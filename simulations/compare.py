@@ -91,8 +91,10 @@ def time_to_accuracy_table(settings: dict[str, list[Run]], targets: list[float])
     return rows
 
 
-def setting_label(name: str, strategy: str) -> str:
+def setting_label(name: str, strategy: str | None) -> str:
     """A setting as a reader names it: the strategy's name, then the other values (``FedAT, partition=rlg_iid``)."""
+    if strategy is None:
+        return name
     rest = other_values(name, strategy)
     return LABELS.get(strategy, strategy) + (f", {rest}" if rest else "")
 
@@ -105,20 +107,23 @@ def other_values(name: str, strategy: str) -> str:
 def plot_mean_curves(settings: dict[str, list[Run]], path: Path, step_s: float = 5.0) -> Path:
     """Mean accuracy over seeds vs virtual time per setting, with the min-max band over seeds.
 
-    Settings that differ in more than the strategy (Fig. 8: partition) get one panel per value of the rest.
+    Strategies compared on more than one value of something else (Fig. 8: partition) get one panel per value;
+    otherwise (Fig. 7's strategies, Fig. 9's lambdas) every setting is a line of one panel.
     """
     end = max(run.curve()[0].max() for runs in settings.values() for run in runs if run.curve()[0].size)
     grid = np.arange(step_s, end + step_s / 2, step_s)
+    by_strategy = len({runs[0].setting("strategy") for runs in settings.values()}) > 1
     panels: dict[str, dict[str, list[Run]]] = {}
     for name, runs in settings.items():
-        panels.setdefault(other_values(name, runs[0].setting("strategy")), {})[name] = runs
+        strategy = runs[0].setting("strategy")
+        label = LABELS.get(strategy, str(strategy)) if by_strategy else setting_label(name, strategy)
+        panels.setdefault(other_values(name, strategy) if by_strategy else "", {})[label] = runs
     figure, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.5), squeeze=False)
     for ax, (title, members) in zip(axes[0], sorted(panels.items())):
-        for runs in members.values():
+        for label, runs in members.items():
             curves = np.stack([accuracy_at(run, grid) for run in runs])
             evaluated = ~np.isnan(curves).all(axis=0)  # before every seed's first evaluation there is no mean
             curves, times = curves[:, evaluated], grid[evaluated]
-            label = LABELS.get(runs[0].setting("strategy"), str(runs[0].setting("strategy")))
             line, = ax.plot(times, np.nanmean(curves, axis=0), label=f"{label} ({len(runs)} seeds)")
             ax.fill_between(times, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0), color=line.get_color(),
                             alpha=0.15, linewidth=0)

@@ -96,6 +96,8 @@ def test_a_sweep_that_keeps_the_strategy_names_it_from_the_config_and_gives_no_r
     out = capsys.readouterr().out
     assert "| Eco-FL, grouping.lambda=30 | 60% | 1 of 1 | 10.0 | 10.0 | - |" in out
     assert "| Eco-FL, grouping.lambda=0 | 60% | 0 of 1 | - | - | - |" in out
+    width, height = Image.open(tmp_path / "fig_curves.png").size
+    assert width < 1.8 * height  # the lambdas are lines of one panel
 
 
 def test_fig9_averages_each_lambdas_seeds_into_one_point(tmp_path):
