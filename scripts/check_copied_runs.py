@@ -5,7 +5,8 @@ rule"): a synchronous round with a missing home closes at its deadline, FedAT we
 tier M+1-i by position (it was by the ranks of the counts), and Astraea breaks KL ties within 1e-12 towards the
 lower home id (it took ``argmin``'s pick). A run is unchanged by all three when
 
-1. no round had a straggler or a failed home (every round closed with all its homes under either rule);
+1. no round had a straggler or a failed home (every round closed with all its homes under either rule), by the
+   metrics rows and by ``summary.json``'s totals, which also count rounds that brought no valid reply;
 2. FedAT: at every update, every tier's weight by position equals its weight by rank (the counts recorded in
    ``metrics.json``, one update per row);
 3. Astraea: the mediators formed with the tie rule equal those formed with ``argmin`` (rebuilt from the run's
@@ -13,7 +14,7 @@ lower home id (it took ``argmin``'s pick). A run is unchanged by all three when
 
     .venv/bin/python scripts/check_copied_runs.py docs/results/runs/fig8_niid_200s/*
 
-prints one line per run and exits 1 if any run would change.
+prints one line per run and exits 1 if any run would change (to be made again, not copied).
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def main(runs: list[str]) -> int:
     for run in map(Path, runs):
         rows = [row for row in json.loads((run / "metrics.json").read_text()) if row.get("group") is not None]
         strategy = OmegaConf.load(run / ".hydra" / "config.yaml").strategy.name
-        dropped = sum(row["stragglers"] + row["failed"] for row in rows)
+        summary = json.loads((run / "summary.json").read_text())  # also counts rounds without a valid reply (no row)
+        dropped = max(sum(row["stragglers"] + row["failed"] for row in rows),
+                      summary["stragglers_total"] + summary["failed_total"])
         verdict = [f"{len(rows)} updates, {dropped} stragglers or failed homes"]
         unchanged = dropped == 0
         if strategy == "fedat":

@@ -108,7 +108,8 @@ def markdown(rows: list[dict], targets: list[float]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for row in rows:
         cells = [setting_label(row["setting"], row["strategy"]), str(row["after"]["seeds"]),
-                 _pair(row, lambda f: f"{f['late_accuracy']:.3f}"), *(_pair(row, _time(t)) for t in targets), _pair(row, lambda f: f"{f['updates']:.0f}"),
+                 _pair(row, lambda f: f"{f['late_accuracy']:.3f}"), *(_pair(row, _time(t)) for t in targets),
+                 _pair(row, lambda f: f"{f['updates']:.0f}"),
                  _pair(row, lambda f: f"{f['stragglers']:.0f}"), _pair(row, _closes)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -84,9 +84,10 @@ def time_to_accuracy_table(settings: dict[str, list[Run]], targets: list[float])
                          "seeds": len(times), "reached": len(reached), "mean_s": means[name],
                          "per_seed_s": ";".join("-" if t is None else f"{t:.1f}" for t in times)})
         for row in rows[-len(settings):]:  # a ratio between strategies, where the sweep varies the strategy
-            by_strategy = f"strategy={row['strategy']}" in row["setting"].split(",")
-            reference = means.get(row["setting"].replace(f"strategy={row['strategy']}", f"strategy={REFERENCE}"))
-            row["ratio_to_ecofl"] = (row["mean_s"] / reference) if by_strategy and row["mean_s"] and reference \
+            parts = row["setting"].split(",")
+            own = f"strategy={row['strategy']}"
+            reference = means.get(",".join(f"strategy={REFERENCE}" if p == own else p for p in parts))
+            row["ratio_to_ecofl"] = (row["mean_s"] / reference) if own in parts and row["mean_s"] and reference \
                 else None
     return rows
 
@@ -118,7 +119,7 @@ def plot_mean_curves(settings: dict[str, list[Run]], path: Path, step_s: float =
         strategy = runs[0].setting("strategy")
         label = LABELS.get(strategy, str(strategy)) if by_strategy else setting_label(name, strategy)
         panels.setdefault(other_values(name, strategy) if by_strategy else "", {})[label] = runs
-    figure, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.5), squeeze=False)
+    figure, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.5), squeeze=False, sharey=True)
     for ax, (title, members) in zip(axes[0], sorted(panels.items())):
         for label, runs in members.items():
             curves = np.stack([accuracy_at(run, grid) for run in runs])
@@ -139,7 +140,8 @@ def markdown(rows: list[dict]) -> str:
     for row in rows:
         mean = f"{row['mean_s']:.1f}" if row["mean_s"] is not None else "-"
         ratio = f"{row['ratio_to_ecofl']:.2f}" if row["ratio_to_ecofl"] is not None else "-"
-        lines.append(f"| {setting_label(row['setting'], row['strategy'])} | {row['target']:.0%} | {row['reached']} of {row['seeds']} | {mean} | "
+        lines.append(f"| {setting_label(row['setting'], row['strategy'])} | {row['target']:.0%} | "
+                     f"{row['reached']} of {row['seeds']} | {mean} | "
                      f"{row['per_seed_s']} | {ratio} |")
     return "\n".join(lines)
 

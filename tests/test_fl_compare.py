@@ -10,7 +10,8 @@ from PIL import Image
 
 from simulations.before_after import early_closes
 from simulations.before_after import main as before_after_main
-from simulations.compare import accuracy_at, main, settings_of, time_to_accuracy, time_to_accuracy_table
+from simulations.compare import (accuracy_at, main, setting_label, settings_of, time_to_accuracy,
+                                 time_to_accuracy_table)
 from simulations.plot import Run, over_lambda, plot_lambda
 
 
@@ -70,15 +71,18 @@ def test_the_command_writes_the_table_and_the_curves(sweep, tmp_path, capsys):
 def test_a_sweep_over_partitions_names_each_row_by_strategy_and_partition(tmp_path, capsys):
     """Fig. 8: strategy x partition; a table row names both, the curves get one panel per partition, and the
     first evaluation coming after the grid's first point makes no empty mean."""
-    for number, (partition, strategy) in enumerate([("iid", "ecofl"), ("iid", "fedat"), ("niid", "ecofl")]):
-        fake_run(tmp_path / "sweep" / f"{number}_partition={partition},seed=0,strategy={strategy}",
-                 [(12, 0.5), (20, 0.65)])
+    curves = {("iid", "ecofl"): [(12, 0.5), (20, 0.65)], ("iid", "fedat"): [(12, 0.5), (40, 0.65)],
+              ("niid", "ecofl"): [(5, 0.5), (10, 0.65)], ("niid", "fedat"): [(12, 0.5), (20, 0.65)]}
+    for number, ((partition, strategy), curve) in enumerate(curves.items()):
+        fake_run(tmp_path / "sweep" / f"{number}_partition={partition},seed=0,strategy={strategy}", curve)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         main([str(tmp_path / "sweep"), "--targets", "0.6", "--out", str(tmp_path / "fig")])
     out = capsys.readouterr().out
-    assert "| FedAT, partition=iid | 60% | 1 of 1 | 20.0 | 20.0 | 1.00 |" in out
-    assert "| Eco-FL, partition=niid | 60% |" in out
+    assert "| FedAT, partition=iid | 60% | 1 of 1 | 40.0 | 40.0 | 2.00 |" in out  # against Eco-FL on iid
+    assert "| FedAT, partition=niid | 60% | 1 of 1 | 20.0 | 20.0 | 2.00 |" in out  # ... and on niid
+    assert setting_label("partition=niid,strategy=fedat", "fedat") == "FedAT, partition=niid"
+    assert setting_label("run_7", None) == "run_7"
     width, height = Image.open(tmp_path / "fig_curves.png").size
     assert width > 1.8 * height  # two panels side by side
 
