@@ -214,14 +214,16 @@ def plot_lambda(runs: list[Run], path: Path) -> Path:
         ("mean group round latency (s)", lambda run: run.mean_of("mean_group_latency")),
         ("test accuracy (mean, 2nd half)", Run.late_accuracy),
     ]
-    seeds = max(sum(r.grouping_lambda() == run.grouping_lambda() for r in runs) for run in runs)
+    counts = {sum(r.grouping_lambda() == run.grouping_lambda() for r in runs) for run in runs}
+    seeds, fewest = max(counts), min(counts)
+    described = f"{seeds}" if fewest == seeds else f"{fewest}-{seeds}"  # a sweep still running has fewer somewhere
     figure, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     for ax, (title, value_of) in zip(axes, figures):
         lambdas, means, lows, highs = over_lambda(runs, value_of)
         ax.errorbar(lambdas, means, yerr=[means - lows, highs - means] if seeds > 1 else None, marker="o", capsize=3)
         ax.set_xscale("symlog", linthresh=1.0)  # lambda spans 0 to hundreds
         ax.set_xlabel("lambda")
-        ax.set_title(title + (f"\nmean of {seeds} seeds, bar: lowest to highest" if seeds > 1 else ""))
+        ax.set_title(title + (f"\nmean of {described} seeds, bar: lowest to highest" if seeds > 1 else ""))
         ax.grid(alpha=0.3)
     return _save(figure, path)
 
