@@ -12,6 +12,7 @@ from simulations.before_after import early_closes
 from simulations.before_after import main as before_after_main
 from simulations.compare import (accuracy_at, main, setting_label, settings_of, time_to_accuracy,
                                  time_to_accuracy_table)
+from simulations.lambda_table import main as lambda_table_main
 from simulations.plot import Run, over_lambda, plot_lambda
 
 
@@ -155,3 +156,34 @@ def test_before_after_compares_the_seeds_both_ran_and_counts_late_rounds_closed_
     with open(tmp_path / "fig_before_after.csv") as handle:
         rows = {row["strategy"]: row for row in csv.DictReader(handle)}
     assert rows["fedavg"]["after_early_closes"] == "1" and rows["fedat"]["before_seeds"] == ""
+
+
+def test_the_lambda_table_averages_each_lambdas_seeds_and_says_which_seeds_lack_round_times(tmp_path, capsys):
+    """Fig. 9's table (simulations/lambda_table.py): one row per lambda, numerically ascending, seeds in order."""
+    runs = {  # (lambda, seed): (group JS, group latency, round seconds or None, late-half accuracies, updates)
+        (10, 1): (0.2, 8.0, 6.0, [0.5, 0.6], 100), (10, 0): (0.4, 6.0, None, [0.3, 0.4], 120),
+        (3, 0): (0.5, 5.0, 4.0, [0.2, 0.2], 130)}
+    for number, ((lam, seed), (js, latency, round_s, late, updates)) in enumerate(runs.items()):
+        rows = [{"virtual_time": 10.0, "accuracy": 0.1, "mean_group_js": js, "mean_group_latency": latency}]
+        rows += [{"virtual_time": 20.0 + 10 * i, "accuracy": a} for i, a in enumerate(late)]
+        if round_s is not None:
+            rows[0].update(round_started_s=1.0, round_closed_s=1.0 + round_s)
+        directory = tmp_path / "sweep" / f"{number}_grouping.lambda={lam},seed={seed}"
+        (directory / ".hydra").mkdir(parents=True)
+        (directory / ".hydra" / "config.yaml").write_text(f"grouping:\n  lambda: {lam}\nseed: {seed}\n")
+        (directory / "metrics.json").write_text(json.dumps(rows))
+        (directory / "summary.json").write_text(json.dumps({"updates": updates, "final_accuracy": late[-1],
+                                                             "best_accuracy": max(late)}))
+    lambda_table_main([str(tmp_path / "sweep"), "--targets", "0.5", "--out", str(tmp_path / "fig9")])
+    out = capsys.readouterr().out
+    # lambda 10: seed 0's late accuracy (0.35) comes first; only seed 1 has round times; one seed reaches 0.5 at 20 s
+    row_10 = ("| 10 | 0.300 | 7.00 | 6.00 (1 seed) | 110 | 0.450 ± 0.141 | 0.350, 0.550 | 0.500 | 0.500 "
+              "| 1 of 2, 20.0 |")
+    row_3 = "| 3 | 0.500 | 5.00 | 4.00 | 130 | 0.200 | 0.200 | 0.200 | 0.200 | 0 of 1 |"
+    assert out.index(row_3) < out.index(row_10)
+    assert (tmp_path / "fig9_lambda_table.md").read_text().splitlines()[2:] == [row_3, row_10]
+
+
+def test_the_lambda_table_refuses_a_sweep_without_lambda(sweep):
+    with pytest.raises(SystemExit, match="no grouping.lambda"):
+        lambda_table_main([str(sweep)])
