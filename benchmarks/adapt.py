@@ -232,7 +232,8 @@ def markdown(results: dict, command: str) -> str:
         f"| after, without re-scheduling | {fig['after_without']:.1f} |",
         f"| after, with re-scheduling (full re-plan) | {fig['after_with']:.1f} |",
         "",
-        f"Re-scheduling took {fig['rescheduling_s']:.2f} s (re-plan + migration of {fig['bytes_moved'] / 2**20:.2f} MiB),",
+        f"Re-scheduling took {fig['rescheduling_s']:.2f} s "
+        f"(re-plan + migration of {fig['bytes_moved'] / 2**20:.2f} MiB),",
         f"decided {fig['detected_after_s']:.2f} s after the spike began (two slow sync-rounds in a row).",
         "The paper reports re-scheduling in several seconds.",
         "",
@@ -264,7 +265,8 @@ def markdown(results: dict, command: str) -> str:
         "| event | detected after s | first sync-round completed after s |",
         "|---|---|---|",
         f"| `kill -9` of device 1 | {det['kill']['detected_after_s']:.2f} | {det['kill']['recovered_after_s']:.2f} |",
-        f"| `SIGSTOP` of device 1 | {det['freeze']['detected_after_s']:.2f} | {det['freeze']['recovered_after_s']:.2f} |",
+        f"| `SIGSTOP` of device 1 | {det['freeze']['detected_after_s']:.2f} "
+        f"| {det['freeze']['recovered_after_s']:.2f} |",
         "",
         "A killed device closes its channels and is found at once; a frozen one after the heartbeat silence",
         "(1 s) and an unanswered probe (1 s). FTPipeHD reports recovery in 2.24 s.",

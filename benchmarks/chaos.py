@@ -267,7 +267,8 @@ def markdown(summary: dict, meta: dict) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for key, group in summary["by_group"].items():
-        lines.append(f"| {key} | {group['trials']} | {group['completed']} | {group['exact']} | {group['lost_rounds']} |")
+        lines.append(f"| {key} | {group['trials']} | {group['completed']} | {group['exact']} "
+                     f"| {group['lost_rounds']} |")
     for failure in summary["not_completed"]:
         lines.append(f"\nTrial {failure['trial']} ({failure['label']}) did not complete: {failure['error']}")
     return "\n".join(lines)
@@ -320,7 +321,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     if not records:
         return 130
     summary = summarize(records)
-    meta = {"date": time.strftime("%Y-%m-%d"), "command": "python benchmarks/chaos.py " + " ".join(argv or sys.argv[1:]),
+    meta = {"date": time.strftime("%Y-%m-%d"),
+            "command": "python benchmarks/chaos.py " + " ".join(argv or sys.argv[1:]),
             "minutes": (time.time() - began) / 60, "load": " ".join(f"{v:.1f}" for v in os.getloadavg()),
             "failure_free_train_s": train_s}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,8 @@ def run(seeds: int) -> dict:
         "homes": HOMES, "groups": GROUPS, "round_size": ROUND_SIZE, "seeds": seeds,
         "derived_rt_s": rts,
         "fedat": over_seeds(lambda seed, lat, hists, rt: latency_tiers(range(HOMES), lat, GROUPS, seed)),
-        "astraea": over_seeds(lambda seed, lat, hists, rt: astraea_mediators(range(HOMES), lat, hists, HOMES // GROUPS)),
+        "astraea": over_seeds(
+            lambda seed, lat, hists, rt: astraea_mediators(range(HOMES), lat, hists, HOMES // GROUPS)),
         "settings": [],
     }
     for scale in RT_SCALES:
@@ -162,7 +163,8 @@ def markdown(result: dict) -> str:
         "to uniform labels (lower: more balanced); round: mean expected group round (s).",
         "",
         f"Baselines: FedAT's latency tiers JS {f['mean_js']:.3f} (fastest group {f['fastest_group_js']:.3f}), "
-        f"round {f['mean_round_s']:.2f} s; Astraea's mediators (greedy KL, {HOMES // GROUPS} homes each) JS {a['mean_js']:.3f}, "
+        f"round {f['mean_round_s']:.2f} s; Astraea's mediators (greedy KL, {HOMES // GROUPS} homes each) "
+        f"JS {a['mean_js']:.3f}, "
         f"round {a['mean_round_s']:.2f} s.",
         "",
         f"Eco-FL's turn-taking (the paper's reading) is at least as good on both JS and round time as the "

@@ -22,7 +22,8 @@ def markers(name: str | None = None) -> tuple[str, str]:
 
 
 def replace_section(doc: Path, table: str, name: str | None = None) -> bool:
-    """Replace the text between the section's markers in ``doc`` with ``table``; False when ``doc`` has no such section."""
+    """Replace the text between the section's markers in ``doc`` with ``table``; False when ``doc`` has no such
+    section."""
     start, end = markers(name)
     text = doc.read_text() if doc.exists() else ""
     if start not in text or end not in text:

@@ -280,7 +280,8 @@ def markdown_table2(results: dict) -> str:
         "the bytes autograd saved for the resident forwards), `model` = Asteroid eq. 3 as the planner "
         "budgets it, `RSS` = the worker's measured peak resident set during a sync-round above the process "
         "before any model was built.", "",
-        "| schedule | M | samples/s (pred.) | busy | accounted MiB | model MiB | RSS MiB | resident forwards | load, CPU |",
+        "| schedule | M | samples/s (pred.) | busy | accounted MiB | model MiB | RSS MiB "
+        "| resident forwards | load, CPU |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in part["runs"]:
@@ -293,8 +294,10 @@ def markdown_table2(results: dict) -> str:
         lines.append(
             f"| {name} | {run['M']} | {run['throughput']:.2f} ({run['predicted_throughput']:.2f}) "
             f"| {_per_stage([s['busy_fraction'] for s in stages], '.2f')} "
-            f"| {_mib([s['peak_memory_bytes'] for s in stages])} | {_mib([s['predicted_memory_bytes'] for s in stages])} "
-            f"| {_mib([s['training_rss_bytes'] for s in stages])} | {_per_stage([s['peak_resident'] for s in stages], 'd')} "
+            f"| {_mib([s['peak_memory_bytes'] for s in stages])} "
+            f"| {_mib([s['predicted_memory_bytes'] for s in stages])} "
+            f"| {_mib([s['training_rss_bytes'] for s in stages])} "
+            f"| {_per_stage([s['peak_resident'] for s in stages], 'd')} "
             f"| {run['load_average'][0]:.1f}, {run['cpu_cores_used']:.2f} |")
     return "\n".join(lines + [""])
 

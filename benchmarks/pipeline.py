@@ -121,8 +121,10 @@ def markdown(results: dict) -> str:
         for pool, modes in runs.items():
             for r in modes["host"]:
                 lines.append(
-                    f"| {model} | {pool} | {cell(r['plan_text'])} | {r['sync_round_s']:.3f} | {r['predicted_sync_round_s']:.3f} "
-                    f"| {100 * r['planner_error']:.1f}% | {r['predicted_without_overhead_s']:.3f} | {r['cpu_cores_used']:.2f} "
+                    f"| {model} | {pool} | {cell(r['plan_text'])} | {r['sync_round_s']:.3f} "
+                    f"| {r['predicted_sync_round_s']:.3f} "
+                    f"| {100 * r['planner_error']:.1f}% | {r['predicted_without_overhead_s']:.3f} "
+                    f"| {r['cpu_cores_used']:.2f} "
                     f"| {r['load_average'][0]:.1f} |")
     lines += [
         "",

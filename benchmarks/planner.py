@@ -234,7 +234,8 @@ def transformer_markdown(rows: list[dict], command: str) -> str:
         value = {cut: r[cut]["throughput"] for cut in ("block", "whole_layers", "units")}
         cells = [f"{v:.1f}" if v else "-" for v in value.values()]
         lines.append(f"| {r['pool']} | {r['mbps']} | {r['objective']} | {r['planner']} | " + " | ".join(cells)
-                     + f" | {_ratio(value['units'], value['whole_layers'])} | {_ratio(value['units'], value['block'])} |")
+                     + f" | {_ratio(value['units'], value['whole_layers'])}"
+                       f" | {_ratio(value['units'], value['block'])} |")
     return "\n".join(lines)
 
 
@@ -332,7 +333,8 @@ def markdown(timing: list[dict], throughput: list[dict], transformer: str, comma
     for r in throughput:
         cells = [f"{r[p]:.1f}" if r[p] else "-" for p in ORDER]
         ratios = [f"{_ratio(r[p], r['dp'])}, {_ratio(r[p], r['even'])}" for p in RATIOS]
-        lines.append(f"| {r['model']} ({r['layers']}) | {r['pool']} | {r['mbps']} | " + " | ".join(cells + ratios) + " |")
+        lines.append(f"| {r['model']} ({r['layers']}) | {r['pool']} | {r['mbps']} | "
+                     + " | ".join(cells + ratios) + " |")
     lines += ["", START, transformer, END]
     return "\n".join(lines) + "\n"
 
@@ -358,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             doc.write_text(f"{existing}\n{START}\n{table}\n{END}\n")
         print(table)
         return 0
-    command = "python benchmarks/planner.py" + (f" --granularity {args.granularity}" if args.granularity != "fine" else "")
+    command = "python benchmarks/planner.py" + (f" --granularity {args.granularity}"
+                                                if args.granularity != "fine" else "")
     timing = planning_times(args.cache_dir)
     throughput = throughputs(args.cache_dir, args.granularity)
     transformer = transformer_units(args.cache_dir)

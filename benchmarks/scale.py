@@ -149,10 +149,12 @@ def markdown(result: dict) -> str:
     for p in result["homes"]:
         if "startup_s" not in p:
             lines.append(f"| {p['homes']:,} | | failed (exit {p['exit']}) after {p['seconds']:.0f} s | | | | | | "
-                         f"{p['peak_pss_mb']:.0f} | {p['peak_rss_mb']:.0f} | {p['load_before']:.1f}/{p['load_after']:.1f} |")
+                         f"{p['peak_pss_mb']:.0f} | {p['peak_rss_mb']:.0f} | "
+                         f"{p['load_before']:.1f}/{p['load_after']:.1f} |")
             continue
         lines.append(
-            f"| {p['homes']:,} | {p['homes_answered']:,} | {p['startup_s']:.1f} | {p['startup_ms_per_home']:.2f} | {p['connect_s']:.1f} | "
+            f"| {p['homes']:,} | {p['homes_answered']:,} | {p['startup_s']:.1f} | {p['startup_ms_per_home']:.2f} | "
+            f"{p['connect_s']:.1f} | "
             f"{p['server_s_per_update']:.2f} | {p['evaluation_s_per_update']:.2f} | {p['client_updates_per_s']:.2f} | "
             f"{p['peak_pss_mb']:.0f} | {p['peak_rss_mb']:.0f} | {p['load_before']:.1f}/{p['load_after']:.1f} |")
     points = result["homes"]

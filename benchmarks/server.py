@@ -104,7 +104,8 @@ def throughput_app(exp: Experiment, rounds: int, per_round: int, repeats: int, r
                             "applied": rounds * per_round, "seconds": time.perf_counter() - started})
             for policy in ("fedavg", "ecofl"):
                 config = replace(exp.loop, strategy=policy, max_concurrent=per_round,
-                                 max_updates=rounds * (1 if policy == "fedavg" else per_round // exp.loop.homes_per_round),
+                                 max_updates=rounds * (1 if policy == "fedavg"
+                                                       else per_round // exp.loop.homes_per_round),
                                  eval_every=10**6, seed=repeat, target_accuracy=None)
                 loop = EventLoop(config, transport, range(homes), initial, lambda weights: (0.0, 0.0), progress=False)
                 transport.reset()

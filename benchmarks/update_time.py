@@ -115,7 +115,8 @@ def markdown(result: dict) -> str:
         f"{f['home_training_parallel_per_update_s']:.2f} | | |",
         f"| of it: Flower/Ray transport and scheduling (waiting - parallel training) | "
         f"{f['waiting_for_homes_per_update_s'] - f['home_training_parallel_per_update_s']:.2f} | | |",
-        f"| evaluation (global model, {s['server']['eval_samples']} test images) | {f['evaluation_per_update_s']:.2f} | "
+        f"| evaluation (global model, {s['server']['eval_samples']} test images) | "
+        f"{f['evaluation_per_update_s']:.2f} | "
         f"{o['evaluation_per_update_s']:.2f} | |",
         f"| server loop (dispatch, aggregation, metrics, re-grouping) | {f['server_loop_per_update_s']:.2f} | "
         f"{o['server_loop_per_update_s']:.2f} | |",

@@ -89,7 +89,8 @@ def train_through_pipeline(
     def open_pipeline(size: int) -> HomePipeline:
         pool, profile, plan, limits = home_plan(model.name, tuple(model.input_shape), model.num_classes,
                                                 model.granularity, pool_name, planner, size, mode)
-        return HomePipeline(model, pool, plan, profile=profile, emulate=mode, limits=limits, timeout_s=settings.timeout_s,
+        return HomePipeline(model, pool, plan, profile=profile, emulate=mode, limits=limits,
+                            timeout_s=settings.timeout_s,
                             fault_tolerance=FaultTolerance(planner=planner, heartbeat=SHARED_HOST_HEARTBEAT)
                             if settings.fault_tolerance else None)
 

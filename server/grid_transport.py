@@ -94,7 +94,8 @@ class TransportTimes:
 
 
 class GridTransport:
-    """Reach homes through ``grid``; ``setup_json`` (a :class:`ecofl.fl.federation_setup.FederationSetup`) goes with every message.
+    """Reach homes through ``grid``; ``setup_json`` (a :class:`ecofl.fl.federation_setup.FederationSetup`) goes
+    with every message.
 
     A query waits at most ``query_timeout_s`` for its replies, a training
     task ``reply_timeout_s``. At most ``window`` messages of one exchange are

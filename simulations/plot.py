@@ -1,8 +1,8 @@
 """Plots of simulation runs: one run, or the runs of a Hydra sweep overlaid.
 
-    python -m simulations.plot outputs/2026-01-01/12-00-00_ecofl      # one run -> accuracy.png
-    python -m simulations.plot multirun/2026-01-01/12-00-00           # a sweep -> sweep_accuracy.png,
-                                                                      #   sweep.csv (+ sweep_lambda.png, sweep_seeds.csv)
+    python -m simulations.plot outputs/2026-01-01/12-00-00_ecofl  # one run -> accuracy.png
+    python -m simulations.plot multirun/2026-01-01/12-00-00       # a sweep -> sweep_accuracy.png,
+                                                                  #   sweep.csv (+ sweep_lambda.png, sweep_seeds.csv)
 
 A run directory holds the event loop's ``metrics.json`` and ``summary.json``
 and Hydra's ``.hydra/config.yaml``. A sweep's runs are overlaid as accuracy

@@ -55,7 +55,8 @@ def data(n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def proximal_term(model: torch.nn.Module, reference: list[torch.Tensor], mu: float) -> torch.Tensor:
-    """FedProx's mu/2 ||w - w_ref||^2 as a loss (Li et al.): the reference the closed-form gradient is checked against."""
+    """FedProx's mu/2 ||w - w_ref||^2 as a loss (Li et al.): the reference the closed-form gradient is checked
+    against."""
     return 0.5 * mu * sum(((p - r) ** 2).sum() for p, r in zip(model.parameters(), reference))
 
 

@@ -43,7 +43,8 @@ flower_tools = importlib.util.module_from_spec(_spec)  # deploy_local.sh's helpe
 _spec.loader.exec_module(flower_tools)
 BIN = Path(sys.executable).parent
 
-needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed (apt-get install openssl)")
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None,
+                                   reason="openssl is not installed (apt-get install openssl)")
 needs_flower = pytest.mark.skipif(
     not (BIN / "flower-superlink").exists() or not (BIN / "flower-supernode").exists(),
     reason=f"flower-superlink / flower-supernode not installed next to {sys.executable}",
@@ -64,7 +65,8 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
 
 
 def gen_certs(out_dir: Path, supernodes: int, *extra: str) -> None:
-    subprocess.run(["bash", str(ROOT / "scripts" / "gen_certs.sh"), str(out_dir), "--supernodes", str(supernodes), *extra],
+    subprocess.run(["bash", str(ROOT / "scripts" / "gen_certs.sh"), str(out_dir), "--supernodes", str(supernodes),
+                    *extra],
                    check=True, capture_output=True, text=True, timeout=120)
 
 
@@ -347,5 +349,6 @@ def write_connection(flwr_home: Path, address: str, ca_file: Path) -> None:
     """A `flwr` connection named ``deploy`` (Flower 1.41: $FLWR_HOME/config.toml, not pyproject.toml)."""
     flwr_home.mkdir(parents=True, exist_ok=True)
     (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "deploy"\n\n[superlink.deploy]\naddress = "{address}"\nroot-certificates = "{ca_file}"\n'
+        f'[superlink]\ndefault = "deploy"\n\n[superlink.deploy]\naddress = "{address}"\n'
+        f'root-certificates = "{ca_file}"\n'
     )

@@ -147,7 +147,8 @@ def test_derived_rt_spans_neighbouring_groups_and_leaves_nobody_waiting():
     assert grouping.waiting == ()
     tight = {h: 10.0 * (h % 3) + 0.1 * h for h in range(30)}  # three clusters 10 apart, spread up to 2.9
     assert derive_rt(list(tight.values()), 3, seed=0) == pytest.approx(10.0, abs=0.2)
-    assert derive_rt(list(tight.values()), 1, seed=0) == pytest.approx(max(tight.values()) - np.mean(list(tight.values())))
+    assert derive_rt(list(tight.values()), 1, seed=0) == pytest.approx(
+        max(tight.values()) - np.mean(list(tight.values())))
 
 
 def test_regroup_moves_a_home_that_left_its_range_and_drops_it_when_nothing_fits():

@@ -107,7 +107,8 @@ def test_fedavg_applies_the_weighted_mean_of_one_synchronous_round():
     rows = loop.run()
     assert rows[0]["alpha"] == 1.0 and rows[0]["staleness"] == 1 and rows[0]["virtual_time"] == 5.0
     # the same homes trained by hand from the same start and the same seeds
-    sent = GroupRound(group=0, round=0, dispatch=0, start=0.0, version=0, homes=tuple(range(HOMES)), deadline=None, weights=start)
+    sent = GroupRound(group=0, round=0, dispatch=0, start=0.0, version=0, homes=tuple(range(HOMES)), deadline=None,
+                      weights=start)
     replies = transport.train([loop.task(sent, h) for h in range(HOMES)])
     expected = weighted_mean([r.weights for r in replies], [r.num_samples for r in replies])
     for got, want in zip(loop.global_weights, expected):
@@ -160,7 +161,8 @@ def test_stragglers_beyond_the_deadline_are_left_out():
 
 @pytest.mark.parametrize("strategy", ["ecofl_wo_dg", "fedasync", "fedat", "astraea"])
 def test_every_policy_runs_on_the_one_loop(strategy):
-    config = LoopConfig(strategy=strategy, num_groups=3, homes_per_round=2, max_concurrent=6, max_updates=12, train=TRAIN)
+    config = LoopConfig(strategy=strategy, num_groups=3, homes_per_round=2, max_concurrent=6, max_updates=12,
+                        train=TRAIN)
     loop, _ = make_loop(config)
     rows = loop.run()
     assert len(rows) == 12
@@ -173,7 +175,8 @@ def test_every_policy_runs_on_the_one_loop(strategy):
 
 
 def test_dynamic_latency_moves_homes_between_groups_only_with_regrouping():
-    config = LoopConfig(num_groups=3, homes_per_round=3, max_updates=30, requery_every=2, rt=2.0, train=TRAIN, eval_every=30)
+    config = LoopConfig(num_groups=3, homes_per_round=3, max_updates=30, requery_every=2, rt=2.0, train=TRAIN,
+                        eval_every=30)
     latency = PaperLatency(HOMES, mean_s=10.0, std_s=1.0, seed=0, change_prob=0.5, period_s=5.0)
     dynamic, _ = make_loop(config, latency=latency)
     initial = None
@@ -308,14 +311,16 @@ def test_the_default_deadline_drops_the_baselines_stragglers_too(strategy):
 
 
 def test_virtual_time_limit_and_target_accuracy_stop_the_run(tmp_path):
-    config = LoopConfig(num_groups=3, homes_per_round=3, max_updates=1000, max_virtual_time_s=40.0, eval_every=1000, train=TRAIN)
+    config = LoopConfig(num_groups=3, homes_per_round=3, max_updates=1000, max_virtual_time_s=40.0, eval_every=1000,
+                        train=TRAIN)
     loop, _ = make_loop(config, out_dir=tmp_path)
     rows = loop.run()
     assert loop.stop_reason == "max_virtual_time_s" and rows[-1]["virtual_time"] <= 40.0
     assert rows[-1]["accuracy"] is not None and all(r["accuracy"] is None for r in rows[:-1])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["updates"] == len(rows) and summary["final_accuracy"] == rows[-1]["accuracy"]
-    target, _ = make_loop(LoopConfig(num_groups=3, homes_per_round=3, max_updates=1000, target_accuracy=0.5, train=TRAIN))
+    target, _ = make_loop(LoopConfig(num_groups=3, homes_per_round=3, max_updates=1000, target_accuracy=0.5,
+                                     train=TRAIN))
     rows = target.run()
     assert target.stop_reason == "target_accuracy" and rows[-1]["accuracy"] >= 0.5 > rows[-2]["accuracy"]
     assert target.summary()["time_to_target_s"] == rows[-1]["virtual_time"]

@@ -145,9 +145,11 @@ def test_impossible_requests_are_error_replies():
     partial_with_momentum = train(setup_json(**PIPELINE), 3, {"epochs": 1, "batch_size": 10, "momentum": 0.9})
     assert partial_with_momentum.error.code == protocol.PIPELINE_FAILED
     assert "momentum" in partial_with_momentum.error.reason
-    bad_setup = train(BASE.to_json().replace('"pipeline_home": {}', '"pipeline_home": {"homes": [3], "pool": "mansion"}'),
+    bad_setup = train(BASE.to_json().replace('"pipeline_home": {}',
+                                             '"pipeline_home": {"homes": [3], "pool": "mansion"}'),
                       3, {})
-    assert bad_setup.error.code == protocol.MALFORMED_REQUEST and "unknown pool or device preset 'mansion'" in bad_setup.error.reason
+    assert (bad_setup.error.code == protocol.MALFORMED_REQUEST
+            and "unknown pool or device preset 'mansion'" in bad_setup.error.reason)
     assert worker_processes() == []
 
 

@@ -1,12 +1,18 @@
 """The package's house rules, checked on the source: no import cycle inside ``ecofl/``, no module over 400 lines,
-and the network layer importing nothing of the pipeline."""
+the network layer importing nothing of the pipeline, and no line of the repository's Python over 120 characters."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ecofl"
+ROOT = PACKAGE.parent
+# Where the Python lives when there is no git to ask, and what under it is not source.
+SOURCE_FOLDERS = ("ecofl", "simulations", "server", "client", "benchmarks", "tests", "scripts", "protocol")
+NOT_SOURCE = {".venv", ".flwr", "multirun", "outputs", "__pycache__"}
+MAX_LINE = 120
 
 
 def _modules() -> dict[str, Path]:
@@ -15,6 +21,20 @@ def _modules() -> dict[str, Path]:
         name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
         modules[name.removesuffix(".__init__")] = path
     return modules
+
+
+def _python_files() -> list[Path]:
+    """The git-tracked ``*.py`` files; without git (or a checkout), those under the source folders."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        listed = ""
+    files = [ROOT / name for name in listed.split("\0") if name and (ROOT / name).is_file()]
+    if files:
+        return files
+    return sorted(path for folder in SOURCE_FOLDERS for path in (ROOT / folder).rglob("*.py")
+                  if NOT_SOURCE.isdisjoint(path.relative_to(ROOT).parts))
 
 
 def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
@@ -83,3 +103,14 @@ def test_the_network_layer_imports_nothing_of_the_pipeline():
     leaks = {name: sorted(d for d in deps if d.startswith("ecofl.pipeline"))
              for name, deps in graph.items() if name.startswith("ecofl.net")}
     assert {name: deps for name, deps in leaks.items() if deps} == {}
+
+
+def test_no_line_of_python_is_over_120_characters():
+    """No line of any of the repository's Python files (git-tracked ``*.py``) is longer than 120 characters."""
+    files = _python_files()
+    assert files, "found no Python files to check"
+    long = [f"{path.relative_to(ROOT)}:{number} ({len(line)} characters)"
+            for path in files
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+            if len(line) > MAX_LINE]
+    assert long == [], f"{len(long)} lines over {MAX_LINE} characters:\n" + "\n".join(long)

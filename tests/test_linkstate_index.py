@@ -126,7 +126,8 @@ def test_on_a_flower_with_other_internals_nothing_is_patched_and_the_simulation_
         "from flwr.server.superlink.fleet.vce import vce_api",
         "flowers_sweep = vce_api.add_messages_to_queue",
         "import runpy",  # as `python -m simulations.run` runs it
-        f"sys.argv = ['run', '+experiment=smoke', 'homes=12', 'loop.max_updates=2', 'plot=false', 'hydra.run.dir={tmp_path}']",
+        "sys.argv = ['run', '+experiment=smoke', 'homes=12', 'loop.max_updates=2', 'plot=false', "
+        f"'hydra.run.dir={tmp_path}']",
         "try:",
         "    runpy.run_module('simulations.run', run_name='__main__', alter_sys=True)",
         "except SystemExit as stop:",

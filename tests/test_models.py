@@ -153,8 +153,10 @@ def test_bert_fine_cuts_each_encoder_layer_between_attention_and_mlp(zoo: dict[s
     modules = dict(model.named_modules())
     for i in range(4):  # each unit holds its sub-layer's own modules, with its residual's norm
         attention, feed_forward = units[2 * i][1], units[2 * i + 1][1]
-        assert attention.self_attn is modules[f"encoder{i}.self_attn"] and attention.norm1 is modules[f"encoder{i}.norm1"]
-        assert feed_forward.linear1 is modules[f"encoder{i}.linear1"] and feed_forward.norm2 is modules[f"encoder{i}.norm2"]
+        assert (attention.self_attn is modules[f"encoder{i}.self_attn"]
+                and attention.norm1 is modules[f"encoder{i}.norm1"])
+        assert (feed_forward.linear1 is modules[f"encoder{i}.linear1"]
+                and feed_forward.norm2 is modules[f"encoder{i}.norm2"])
     keys = layer_state_keys(model, [layer for _, layer in named])  # the runtime's ownership: disjoint, complete
     owned = dict(zip((name for name, _ in named), keys))
     assert owned["encoder0[attention]"] and all(k.startswith("encoder0.") for k in owned["encoder0[attention]"])

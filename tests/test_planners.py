@@ -175,7 +175,8 @@ def test_every_plan_covers_the_batch_and_respects_memory(planner):
             continue
         planned += 1
         assert plan.planner == planner and plan.batch_size == 48 and plan.schedule == "1f1b"
-        assert sorted(d for st in plan.stages for d in st.devices) == sorted(set(d for st in plan.stages for d in st.devices))
+        assert (sorted(d for st in plan.stages for d in st.devices)
+                == sorted(set(d for st in plan.stages for d in st.devices)))
         for s, st in enumerate(plan.stages):
             assert 1 <= st.in_flight <= target_in_flight(len(plan.stages), s)
             for d, share in zip(st.devices, st.shares):  # Asteroid eq. 3 per device, as the cost model counts

@@ -28,7 +28,8 @@ def tiny_layers() -> list[nn.Module]:
 def tiny(tmp_path_factory):
     layers = tiny_layers()
     cache = tmp_path_factory.mktemp("profiles")
-    return layers, cache, profile_model(layers, (3, 6, 6), SIZES, name="tiny", warmup=1, repeats=2, cache_dir=str(cache))
+    return layers, cache, profile_model(layers, (3, 6, 6), SIZES, name="tiny", warmup=1, repeats=2,
+                                        cache_dir=str(cache))
 
 
 def table_profile(forward: list[list[float]], sizes: tuple[int, ...]) -> ModelProfile:
@@ -121,7 +122,8 @@ def test_bad_arguments():
 
 
 def assert_same(a: ModelProfile, b: ModelProfile) -> None:
-    assert (a.model, a.layer_names, a.batch_sizes, a.input_bytes) == (b.model, b.layer_names, b.batch_sizes, b.input_bytes)
+    assert ((a.model, a.layer_names, a.batch_sizes, a.input_bytes)
+            == (b.model, b.layer_names, b.batch_sizes, b.input_bytes))
     for name in ("forward_s", "backward_s", "activation_bytes", "gradient_bytes", "stash_bytes",
                  "weight_bytes", "optimizer_bytes", "flops", "optimizer_step_s"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
@@ -139,7 +141,8 @@ def test_transformer_sublayer_units_are_profiled_as_layers(tmp_path):
     attention, mlp = index["encoder0[attention]"], index["encoder0[feed_forward]"]
     assert mlp == attention + 1
     params = dict(model.named_parameters())
-    own = lambda prefix, parts: sum(p.numel() * 4 for n, p in params.items() if n.startswith(prefix) and n.split(".")[1] in parts)  # noqa: E731
+    own = lambda prefix, parts: sum(p.numel() * 4 for n, p in params.items()  # noqa: E731
+                                    if n.startswith(prefix) and n.split(".")[1] in parts)
     assert profile.weight_bytes[attention] == own("encoder0.", {"self_attn", "norm1"})
     assert profile.weight_bytes[mlp] == own("encoder0.", {"linear1", "linear2", "norm2"})
     assert profile.weight_bytes.sum() == sum(p.numel() * 4 for p in params.values())

@@ -92,7 +92,8 @@ def test_peer_without_the_home_secret_is_refused():
     impostor.start(2, ("127.0.0.1", port), b"not the home secret")
     home = HomePipeline(MLP, pool(), PLAN, timeout_s=90, port=port, local_devices=[0, 1], join_timeout_s=10)
     try:
-        with pytest.raises(DeviceUnreachable, match=r"2 \(dev2\) did not join.*claiming device 2 failed authentication"):
+        with pytest.raises(DeviceUnreachable,
+                           match=r"2 \(dev2\) did not join.*claiming device 2 failed authentication"):
             with home:
                 pass
     finally:

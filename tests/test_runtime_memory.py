@@ -93,7 +93,8 @@ def test_4gb_device_runs_out_of_memory_under_gpipe_but_not_1f1b(schedule):
     with HomePipeline(WIDE_MAPS, pool, plan, emulate=True, timeout_s=90) as home:
         pids = list(home.worker_pids.values())
         if schedule == "gpipe":
-            with pytest.raises(EmulatedOOM, match=r"device 1 \(nano-10w\) \(stage 1, gpipe\): 8 resident micro-batches"):
+            with pytest.raises(EmulatedOOM,
+                               match=r"device 1 \(nano-10w\) \(stage 1, gpipe\): 8 resident micro-batches"):
                 home.train(None, x, y, 1, lr=0.1)
         else:
             result = home.train(None, x, y, 1, lr=0.1)

@@ -18,7 +18,8 @@ from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import HomePipeline
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.schedule import ScheduleError
-from pipeline_kit import FAST_HEARTBEAT, PROFILE, THREE_STAGES, WITHOUT_BATCH_NORM, assert_same, data, pool, single_process, train_exactly
+from pipeline_kit import (FAST_HEARTBEAT, PROFILE, THREE_STAGES, WITHOUT_BATCH_NORM, assert_same, data, pool,
+                          single_process, train_exactly)
 
 pytestmark = pytest.mark.timeout(240)
 

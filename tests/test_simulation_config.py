@@ -106,7 +106,8 @@ def fake_run(directory: Path, lam: float, accuracies: list[float], js: float, la
 
 def test_sweep_plots_overlay_runs_and_draw_the_lambda_figure(tmp_path):
     for number, lam in enumerate((0.0, 1.0, 4.0)):
-        fake_run(tmp_path / f"{number}_grouping.lambda={lam}", lam, [0.2, 0.3, 0.4 + lam / 20, 0.6], 0.5 / (1 + lam), 3 + lam)
+        fake_run(tmp_path / f"{number}_grouping.lambda={lam}", lam, [0.2, 0.3, 0.4 + lam / 20, 0.6], 0.5 / (1 + lam),
+                 3 + lam)
     written = {p.name for p in plot_sweep(tmp_path)}
     assert written == {"sweep.csv", "sweep_accuracy.png", "sweep_lambda.png"}
     table = (tmp_path / "sweep.csv").read_text().splitlines()
@@ -182,7 +183,8 @@ def test_a_runs_mean_round_is_from_each_rounds_start_to_its_close(tmp_path):
 
 
 def test_runs_of_the_default_seed_join_a_later_seed_sweep_in_the_same_directory(tmp_path):
-    """``-m strategy=...`` first, ``-m strategy=... seed=1`` into the same directory later: seed 0 comes from the config."""
+    """``-m strategy=...`` first, ``-m strategy=... seed=1`` into the same directory later: seed 0 comes from the
+    config."""
     for number, strategy in enumerate(("ecofl", "fedat")):
         fake_run(tmp_path / f"{number}_strategy={strategy}", 1.0, [0.1, 0.5, 0.5], 0.1, 3.0)
         with open(tmp_path / f"{number}_strategy={strategy}" / ".hydra" / "config.yaml", "a") as config:

@@ -59,7 +59,8 @@ def test_inference_memory_is_weights_plus_in_flight_activations():
     expected = (2000 + 3000) + 5 * (3 * (400 + 200) + max(900 + 300, 20 + 200))
     assert stream_stage_memory_bytes(profile, (1, 2), 5, 3) == expected
     assert stream_stage_memory_bytes(profile, (0, 0), 1, 1) == 1000 + (1000 + 400) + 50 + 400  # the model's input
-    heavier = replace(profile, optimizer_bytes=profile.optimizer_bytes * 100, gradient_bytes=profile.gradient_bytes * 100)
+    heavier = replace(profile, optimizer_bytes=profile.optimizer_bytes * 100,
+                      gradient_bytes=profile.gradient_bytes * 100)
     assert stream_stage_memory_bytes(heavier, (1, 2), 5, 3) == expected  # no optimizer state, no gradients
     assert expected < stage_memory_bytes(profile, (1, 2), 5, 3)  # training keeps grads, optimizer state, stashes
     tables = stage_tables(profile, 5, "inference")  # the planners count the same bytes
@@ -134,7 +135,8 @@ def test_a_replicated_stage_splits_each_micro_batch():
     pool = pool_of((1.0, MB), (1.0, MB), (2.0, MB))
     stages = (StagePlan((0, 0), (0,), (4,), 3), StagePlan((1, 1), (1, 2), (1, 3), 3))
     cost = simulate_stream(Plan("test", stages, 4, 10, schedule="stream"), profile, pool)
-    forwards = {d: {round(e.end - e.start, 9) for e in cost.timeline if e.kind == "F" and e.device == d} for d in (0, 1, 2)}
+    forwards = {d: {round(e.end - e.start, 9) for e in cost.timeline if e.kind == "F" and e.device == d}
+                for d in (0, 1, 2)}
     assert forwards == {0: {0.4}, 1: {0.1}, 2: {0.15}}  # device 2 computes 3 samples at speed 2
     assert cost.stage_memory_bytes[1] == stream_stage_memory_bytes(profile, (1, 1), 3, 3)
 
@@ -230,7 +232,8 @@ def test_pipeedge_leaves_out_a_device_that_would_lower_throughput(slow):
     fast = (1.0, 10 * MB)
     slow_device = (0.02, 10 * MB) if slow == "compute" else (1.0, 0.02 * MB)
     pool = pool_of(fast, slow_device, fast, fast)
-    inference = {name: make_plan(name, profile, pool, 64, objective="inference") for name in ("pipeedge", "ecofl", "even")}
+    inference = {name: make_plan(name, profile, pool, 64, objective="inference")
+                 for name in ("pipeedge", "ecofl", "even")}
     chosen = [stage.devices[0] for stage in inference["pipeedge"].stages]
     assert 1 not in chosen and len(chosen) == 3
     throughput = {name: simulate_stream(plan, profile, pool).throughput for name, plan in inference.items()}

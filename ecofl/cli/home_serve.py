@@ -33,7 +33,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     modes.add_argument("--no-emulation", dest="emulate", action="store_const", const=str(Emulation.NONE),
                        help="the same as --emulate none")
     parser.add_argument("--kernel-links", action="store_true",
-                        help="emulated devices whose links the kernel shapes (namespaces + tc): no pacing in the pipeline")
+                        help="emulated devices whose links the kernel shapes (namespaces + tc): "
+                             "no pacing in the pipeline")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a device may take to join or answer")
     parser.add_argument("--port-file", default=None, help="write the port listened on to this file once ready")
     parser.set_defaults(func=run_serve)

@@ -28,9 +28,11 @@ from ecofl.pools import load_pool, pool_names
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("plan", help="plan a model over a home's devices and predict a sync-round or a stream")
+    parser = subparsers.add_parser("plan",
+                                   help="plan a model over a home's devices and predict a sync-round or a stream")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--pool", required=True, help=f"one of {', '.join(pool_names())}, a pool file (YAML) or presets a,b,c")
+    parser.add_argument("--pool", required=True,
+                        help=f"one of {', '.join(pool_names())}, a pool file (YAML) or presets a,b,c")
     parser.add_argument("--planner", default="ecofl", help=f"one of {', '.join(PLANNERS)}")
     parser.add_argument("--batch", type=int, default=128,
                         help="mini-batch (samples per sync-round); --inference: the samples over which micro-batch "
@@ -39,14 +41,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="plan pipelined inference (forward-only stream) and predict throughput and latency")
     parser.add_argument("--micro-batch", type=int, default=None, help="fix the micro-batch size")
     parser.add_argument("--micro-batch-rule", default=None, choices=("largest", "fastest"),
-                        help="ecofl/pipeedge: fastest estimated round (default) or largest size holding P_s tasks (paper)")
+                        help="ecofl/pipeedge: fastest estimated round (default) "
+                             "or largest size holding P_s tasks (paper)")
     parser.add_argument("--bandwidth", type=float, default=None, help="every link in Mbps (default 100)")
     parser.add_argument("--granularity", default="block", help=f"one of {', '.join(GRANULARITIES)}")
     parser.add_argument("--input-shape", default="3,32,32", help="one sample's C,H,W")
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--cache-dir", default=None, help="profile cache (default ~/.cache/ecofl/profiles)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--gantt", default=None, metavar="FILE", help="write the simulated sync-round (or stream) as PNG")
+    parser.add_argument("--gantt", default=None, metavar="FILE",
+                        help="write the simulated sync-round (or stream) as PNG")
     parser.set_defaults(func=run)
 
 
@@ -64,7 +68,8 @@ def describe(plan: Plan, profile: ModelProfile, pool: HomePool, cost: SyncRoundC
     """The plan and its predicted sync-round as one JSON-ready object."""
     stages = []
     for s, stage in enumerate(plan.stages):
-        times = [sum(stage_compute_s(profile, pool.devices[d], stage.layers, y)) for d, y in zip(stage.devices, stage.shares)]
+        times = [sum(stage_compute_s(profile, pool.devices[d], stage.layers, y))
+                 for d, y in zip(stage.devices, stage.shares)]
         stages.append({**_stage(s, plan, pool, cost.stage_memory_bytes[s]), "stage_time_s": max(times),
                        "busy_fraction": cost.busy_fraction[s]})
     return {
@@ -153,7 +158,8 @@ def _table(report: dict) -> str:
         title = (f"{report['planner']} plan of {report['model']} ({report['num_layers']} layers) on {report['pool']}: "
                  f"mini-batch {report['batch_size']} = {report['num_micro_batches']} x {report['micro_batch']}, "
                  f"planned in {report['planning_s']:.3f} s")
-        summary = f"predicted sync-round {report['sync_round_s']:.3f} s, throughput {report['throughput']:.2f} samples/s"
+        summary = (f"predicted sync-round {report['sync_round_s']:.3f} s, "
+                   f"throughput {report['throughput']:.2f} samples/s")
     return "\n".join([title, *lines, summary])
 
 
@@ -162,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UserError(f"--batch must be positive, got {args.batch}")
     pool = load_pool(args.pool, args.bandwidth)
-    profile = profile_zoo_model(args.model, parse_shape(args.input_shape), args.classes, args.granularity, args.cache_dir)
+    profile = profile_zoo_model(args.model, parse_shape(args.input_shape), args.classes, args.granularity,
+                                args.cache_dir)
     options: dict[str, object] = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
     if args.micro_batch_rule is not None:
         options["micro_batch_rule"] = args.micro_batch_rule

@@ -12,7 +12,8 @@ SECRET_ENV = "ECOFL_HOME_SECRET"  # hex, as the pipeline runtime's workers read 
 
 
 def read_secret(path: str | None = None) -> bytes:
-    """The secret in ``path`` (hex, or raw bytes of 16 or more), else in $ECOFL_HOME_SECRET_FILE or $ECOFL_HOME_SECRET."""
+    """The secret in ``path`` (hex, or raw bytes of 16 or more), else in $ECOFL_HOME_SECRET_FILE or
+    $ECOFL_HOME_SECRET."""
     path = path or os.environ.get(SECRET_FILE_ENV)
     if path:
         try:

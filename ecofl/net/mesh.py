@@ -11,8 +11,9 @@ pair (purpose ``"data epoch E to rank R"``, :mod:`.auth`) before the listener
 hands it to anyone, and continues sealed (:mod:`.sealed`): a stranger who
 reaches the port gets a random challenge and nothing else, and cannot slow
 down the others (the port is a :class:`~.door.Door`: handshakes on threads
-of their own, each with a deadline, bounded in number). Entering a new epoch closes the old epoch's links, which ends any
-wait on a peer that froze or died.
+of their own, each with a deadline, bounded in number). Entering a new epoch
+closes the old epoch's links, which ends any wait on a peer that froze or
+died.
 
 On the mesh, :meth:`EpochMesh.send` / :meth:`EpochMesh.recv` move tagged
 tensors point to point (:mod:`.links`), and :meth:`EpochMesh.all_reduce` sums

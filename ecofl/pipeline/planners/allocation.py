@@ -35,7 +35,8 @@ class RangeTimes:
     ``first[r] .. end[r]-1``.
     """
 
-    def __init__(self, forward: np.ndarray, backward: np.ndarray, first: np.ndarray, end: np.ndarray, speeds: np.ndarray):
+    def __init__(self, forward: np.ndarray, backward: np.ndarray, first: np.ndarray, end: np.ndarray,
+                 speeds: np.ndarray):
         self.forward, self.backward = forward, backward
         self.first, self.end = np.asarray(first)[:, None], np.asarray(end)[:, None]
         self.speeds = np.asarray(speeds, dtype=float)[None, :]

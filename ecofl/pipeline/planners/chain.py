@@ -150,7 +150,8 @@ class StageTimes:
 MICRO_BATCH_RULES = ("largest", "fastest")
 
 
-def round_estimate(tables: StageTables, pool: HomePool, devices: list[int], cuts: list[int], num_micro_batches: int) -> float:
+def round_estimate(tables: StageTables, pool: HomePool, devices: list[int], cuts: list[int],
+                   num_micro_batches: int) -> float:
     """Eco-FL §4.3's sync-round estimate without DDB: M x bottleneck + SSB (eq. 2).
 
     For inference tables the same sum is the time to stream M micro-batches:

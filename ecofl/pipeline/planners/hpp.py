@@ -192,7 +192,8 @@ class HppModel:
         layers = (stage.first, stage.end - 1)
         budgets = [self.pool.devices[d].memory_bytes for d in devices]
         target = self.tables.in_flight_target(r + 1, 0)
-        k = stage_in_flight(self.tables, layers, tuple(int(y) for y in shares[0]), budgets, target, self.num_micro_batches)
+        k = stage_in_flight(self.tables, layers, tuple(int(y) for y in shares[0]), budgets, target,
+                            self.num_micro_batches)
         return StagePlan(layers=layers, devices=devices, shares=tuple(int(y) for y in shares[0]), in_flight=k)
 
 
@@ -249,7 +250,8 @@ def solve(model: HppModel) -> tuple[float, list[Stage]]:
             to_portal = model.portal_s(a, n_dev)[1]
             v = np.maximum(v, (e[:, -1] + m * to_portal)[:, None])
         w = np.maximum(t_a[:, -1], 0.0)[:, None]
-        fronts[(a, 1)] = (v, w, np.full_like(v, -1, dtype=int), np.full_like(v, -1, dtype=int), np.full_like(v, -1, dtype=int))
+        fronts[(a, 1)] = (v, w, np.full_like(v, -1, dtype=int), np.full_like(v, -1, dtype=int),
+                          np.full_like(v, -1, dtype=int))
     for p in range(2, n_dev + 1):
         for a in range(n_dev - p, -1, -1):
             parts_v, parts_w, parts_b, parts_j, parts_k = [], [], [], [], []
@@ -259,7 +261,8 @@ def solve(model: HppModel) -> tuple[float, list[Stage]]:
                 c = c_f + c_b
                 tv, tw = fronts[(b, p - 1)][:2]  # [j, k]
                 head = e[:, :, None]
-                v = np.maximum(np.maximum(tv[None] + head + c[None, :, None], m * head), (m * c + 0.0)[None, :, None] + head)
+                v = np.maximum(np.maximum(tv[None] + head + c[None, :, None], m * head),
+                               (m * c + 0.0)[None, :, None] + head)
                 w = np.maximum(np.maximum(t_a[:, :, None], tw[None] - e_b[:, :, None] - c_b[None, :, None]), 0.0)
                 size = v.shape[0]
                 shape = v.shape
@@ -268,7 +271,8 @@ def solve(model: HppModel) -> tuple[float, list[Stage]]:
                 parts_b.append(np.full(shape, b).reshape(size, -1))
                 parts_j.append(np.broadcast_to(np.arange(shape[1])[None, :, None], shape).reshape(size, -1))
                 parts_k.append(np.broadcast_to(np.arange(shape[2])[None, None, :], shape).reshape(size, -1))
-            fronts[(a, p)] = _pareto(*(np.concatenate(x, axis=1) for x in (parts_v, parts_w, parts_b, parts_j, parts_k)))
+            fronts[(a, p)] = _pareto(*(np.concatenate(x, axis=1)
+                                       for x in (parts_v, parts_w, parts_b, parts_j, parts_k)))
     best, choice = np.inf, None
     to_group = np.array([model.portal_s(0, b)[0] if b else 0.0 for b in range(n_dev + 1)])  # by the head group's end
     for p in range(1, n_dev + 1):

@@ -221,6 +221,7 @@ REQUESTS = MessageSet(Config, Epoch, Setup, Load, Infer, Round, Replicate, Colle
 REPLIES = MessageSet(Ready, Entered, Ok, Loaded, Inferred, Done, Replicated, Weights, State, Reconfigured, Armed,
                      Interrupted, Trapped, Error)
 
-Request = Config | Epoch | Setup | Load | Infer | Round | Replicate | Collect | GetState | Reconfigure | Arm | Abort | Stop
+Request = (Config | Epoch | Setup | Load | Infer | Round | Replicate | Collect | GetState | Reconfigure | Arm
+           | Abort | Stop)
 Reply = (Ready | Entered | Ok | Loaded | Inferred | Done | Replicated | Weights | State | Reconfigured | Armed
          | Interrupted | Trapped | Error)

@@ -119,7 +119,8 @@ class FaultEvent:
     device: int
     round: int
     phase: str | None = None  # where an aimed kill or freeze struck (traps.PHASES)
-    struck_at: float | None = None  # wall-clock time (time.time()) it struck; for a failure found: its last sign of life
+    # wall-clock time (time.time()) it struck; for a failure found: its last sign of life
+    struck_at: float | None = None
     detected_after_s: float | None = None
     resumed_after_s: float | None = None  # until the first sync-round after the recovery started (FTPipeHD's)
     recovered_after_s: float | None = None  # until the first sync-round completed after the recovery

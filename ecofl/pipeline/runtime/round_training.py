@@ -91,7 +91,8 @@ def train_round(open_pipeline: OpenPipeline, weights: Weights, x: torch.Tensor, 
         size, rounds = (batch, config.epochs * full) if rest == 0 else (n, config.epochs)
         segments = [(size, torch.cat(orders), rounds)]
     else:
-        segments = [seg for order in orders for seg in ((batch, order[: full * batch], full), (rest, order[full * batch:], 1))]
+        segments = [seg for order in orders
+                    for seg in ((batch, order[: full * batch], full), (rest, order[full * batch:], 1))]
 
     loss_sum, seen, round_s, recoveries, failures = 0.0, 0, [], 0, 0
     current = list(weights)
