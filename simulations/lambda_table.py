@@ -12,22 +12,28 @@ ascending, also written to ``<out>_lambda_table.md``:
   two terms, from the metrics rows);
 * mean round: a round's measured start to close, averaged over the seeds
   whose rows carry round times (their number is given when some do not);
-* global updates, final and best accuracy: means over seeds;
+* global updates, final and best accuracy (the last and the highest
+  evaluation): means over seeds;
 * late accuracy (the mean of the evaluations in the run's second half): mean
   ± sample standard deviation over seeds, and each seed's, in seed order;
 * per target accuracy: how many seeds reached it, and the mean of their first
   times (as :mod:`simulations.compare`).
+
+``--until S`` cuts every run at virtual second S (the table of a shorter
+run, e.g. to set beside an older sweep of that length) and ``--seeds`` keeps
+only the given seeds.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from simulations.compare import load_sweep, time_to_accuracy
-from simulations.plot import Run
+from simulations.plot import TIME, Run
 
 
 def runs_by_lambda(runs: list[Run]) -> dict[float, list[Run]]:
@@ -52,11 +58,11 @@ def lambda_rows(runs: list[Run], targets: list[float]) -> list[dict]:
             "group_js": float(np.mean([run.mean_of("mean_group_js") for run in seeds])),
             "group_round_s": float(np.mean([run.mean_of("mean_group_latency") for run in seeds])),
             "mean_round_s": float(np.mean(rounds)) if rounds else None, "round_seeds": len(rounds),
-            "updates": float(np.mean([run.summary["updates"] for run in seeds])),
+            "updates": float(np.mean([len(run.rows) for run in seeds])),
             "late_mean": float(late.mean()), "late_std": float(late.std(ddof=1)) if len(late) > 1 else None,
             "late_per_seed": [float(value) for value in late],
-            "final": float(np.mean([run.summary["final_accuracy"] for run in seeds])),
-            "best": float(np.mean([run.summary["best_accuracy"] for run in seeds])),
+            "final": float(np.mean([run.curve()[1][-1] for run in seeds])),
+            "best": float(np.mean([run.curve()[1].max() for run in seeds])),
         }
         for target in targets:
             reached = [t for t in (time_to_accuracy(run, target) for run in seeds) if t is not None]
@@ -64,6 +70,11 @@ def lambda_rows(runs: list[Run], targets: list[float]) -> list[dict]:
             row[f"mean_s_{target:g}"] = float(np.mean(reached)) if reached else None
         rows.append(row)
     return rows
+
+
+def until(run: Run, seconds: float) -> Run:
+    """The run as if it had stopped at virtual second ``seconds``: its updates up to then."""
+    return dataclasses.replace(run, rows=[row for row in run.rows if row[TIME] <= seconds])
 
 
 def markdown(rows: list[dict], targets: list[float]) -> str:
@@ -91,9 +102,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep", type=Path, help="a sweep directory over grouping.lambda (runs under */metrics.json)")
     parser.add_argument("--targets", type=float, nargs="+", default=[0.6, 0.7])
+    parser.add_argument("--until", type=float, default=None, help="cut every run at this virtual second")
+    parser.add_argument("--seeds", nargs="+", default=None, help="only these seeds (default: all)")
     parser.add_argument("--out", type=Path, help="prefix of the Markdown file written (<out>_lambda_table.md)")
     args = parser.parse_args(argv)
-    table = markdown(lambda_rows(load_sweep(args.sweep), args.targets), args.targets)
+    runs = [run for run in load_sweep(args.sweep) if args.seeds is None or run.setting("seed") in args.seeds]
+    if not runs:
+        raise SystemExit(f"no runs of seeds {', '.join(args.seeds)} under {args.sweep}")
+    if args.until is not None:
+        runs = [until(run, args.until) for run in runs]
+    table = markdown(lambda_rows(runs, args.targets), args.targets)
     if args.out is not None:
         path = args.out.parent / f"{args.out.name}_lambda_table.md"
         path.write_text(table + "\n")

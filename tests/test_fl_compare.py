@@ -166,14 +166,14 @@ def test_the_lambda_table_averages_each_lambdas_seeds_and_says_which_seeds_lack_
     for number, ((lam, seed), (js, latency, round_s, late, updates)) in enumerate(runs.items()):
         rows = [{"virtual_time": 10.0, "accuracy": 0.1, "mean_group_js": js, "mean_group_latency": latency}]
         rows += [{"virtual_time": 20.0 + 10 * i, "accuracy": a} for i, a in enumerate(late)]
+        rows += [{"virtual_time": 60.0, "accuracy": None}] * (updates - len(rows))  # updates not evaluated
         if round_s is not None:
             rows[0].update(round_started_s=1.0, round_closed_s=1.0 + round_s)
         directory = tmp_path / "sweep" / f"{number}_grouping.lambda={lam},seed={seed}"
         (directory / ".hydra").mkdir(parents=True)
         (directory / ".hydra" / "config.yaml").write_text(f"grouping:\n  lambda: {lam}\nseed: {seed}\n")
         (directory / "metrics.json").write_text(json.dumps(rows))
-        (directory / "summary.json").write_text(json.dumps({"updates": updates, "final_accuracy": late[-1],
-                                                             "best_accuracy": max(late)}))
+        (directory / "summary.json").write_text("{}")
     lambda_table_main([str(tmp_path / "sweep"), "--targets", "0.5", "--out", str(tmp_path / "fig9")])
     out = capsys.readouterr().out
     # lambda 10: seed 0's late accuracy (0.35) comes first; only seed 1 has round times; one seed reaches 0.5 at 20 s
@@ -187,3 +187,20 @@ def test_the_lambda_table_averages_each_lambdas_seeds_and_says_which_seeds_lack_
 def test_the_lambda_table_refuses_a_sweep_without_lambda(sweep):
     with pytest.raises(SystemExit, match="no grouping.lambda"):
         lambda_table_main([str(sweep)])
+
+
+def test_the_lambda_table_cuts_runs_at_a_virtual_second_and_keeps_the_seeds_asked_for(tmp_path, capsys):
+    """--until S: updates, final and best accuracy as if the runs had stopped at S; --seeds: only those."""
+    for number, seed in enumerate([0, 1]):
+        directory = tmp_path / "sweep" / f"{number}_grouping.lambda=3,seed={seed}"
+        (directory / ".hydra").mkdir(parents=True)
+        (directory / ".hydra" / "config.yaml").write_text(f"grouping:\n  lambda: 3\nseed: {seed}\n")
+        rows = [{"virtual_time": t, "accuracy": a, "mean_group_js": 0.1, "mean_group_latency": 8.0}
+                for t, a in [(10.0, 0.2 + seed / 10), (20.0, 0.6), (30.0, None), (40.0, 0.4)]]
+        (directory / "metrics.json").write_text(json.dumps(rows))
+        (directory / "summary.json").write_text("{}")
+    lambda_table_main([str(tmp_path / "sweep"), "--targets", "0.5", "--until", "30", "--seeds", "0"])
+    # seed 0 up to 30 s: 3 updates, evaluations 0.2 (10 s) and 0.6 (20 s); the second half (>= 10 s) holds both
+    assert "| 3 | 0.100 | 8.00 | - | 3 | 0.400 | 0.400 | 0.600 | 0.600 | 1 of 1, 20.0 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no runs of seeds 7"):
+        lambda_table_main([str(tmp_path / "sweep"), "--seeds", "7"])
