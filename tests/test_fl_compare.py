@@ -158,49 +158,65 @@ def test_before_after_compares_the_seeds_both_ran_and_counts_late_rounds_closed_
     assert rows["fedavg"]["after_early_closes"] == "1" and rows["fedat"]["before_seeds"] == ""
 
 
+def lambda_run(sweep, number, lam, seed, rows):
+    """A Fig. 9 run directory: ``grouping.lambda`` and ``seed`` in its name and config, ``rows`` its metrics."""
+    directory = sweep / f"{number}_grouping.lambda={lam},seed={seed}"
+    (directory / ".hydra").mkdir(parents=True)
+    (directory / ".hydra" / "config.yaml").write_text(f"grouping:\n  lambda: {lam}\nseed: {seed}\n")
+    (directory / "metrics.json").write_text(json.dumps(rows))
+    (directory / "summary.json").write_text("{}")
+    return directory
+
+
 def test_the_lambda_table_averages_each_lambdas_seeds_and_says_which_seeds_lack_round_times(tmp_path, capsys):
-    """Fig. 9's table (simulations/lambda_table.py): one row per lambda, numerically ascending, seeds in order."""
-    runs = {  # (lambda, seed): (group JS, group latency, round seconds or None, late-half accuracies, updates)
-        (10, 1): (0.2, 8.0, 6.0, [0.5, 0.6], 100), (10, 0): (0.4, 6.0, None, [0.3, 0.4], 120),
-        (3, 0): (0.5, 5.0, 4.0, [0.2, 0.2], 130)}
+    """Fig. 9's table (simulations/lambda_table.py): one row per lambda, numerically ascending, seeds numerically
+    ordered; group JS is each run's mean, then the mean over seeds; final is the last evaluation, best the highest."""
+    runs = {  # (lambda, seed): (group JS per row, group latency, round s or None, late-half accuracies, updates)
+        (10, 10): ([0.2], 8.0, 6.0, [0.6, 0.5], 100), (10, 2): ([0.4, 0.4, 0.1], 6.0, None, [0.3, 0.4], 120),
+        (10, 3): ([0.3], 7.0, 5.0, [0.4, 0.4], 110), (3, 0): ([0.5], 5.0, 4.0, [0.2, 0.2], 130)}
     for number, ((lam, seed), (js, latency, round_s, late, updates)) in enumerate(runs.items()):
-        rows = [{"virtual_time": 10.0, "accuracy": 0.1, "mean_group_js": js, "mean_group_latency": latency}]
+        rows = [{"virtual_time": 10.0, "accuracy": 0.1, "mean_group_js": value, "mean_group_latency": latency}
+                for value in js]
         rows += [{"virtual_time": 20.0 + 10 * i, "accuracy": a} for i, a in enumerate(late)]
         rows += [{"virtual_time": 60.0, "accuracy": None}] * (updates - len(rows))  # updates not evaluated
         if round_s is not None:
             rows[0].update(round_started_s=1.0, round_closed_s=1.0 + round_s)
-        directory = tmp_path / "sweep" / f"{number}_grouping.lambda={lam},seed={seed}"
-        (directory / ".hydra").mkdir(parents=True)
-        (directory / ".hydra" / "config.yaml").write_text(f"grouping:\n  lambda: {lam}\nseed: {seed}\n")
-        (directory / "metrics.json").write_text(json.dumps(rows))
-        (directory / "summary.json").write_text("{}")
+        lambda_run(tmp_path / "sweep", number, lam, seed, rows)
     lambda_table_main([str(tmp_path / "sweep"), "--targets", "0.5", "--out", str(tmp_path / "fig9")])
     out = capsys.readouterr().out
-    # lambda 10: seed 0's late accuracy (0.35) comes first; only seed 1 has round times; one seed reaches 0.5 at 20 s
-    row_10 = ("| 10 | 0.300 | 7.00 | 6.00 (1 seed) | 110 | 0.450 ± 0.141 | 0.350, 0.550 | 0.500 | 0.500 "
-              "| 1 of 2, 20.0 |")
-    row_3 = "| 3 | 0.500 | 5.00 | 4.00 | 130 | 0.200 | 0.200 | 0.200 | 0.200 | 0 of 1 |"
+    # lambda 10: JS (0.3 + 0.2 + 0.3) / 3; seeds 2, 3, 10 in that order; seed 2 has no round times; final
+    # (0.4 + 0.4 + 0.5) / 3, best (0.4 + 0.4 + 0.6) / 3; one seed reaches 0.5, at 20 s
+    row_10 = ("| 10 | 0.267 | 7.00 | 5.50 (2 seeds) | 110 | 0.433 ± 0.104 | 2: 0.350, 3: 0.400, 10: 0.550 | 0.433 "
+              "| 0.467 | 1 of 3, 20.0 |")
+    row_3 = "| 3 | 0.500 | 5.00 | 4.00 | 130 | 0.200 | 0: 0.200 | 0.200 | 0.200 | 0 of 1 |"
     assert out.index(row_3) < out.index(row_10)
     assert (tmp_path / "fig9_lambda_table.md").read_text().splitlines()[2:] == [row_3, row_10]
 
 
-def test_the_lambda_table_refuses_a_sweep_without_lambda(sweep):
+def test_the_lambda_table_refuses_runs_it_cannot_place(sweep, tmp_path):
+    """A run without lambda, without an integer seed, or a second run of one lambda and seed: a clear exit."""
     with pytest.raises(SystemExit, match="no grouping.lambda"):
         lambda_table_main([str(sweep)])
+    rows = [{"virtual_time": 5.0, "accuracy": 0.5}]
+    lambda_run(tmp_path / "two", 0, 3, 1, rows)
+    lambda_run(tmp_path / "two", 1, 3, 1, rows)
+    with pytest.raises(SystemExit, match="two runs of lambda 3, seed 1"):
+        lambda_table_main([str(tmp_path / "two")])
+    lambda_run(tmp_path / "unseeded", 0, 3, "null", rows)
+    with pytest.raises(SystemExit, match="no integer seed"):
+        lambda_table_main([str(tmp_path / "unseeded")])
 
 
 def test_the_lambda_table_cuts_runs_at_a_virtual_second_and_keeps_the_seeds_asked_for(tmp_path, capsys):
-    """--until S: updates, final and best accuracy as if the runs had stopped at S; --seeds: only those."""
+    """--until S: the updates and evaluations up to S; --seeds: only those; a run left with no evaluation: "-"."""
     for number, seed in enumerate([0, 1]):
-        directory = tmp_path / "sweep" / f"{number}_grouping.lambda=3,seed={seed}"
-        (directory / ".hydra").mkdir(parents=True)
-        (directory / ".hydra" / "config.yaml").write_text(f"grouping:\n  lambda: 3\nseed: {seed}\n")
-        rows = [{"virtual_time": t, "accuracy": a, "mean_group_js": 0.1, "mean_group_latency": 8.0}
-                for t, a in [(10.0, 0.2 + seed / 10), (20.0, 0.6), (30.0, None), (40.0, 0.4)]]
-        (directory / "metrics.json").write_text(json.dumps(rows))
-        (directory / "summary.json").write_text("{}")
+        lambda_run(tmp_path / "sweep", number, 3, seed,
+                   [{"virtual_time": t, "accuracy": a, "mean_group_js": 0.1, "mean_group_latency": 8.0}
+                    for t, a in [(10.0, 0.2 + seed / 10), (20.0, 0.6), (30.0, None), (40.0, 0.4)]])
     lambda_table_main([str(tmp_path / "sweep"), "--targets", "0.5", "--until", "30", "--seeds", "0"])
     # seed 0 up to 30 s: 3 updates, evaluations 0.2 (10 s) and 0.6 (20 s); the second half (>= 10 s) holds both
-    assert "| 3 | 0.100 | 8.00 | - | 3 | 0.400 | 0.400 | 0.600 | 0.600 | 1 of 1, 20.0 |" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="no runs of seeds 7"):
-        lambda_table_main([str(tmp_path / "sweep"), "--seeds", "7"])
+    assert "| 3 | 0.100 | 8.00 | - | 3 | 0.400 | 0: 0.400 | 0.600 | 0.600 | 1 of 1, 20.0 |" in capsys.readouterr().out
+    lambda_table_main([str(tmp_path / "sweep"), "--targets", "0.5", "--until", "5"])
+    assert "| 3 | - | - | - | 0 | - | 0: -, 1: - | - | - | 0 of 2 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no runs of seed 7"):
+        lambda_table_main([str(tmp_path / "sweep"), "--seeds", "0", "7"])
