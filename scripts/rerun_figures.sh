@@ -3,7 +3,8 @@
 # (docs/results/runs/<figure>_closing_rule/<run>: metrics.json, summary.json, .hydra). A run already archived is
 # skipped, so the script resumes where a stopped one left off; a run with a failed or missing home, or that stopped
 # before its time limit, is tried once more and never archived.
-#   bash scripts/rerun_figures.sh [fig7] [fig8] [fig9]      (default: all three)
+#   bash scripts/rerun_figures.sh [fig7] [fig8] [fig9] [fedat_weights]   (default: the three figures; fedat_weights is
+#   the FedAT ablation beside Fig. 8 on RLG-IID)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export RAY_memory_usage_threshold=0.98  # Ray's memory monitor otherwise kills an actor on this 24 GiB machine
@@ -70,11 +71,18 @@ fig9() {
   done
 }
 
+fedat_weights() {  # the ablation beside Fig. 8 on RLG-IID: FedAT with every tier weighed 1/M
+  for seed in 0 1 2; do
+    run fig8_fedat_equal_weights "${seed}0_partition=rlg_iid,seed=$seed,strategy=fedat_equal_weights" \
+      +experiment=fig8 partition=rlg_iid seed=$seed strategy=fedat_equal_weights
+  done
+}
+
 mkdir -p "$SCRATCH"
 for figure in ${@:-fig7 fig8 fig9}; do
   case $figure in
-    fig7 | fig8 | fig9) "$figure" ;;
-    *) echo "unknown figure: $figure (fig7, fig8 or fig9)" >&2; exit 2 ;;
+    fig7 | fig8 | fig9 | fedat_weights) "$figure" ;;
+    *) echo "unknown figure: $figure (fig7, fig8, fig9 or fedat_weights)" >&2; exit 2 ;;
   esac
 done
 echo "$(date +%T) done"

@@ -30,7 +30,7 @@ from simulations.plot import Run, _accuracy_axes, _save, plt
 
 REFERENCE = "ecofl"
 LABELS = {"ecofl": "Eco-FL", "ecofl_wo_dg": "Eco-FL w/o DG", "fedavg": "FedAvg", "fedasync": "FedAsync",
-          "fedat": "FedAT", "astraea": "Astraea"}
+          "fedat": "FedAT", "astraea": "Astraea", "fedat_equal_weights": "FedAT, equal tier weights"}
 
 
 def time_to_accuracy(run: Run, target: float) -> float | None:

@@ -197,7 +197,7 @@ def test_unknown_strategy_lists_the_valid_ones():
     from ecofl.fl.strategies import POLICIES
 
     assert tuple(POLICIES) == STRATEGIES  # the config checks names without importing the policies
-    with pytest.raises(UserError, match="ecofl, ecofl_wo_dg, fedavg, fedasync, fedat, astraea"):
+    with pytest.raises(UserError, match="ecofl, ecofl_wo_dg, fedavg, fedasync, fedat, astraea, fedat_equal_weights"):
         LoopConfig(strategy="scaffold")
     with pytest.raises(UserError, match="alpha"):
         LoopConfig(alpha=0.0)
@@ -259,6 +259,19 @@ def test_fedat_global_model_is_the_count_weighted_average_of_every_tiers_latest_
     assert rows[2]["alpha"] == pytest.approx(2 / 3)
     # the first update: tier 0 alone is the global model (the tiers without a model are not averaged)
     assert rows[0]["alpha"] == pytest.approx(1.0)
+
+
+def test_fedat_with_equal_weights_averages_every_tiers_latest_model_alike():
+    """The ablation: the same tiers and rounds as FedAT (the scenario above), every tier's latest model weighed 1/M."""
+    latencies = [1.0] * 8 + [2.0] * 8 + [4.0] * 8
+    config = LoopConfig(strategy="fedat_equal_weights", num_groups=3, homes_per_round=2, max_updates=7, train=TRAIN)
+    loop, transport = recorded_loop(config, latencies)
+    rows = loop.run()
+    assert [r["group"] for r in rows] == [0, 0, 1, 0, 0, 1, 2]
+    latest = {row["group"]: round_model(transport, row) for row in rows}
+    for got, a, b, c in zip(loop.global_weights, latest[0], latest[1], latest[2]):
+        np.testing.assert_allclose(got, (a + b + c) / 3, rtol=1e-5, atol=1e-7)
+    assert [r["alpha"] for r in rows] == pytest.approx([1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 1 / 3])
 
 
 @pytest.mark.parametrize("fresh, factor", [(1, 2 ** -0.5), (0, 1.0)])

@@ -13,7 +13,7 @@ from ecofl.errors import UserError
 from ecofl.fl.aggregation import STALENESS_FUNCTIONS
 
 #: The strategies of :mod:`ecofl.fl.strategies` (Eco-FL and the baselines of §6).
-STRATEGIES = ("ecofl", "ecofl_wo_dg", "fedavg", "fedasync", "fedat", "astraea")
+STRATEGIES = ("ecofl", "ecofl_wo_dg", "fedavg", "fedasync", "fedat", "astraea", "fedat_equal_weights")
 #: How long a group round waits for its homes (:meth:`LoopConfig.round_deadline_s`).
 ROUND_DEADLINES = ("rt", "none", "factor")
 

@@ -49,6 +49,7 @@ Notes on the baselines:
   from the current global model; FedAT's staleness function is unused, and
   so is alpha. FedAT's model compression (polyline encoding) is left out: it
   changes bytes on the wire, which the latency models here do not charge.
+  ``fedat_equal_weights`` is an ablation of it with every tier weighed 1/M.
 * **Astraea** (Duan et al., ICCD'19; TPDS'21): mediators formed greedily by
   KL divergence of their label distribution to the uniform one, each up to
   gamma clients (:func:`ecofl.fl.baseline_groupings.astraea_mediators`), with gamma =
@@ -211,6 +212,21 @@ class FedAT(Policy):
         return weighted_mean([group_models[t] for t in tiers], weights), float(weights[tiers.index(group)])
 
 
+class FedATEqualWeights(FedAT):
+    """An ablation, not a paper's baseline: FedAT with every tier's latest model weighed equally, 1/M.
+
+    It separates FedAT's weighting (the least-updated, slowest tier weighs
+    most) from its averaging of tier models of different ages
+    (docs/RESULTS.md, Fig. 8 on RLG-IID).
+    """
+
+    name = "fedat_equal_weights"
+
+    def aggregate(self, global_weights, group, group_model, staleness, updates_per_group, group_models):
+        tiers = sorted(group_models)
+        return weighted_mean([group_models[t] for t in tiers], [1] * len(tiers)), 1.0 / len(tiers)
+
+
 class Astraea(Policy):
     """Astraea's mediators (greedy KL to uniform, capacity gamma), mixed asynchronously like Eco-FL's groups."""
 
@@ -223,7 +239,8 @@ class Astraea(Policy):
 
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (EcoFL, EcoFLWithoutDynamicGrouping, FedAvg, FedAsync, FedAT, Astraea)
+    cls.name: cls for cls in (EcoFL, EcoFLWithoutDynamicGrouping, FedAvg, FedAsync, FedAT, Astraea,
+                              FedATEqualWeights)
 }
 
 
