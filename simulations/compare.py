@@ -3,7 +3,8 @@
     python -m simulations.compare /work/runs/fig7 --targets 0.6 0.7 --out docs/results/fig7
 
 reads a sweep over strategies and seeds (``seed=0,1,2``; each run directory
-as :mod:`simulations.plot` reads it) and writes
+as :mod:`simulations.plot` reads it), or several sweeps as one (an ablation
+beside the figure it belongs to), and writes
 
 * ``<out>_curves.png``: per strategy, the mean over seeds of the global test
   accuracy against virtual time, with the band between the lowest and the
@@ -47,11 +48,14 @@ def accuracy_at(run: Run, grid: np.ndarray) -> np.ndarray:
     return np.where(index >= 0, accuracies[np.clip(index, 0, None)], np.nan) if times.size else grid * np.nan
 
 
-def load_sweep(sweep: Path) -> list[Run]:
-    """Every run under ``sweep`` (its ``*/metrics.json``); a clear exit if there is none."""
-    runs = [Run.load(p.parent) for p in sorted(sweep.glob("*/metrics.json"))]
-    if not runs:
-        raise SystemExit(f"no runs (*/metrics.json) under {sweep}")
+def load_sweep(*sweeps: Path) -> list[Run]:
+    """Every run under each of ``sweeps`` (their ``*/metrics.json``); a clear exit for a directory without any."""
+    runs = []
+    for sweep in sweeps:
+        found = [Run.load(p.parent) for p in sorted(sweep.glob("*/metrics.json"))]
+        if not found:
+            raise SystemExit(f"no runs (*/metrics.json) under {sweep}")
+        runs += found
     return runs
 
 
@@ -148,11 +152,12 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep", type=Path, help="a sweep directory (runs under */metrics.json)")
+    parser.add_argument("sweeps", type=Path, nargs="+", metavar="sweep",
+                        help="sweep directories (runs under */metrics.json), compared as one")
     parser.add_argument("--targets", type=float, nargs="+", default=[0.6, 0.7])
     parser.add_argument("--out", type=Path, required=True, help="prefix of the files written")
     args = parser.parse_args(argv)
-    settings = settings_of(load_sweep(args.sweep))
+    settings = settings_of(load_sweep(*args.sweeps))
     rows = time_to_accuracy_table(settings, args.targets)
     table = args.out.parent / f"{args.out.name}_time_to_accuracy.csv"
     with open(table, "w", newline="") as handle:
