@@ -31,7 +31,7 @@ from simulations.plot import Run, _accuracy_axes, _save, plt
 
 REFERENCE = "ecofl"
 LABELS = {"ecofl": "Eco-FL", "ecofl_wo_dg": "Eco-FL w/o DG", "fedavg": "FedAvg", "fedasync": "FedAsync",
-          "fedat": "FedAT", "astraea": "Astraea", "fedat_equal_weights": "FedAT, equal tier weights"}
+          "fedat": "FedAT", "astraea": "Astraea", "fedat_equal_weights": "FedAT (equal tier weights)"}
 
 
 def time_to_accuracy(run: Run, target: float) -> float | None:
@@ -49,14 +49,15 @@ def accuracy_at(run: Run, grid: np.ndarray) -> np.ndarray:
 
 
 def load_sweep(*sweeps: Path) -> list[Run]:
-    """Every run under each of ``sweeps`` (their ``*/metrics.json``); a clear exit for a directory without any."""
-    runs = []
+    """Every run under each of ``sweeps`` (their ``*/metrics.json``), each once; a clear exit for a directory
+    without any."""
+    found: dict[Path, Run] = {}
     for sweep in sweeps:
-        found = [Run.load(p.parent) for p in sorted(sweep.glob("*/metrics.json"))]
-        if not found:
+        paths = sorted(sweep.glob("*/metrics.json"))
+        if not paths:
             raise SystemExit(f"no runs (*/metrics.json) under {sweep}")
-        runs += found
-    return runs
+        found.update({p.parent.resolve(): Run.load(p.parent) for p in paths if p.parent.resolve() not in found})
+    return list(found.values())
 
 
 def varying_keys(runs: list[Run]) -> list[str]:

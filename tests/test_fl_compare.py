@@ -73,7 +73,9 @@ def test_the_command_compares_several_sweeps_as_one(sweep, tmp_path, capsys):
     """An ablation's runs beside the figure's: one table, its ratio to Eco-FL's mean from the other directory."""
     fake_run(tmp_path / "ablation" / "0_seed=0,strategy=fedat_equal_weights", [(5, 0.5), (20, 0.6)])
     main([str(sweep), str(tmp_path / "ablation"), "--targets", "0.6", "--out", str(tmp_path / "fig")])
-    assert "| FedAT, equal tier weights | 60% | 1 of 1 | 20.0 | 20.0 | 2.00 |" in capsys.readouterr().out
+    assert "| FedAT (equal tier weights) | 60% | 1 of 1 | 20.0 | 20.0 | 2.00 |" in capsys.readouterr().out
+    main([str(sweep), str(sweep), "--targets", "0.6", "--out", str(tmp_path / "fig")])  # a directory given twice
+    assert "| FedAT | 60% | 1 of 2 | 15.0 | 15.0;- | 1.50 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no runs"):
         main([str(sweep), str(tmp_path / "missing"), "--out", str(tmp_path / "fig")])
 

@@ -17,6 +17,7 @@ fedavg       one group                              no         max_concurrent   
 fedasync     every home alone                       no         1 (no deadline)    FedAsync mix, a = alpha s(t - tau)
 fedat        K-means latency tiers                  no         homes_per_round    sum_i T_(M+1-i) / T w_tier_i
 astraea      greedy KL mediators of capacity gamma  no         homes_per_round    FedAsync mix, a = alpha s(t - tau)
+fedat_eq...  K-means latency tiers                  no         homes_per_round    mean of w_tier_i, 1/M each
 ===========  =====================================  =========  =================  ==================================
 
 Every policy with synchronous rounds (all but FedAsync) gets the same round
