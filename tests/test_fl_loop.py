@@ -240,19 +240,25 @@ def round_model(transport, row):
     return weighted_mean([r.weights for r in replies], [r.num_samples for r in replies])
 
 
-def test_fedat_global_model_is_the_count_weighted_average_of_every_tiers_latest_model():
-    """Chai et al. SC'21: after every tier update, w = sum_i T_(M+1-i) / T w_tier_i."""
-    # three tiers of 8 homes answering in 1, 2 and 4 s: by t = 4 s tier 0 has updated 4 times, tier 1
-    # twice and tier 2 once (ties at equal times go to the lower tier), so after the 7th update
-    # T = 7 and the weights are 1/7, 2/7 and 4/7 (the slowest, least-updated tier weighs most)
+def three_tiers(strategy: str):
+    """Three tiers of 8 homes answering in 1, 2 and 4 s, 7 updates: by t = 4 s tier 0 has updated 4 times,
+    tier 1 twice and tier 2 once (ties at equal times go to the lower tier). The rows, the final global
+    model and each tier's last round model."""
     latencies = [1.0] * 8 + [2.0] * 8 + [4.0] * 8
-    config = LoopConfig(strategy="fedat", num_groups=3, homes_per_round=2, max_updates=7, train=TRAIN)
+    config = LoopConfig(strategy=strategy, num_groups=3, homes_per_round=2, max_updates=7, train=TRAIN)
     loop, transport = recorded_loop(config, latencies)
     rows = loop.run()
     assert [r["group"] for r in rows] == [0, 0, 1, 0, 0, 1, 2]
-    latest = {row["group"]: round_model(transport, row) for row in rows}  # each tier's last round
+    latest = {row["group"]: round_model(transport, row) for row in rows}
+    return rows, loop.global_weights, latest
+
+
+def test_fedat_global_model_is_the_count_weighted_average_of_every_tiers_latest_model():
+    """Chai et al. SC'21: after every tier update, w = sum_i T_(M+1-i) / T w_tier_i."""
+    # after the 7th update T = 7 and the weights are 1/7, 2/7 and 4/7 (the slowest, least-updated tier weighs most)
+    rows, global_weights, latest = three_tiers("fedat")
     expected = [(1 * a + 2 * b + 4 * c) / 7 for a, b, c in zip(latest[0], latest[1], latest[2])]
-    for got, want in zip(loop.global_weights, expected):
+    for got, want in zip(global_weights, expected):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     assert rows[-1]["alpha"] == pytest.approx(4 / 7)
     # after the 3rd update (tier 0 twice, tier 1 once): weights 1/3 and 2/3
@@ -262,14 +268,9 @@ def test_fedat_global_model_is_the_count_weighted_average_of_every_tiers_latest_
 
 
 def test_fedat_with_equal_weights_averages_every_tiers_latest_model_alike():
-    """The ablation: the same tiers and rounds as FedAT (the scenario above), every tier's latest model weighed 1/M."""
-    latencies = [1.0] * 8 + [2.0] * 8 + [4.0] * 8
-    config = LoopConfig(strategy="fedat_equal_weights", num_groups=3, homes_per_round=2, max_updates=7, train=TRAIN)
-    loop, transport = recorded_loop(config, latencies)
-    rows = loop.run()
-    assert [r["group"] for r in rows] == [0, 0, 1, 0, 0, 1, 2]
-    latest = {row["group"]: round_model(transport, row) for row in rows}
-    for got, a, b, c in zip(loop.global_weights, latest[0], latest[1], latest[2]):
+    """The ablation: the same tiers and rounds as FedAT, every tier's latest model weighed 1/M."""
+    rows, global_weights, latest = three_tiers("fedat_equal_weights")
+    for got, a, b, c in zip(global_weights, latest[0], latest[1], latest[2]):
         np.testing.assert_allclose(got, (a + b + c) / 3, rtol=1e-5, atol=1e-7)
     assert [r["alpha"] for r in rows] == pytest.approx([1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 1 / 3])
 
