@@ -8,17 +8,17 @@ Everything else (virtual-time order, the sample-weighted mean inside a
 group, FedProx in local training, the round deadline, rejection of bad
 updates, checkpoints) is shared, so the comparison isolates the policy.
 
-===========  =====================================  =========  =================  ==================================
-policy       groups                                 re-groups  homes per round    new global model
-===========  =====================================  =========  =================  ==================================
-ecofl        eq. 4 greedy (latency + labels)        yes        homes_per_round    FedAsync mix, a = alpha s(t - tau)
-ecofl_wo_dg  eq. 4 greedy                           no         homes_per_round    FedAsync mix, a = alpha s(t - tau)
-fedavg       one group                              no         max_concurrent     the round's weighted mean
-fedasync     every home alone                       no         1 (no deadline)    FedAsync mix, a = alpha s(t - tau)
-fedat        K-means latency tiers                  no         homes_per_round    sum_i T_(M+1-i) / T w_tier_i
-astraea      greedy KL mediators of capacity gamma  no         homes_per_round    FedAsync mix, a = alpha s(t - tau)
-fedat_eq...  K-means latency tiers                  no         homes_per_round    mean of w_tier_i, 1/M each
-===========  =====================================  =========  =================  ==================================
+===================  ===================================  =========  ===============  ==================================
+policy               groups                               re-groups  homes per round  new global model
+===================  ===================================  =========  ===============  ==================================
+ecofl                eq. 4 greedy (latency + labels)      yes        homes_per_round  FedAsync mix, a = alpha s(t - tau)
+ecofl_wo_dg          eq. 4 greedy                         no         homes_per_round  FedAsync mix, a = alpha s(t - tau)
+fedavg               one group                            no         max_concurrent   the round's weighted mean
+fedasync             every home alone                     no         1 (no deadline)  FedAsync mix, a = alpha s(t - tau)
+fedat                K-means latency tiers                no         homes_per_round  sum_i T_(M+1-i) / T w_tier_i
+astraea              greedy KL mediators, capacity gamma  no         homes_per_round  FedAsync mix, a = alpha s(t - tau)
+fedat_equal_weights  K-means latency tiers                no         homes_per_round  mean of w_tier_i, 1/M each
+===================  ===================================  =========  ===============  ==================================
 
 Every policy with synchronous rounds (all but FedAsync) gets the same round
 deadline, ``loop.round_deadline`` (:meth:`~ecofl.fl.loop_config.LoopConfig.round_deadline_s`;
