@@ -41,11 +41,11 @@ from simulations.plot import TIME, Run
 
 
 def lambda_of(run: Run) -> float:
-    """The run's ``grouping.lambda`` (its override or its config); a clear exit where it has none."""
-    value = run.setting("grouping.lambda")
+    """The run's ``grouping.lambda`` (:meth:`Run.grouping_lambda`); a clear exit where it has none."""
+    value = run.grouping_lambda()
     if value is None:
         raise SystemExit(f"{run.path}: no grouping.lambda in its overrides or config (is this a Fig. 9 sweep?)")
-    return float(value)
+    return value
 
 
 def seed_of(run: Run) -> int:

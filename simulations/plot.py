@@ -117,7 +117,8 @@ class Run:
         return float(np.mean(values)) if values else float("nan")
 
     def grouping_lambda(self) -> float | None:
-        value = (self.config.get("grouping") or {}).get("lambda")
+        """The run's ``grouping.lambda`` (its override, else its config), or None."""
+        value = self.setting("grouping.lambda")
         return None if value is None else float(value)
 
 

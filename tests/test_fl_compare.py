@@ -204,8 +204,9 @@ def test_the_lambda_table_averages_each_lambdas_seeds_and_says_which_seeds_lack_
     assert (tmp_path / "fig9_lambda_table.md").read_text().splitlines()[2:] == [row_3, row_10]
 
 
-def test_the_lambda_table_refuses_runs_it_cannot_place(sweep, tmp_path):
-    """A run without lambda, without an integer seed, or a second run of one lambda and seed: a clear exit."""
+def test_the_lambda_table_refuses_runs_it_cannot_place(sweep, tmp_path, capsys):
+    """A run without lambda, without an integer seed, or a second run of one lambda and seed: a clear exit (a run
+    whose name alone gives them is placed)."""
     with pytest.raises(SystemExit, match="no grouping.lambda"):
         lambda_table_main([str(sweep)])
     rows = [{"virtual_time": 5.0, "accuracy": 0.5}]
@@ -216,6 +217,11 @@ def test_the_lambda_table_refuses_runs_it_cannot_place(sweep, tmp_path):
     lambda_run(tmp_path / "unseeded", 0, 3, "null", rows)
     with pytest.raises(SystemExit, match="no integer seed"):
         lambda_table_main([str(tmp_path / "unseeded")])
+    overrides_only = lambda_run(tmp_path / "named", 0, 10, 4, rows)  # lambda and seed from the run's name alone
+    (overrides_only / ".hydra" / "config.yaml").unlink()
+    assert Run.load(overrides_only).grouping_lambda() == 10.0  # as plot.py's Fig. 9 figure reads it too
+    lambda_table_main([str(tmp_path / "named"), "--targets", "0.5"])
+    assert "| 10 | - | - | - | 1 | 0.500 | 4: 0.500 | 0.500 | 0.500 | 1 of 1, 5.0 |" in capsys.readouterr().out
 
 
 def test_the_lambda_table_cuts_runs_at_a_virtual_second_and_keeps_the_seeds_asked_for(tmp_path, capsys):
