@@ -54,7 +54,8 @@ from ecofl.fl.loop import EventLoop
 from ecofl.fl.transport import HomeReport, TrainReply, TrainTask
 from server.config import Experiment, experiment
 from server.grid_transport import GridTransport
-from server.server_app import GlobalEvaluator, make_server_app
+from server.evaluation import GlobalEvaluator
+from server.server_app import make_server_app
 
 
 class CountingTransport:

@@ -36,7 +36,7 @@ from client.federation import federation
 from ecofl.fl.inprocess import InProcessTransport
 from ecofl.fl.loop import EventLoop
 from server.config import experiment
-from server.server_app import GlobalEvaluator
+from server.evaluation import GlobalEvaluator
 from simulations.run import simulate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,6 +40,7 @@ from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, Record
 from flwr.clientapp import ClientApp
 
 import protocol
+from client.dispatch_batches import DispatchBatches
 from client.federation import Federation, federation
 from client.pipeline_training import train_through_pipeline
 from ecofl.deploy.home_client import train_at_home
@@ -52,6 +53,7 @@ from ecofl.train import TrainConfig, evaluate, train_local
 from ecofl.weights import get_weights, set_weights
 
 app = ClientApp()
+BATCHES = DispatchBatches()  # this process's dispatch batches (client/dispatch_batches.py)
 
 
 class MalformedRequest(Exception):
@@ -69,9 +71,14 @@ def query(message: Message, context: Context) -> Message:
         return _error(message, err)
     data = fed.home(home)
     latency = fed.latency(home, virtual_time)
+    if latency is None:
+        try:
+            latency = probe_round_s(fed, home, config)
+        except UserError as err:  # simulation.device names a device this process lacks
+            return _error(message, err)
     report = HomeReport(
         home=home,
-        latency_s=probe_round_s(fed, home, config) if latency is None else latency,
+        latency_s=latency,
         label_histogram=data.label_histogram,
         num_samples=len(data.y),
     )
@@ -91,23 +98,24 @@ def train(message: Message, context: Context) -> Message:
         pipeline = PipelineHomeSettings.from_dict(fed.setup.pipeline_home)
     except (MalformedRequest, UserError, ValueError, KeyError, TypeError) as err:
         return _error(message, err)
-    data = fed.home(home)
     if protocol.HOME_SERVICE in context.node_config:
         return _train_at_home_service(message, context, fed, home, get_weights(model), config, virtual_time)
     if pipeline.selects(home):
         return _train_through_pipeline(message, fed, home, pipeline, get_weights(model), config, virtual_time)
-    started = time.perf_counter()
-    result = train_local(model, data.x, data.y, config)
-    measured = time.perf_counter() - started
+    try:
+        update = BATCHES.train(fed, home, get_weights(model), config, protocol.read_batch(config_record))
+    except UserError as err:  # this process cannot train here (simulation.device names a device it lacks)
+        return _error(message, err)
     latency = fed.latency(home, virtual_time)
     reply = TrainReply(
         home=home,
-        weights=get_weights(model),
-        num_samples=result.num_samples,
-        loss=result.loss,
-        latency_s=measured if latency is None else latency,
+        weights=update.weights,
+        num_samples=update.result.num_samples,
+        loss=update.result.loss,
+        latency_s=update.seconds if latency is None else latency,
     )
-    return Message(protocol.reply_content(reply, {"train_s": measured}, worker_node()), reply_to=message)
+    worker = protocol.Worker(worker_node(), fed.device_label, update.batched)
+    return Message(protocol.reply_content(reply, {"train_s": update.seconds}, worker), reply_to=message)
 
 
 def _train_at_home_service(
@@ -133,7 +141,8 @@ def _train_at_home_service(
     metrics = {k: v for k, v in trained.metrics.items() if isinstance(v, (int, float))}
     metrics["home_devices"] = len(trained.devices)
     metrics["train_s"] = measured
-    return Message(protocol.reply_content(reply, metrics, worker_node()), reply_to=message)
+    worker = protocol.Worker(worker_node(), "home service")  # on the devices of a deployed home
+    return Message(protocol.reply_content(reply, metrics, worker), reply_to=message)
 
 
 def _train_through_pipeline(
@@ -161,7 +170,8 @@ def _train_through_pipeline(
         latency_s=trained.train_s if latency is None else latency,
     )
     metrics = {**trained.metrics(), "train_s": trained.train_s}
-    return Message(protocol.reply_content(reply, metrics, worker_node()), reply_to=message)
+    worker = protocol.Worker(worker_node(), "cpu")  # the pipeline runtime's workers train on CPU threads
+    return Message(protocol.reply_content(reply, metrics, worker), reply_to=message)
 
 
 @lru_cache(maxsize=1)
@@ -183,11 +193,11 @@ def probe_round_s(fed: Federation, home: int, config: TrainConfig, probe_batches
     data = fed.home(home)
     batch = config.batch_size
     probe = replace(config, epochs=1)
-    model = fed.new_model()
+    model = fed.new_model().to(fed.device)
     train_local(model, data.x[:batch], data.y[:batch], probe)  # warm-up
     samples = min(len(data.y), probe_batches * batch)
     started = time.perf_counter()
-    train_local(model, data.x[:samples], data.y[:samples], probe)
+    train_local(model, data.x[:samples], data.y[:samples], probe)  # its loss read at the end: the device is done
     per_step = (time.perf_counter() - started) / max(1, math.ceil(samples / batch))
     return per_step * config.epochs * math.ceil(len(data.y) / batch)
 
@@ -199,6 +209,7 @@ def evaluate_home(message: Message, context: Context) -> Message:
         fed, home = _home(message, context)
         model = fed.new_model()
         set_weights(model, message.content[protocol.ARRAYS].to_numpy_ndarrays())
+        model.to(fed.device)
     except (MalformedRequest, UserError, ValueError, KeyError, TypeError) as err:
         return _error(message, err)
     data = fed.home(home)

@@ -19,11 +19,13 @@ reports the wall-clock time its training took instead (a real deployment).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import torch
 
+from ecofl.accelerator import device_label, resolve_device
+from ecofl.batched_training import batching_obstacle
 from ecofl.data import load_dataset
 from ecofl.data.partition import partition
 from ecofl.data.stats import label_histograms
@@ -82,8 +84,26 @@ class Federation:
         return HomeData(home, self.dataset.train.x[index], self.dataset.train.y[index], self.histograms[home])
 
     def new_model(self) -> torch.nn.Module:
+        """A fresh model of the setup, on the CPU."""
         options = self.setup.model.get("options") or {}
         return build_model(self.setup.model["name"], self.dataset.input_shape, self.dataset.num_classes, **options)
+
+    @cached_property
+    def device(self) -> torch.device:
+        """Where this process's homes train: the setup's ``device`` resolved here (a UserError when absent)."""
+        return resolve_device(self.setup.device, "simulation.device")
+
+    @cached_property
+    def device_label(self) -> str:
+        return device_label(self.device)
+
+    @cached_property
+    def batches_homes(self) -> bool:
+        """Whether this process trains a dispatch's homes together: ``batch_homes`` is on, or auto on an
+        accelerator, and the model can be batched exactly (:func:`ecofl.batched_training.batching_obstacle`)."""
+        mode = self.setup.batch_homes
+        wanted = mode == "on" or (mode == "auto" and self.device.type != "cpu")
+        return wanted and batching_obstacle(self.new_model()) is None
 
     def latency(self, home: int, virtual_time: float) -> float | None:
         """The home's response latency at ``virtual_time``, or None when it is measured."""

@@ -57,9 +57,17 @@ def train_local(
     config: TrainConfig,
     reference: list[torch.Tensor] | None = None,
 ) -> TrainResult:
-    """Train ``model`` in place on (x, y); ``reference`` defaults to the starting weights."""
+    """Train ``model`` in place on (x, y); ``reference`` defaults to the starting weights.
+
+    Training runs where the model's parameters are (the CPU or an
+    accelerator); ``x`` and ``y`` are moved there once. The shuffling order
+    comes from a CPU generator seeded with ``config.seed``, so a home draws
+    the same mini-batches on every device.
+    """
     if len(x) != len(y):
         raise ValueError(f"{len(x)} inputs but {len(y)} labels")
+    device = _device_of(model)
+    x, y = x.to(device), y.to(device)
     if reference is None:
         reference = [p.detach().clone() for p in model.parameters()]
     optimizer = torch.optim.SGD(
@@ -68,9 +76,10 @@ def train_local(
     params = list(model.parameters())
     generator = torch.Generator().manual_seed(config.seed)
     model.train()
-    total_loss, seen, steps = 0.0, 0, 0
+    total_loss = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: no sync a step
+    seen, steps = 0, 0
     for _ in range(config.epochs):
-        order = torch.randperm(len(x), generator=generator)
+        order = torch.randperm(len(x), generator=generator).to(device)
         for start in range(0, len(x), config.batch_size):
             batch = order[start : start + config.batch_size]
             total_loss += accumulate_gradients(model, x[batch], y[batch], config.micro_batches) * len(batch)
@@ -80,34 +89,44 @@ def train_local(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             steps += 1
-    return TrainResult(loss=total_loss / max(seen, 1), num_samples=len(x), steps=steps)
+    return TrainResult(loss=total_loss.item() / max(seen, 1), num_samples=len(x), steps=steps)
 
 
-def accumulate_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int) -> float:
+def accumulate_gradients(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int
+) -> torch.Tensor:
     """Backward of the mini-batch mean loss as ``micro_batches`` accumulated micro-batch backwards.
 
     Each micro-batch's summed loss is divided by the mini-batch size, so the
     accumulated gradient equals the full mini-batch's (for models without
     batch-norm; with batch-norm the statistics are per micro-batch, as in a
-    pipeline). Returns the mean loss of the mini-batch.
+    pipeline). Returns the mean loss of the mini-batch, a float64 scalar on the model's device (read it with
+    ``.item()``; reading it every step would wait for an accelerator every step).
     """
-    total = 0.0
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
     for x_micro, y_micro in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
         loss = F.cross_entropy(model(x_micro), y_micro, reduction="sum") / len(x)
         loss.backward()
-        total += loss.item()
+        total += loss.detach().double()
     return total
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> EvalResult:
-    """Mean cross-entropy and accuracy of ``model`` on (x, y)."""
+    """Mean cross-entropy and accuracy of ``model`` on (x, y), computed where the model's parameters are."""
     model.eval()
-    loss, correct = 0.0, 0
+    device = _device_of(model)
+    loss = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.long, device=device)
     for start in range(0, len(x), batch_size):
-        logits = model(x[start : start + batch_size])
-        target = y[start : start + batch_size]
-        loss += F.cross_entropy(logits, target, reduction="sum").item()
-        correct += (logits.argmax(dim=1) == target).sum().item()
+        logits = model(x[start : start + batch_size].to(device))
+        target = y[start : start + batch_size].to(device)
+        loss += F.cross_entropy(logits, target, reduction="sum").double()
+        correct += (logits.argmax(dim=1) == target).sum()
     n = max(len(x), 1)
-    return EvalResult(loss=loss / n, accuracy=correct / n, num_samples=len(x))
+    return EvalResult(loss=loss.item() / n, accuracy=correct.item() / n, num_samples=len(x))
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    """Where ``model``'s parameters live (the CPU for a model without any)."""
+    return next(model.parameters(), torch.empty(0)).device

@@ -16,12 +16,16 @@ query      ``config``: setup, virtual_time             ``metrics``: partition-id
 train      ``arrays``: global model; ``config``:       ``arrays``: trained model; ``metrics``:
            setup, virtual_time, and the training       partition-id, num-examples, loss, latency_s,
            hyper-parameters (epochs, batch_size, lr,   train_s (pipeline homes: pipeline_train_s,
-           mu, seed)                                   ...); ``worker``: node (where it ran)
+           mu, seed); batch, batch_homes,              ...); ``worker``: node, device, batched
+           batch_seeds when the dispatch may train     (where and how it ran)
+           together
 evaluate   ``arrays``; ``config``: setup               ``metrics``: num-examples, loss, accuracy
 =========  ==========================================  =============================================
 
 A task's routing (group, round, dispatch, version: ``ecofl.fl.transport.Route``)
-stays with the task on the server; only the virtual time travels.
+stays with the task on the server; only the virtual time travels, and, when
+``simulation.batch_homes`` allows it, the homes and seeds of the task's
+:class:`~ecofl.fl.dispatch_batch.DispatchBatch` (``client.dispatch_batches``).
 ``setup`` is the JSON of :class:`ecofl.fl.federation_setup.FederationSetup`. A home that cannot
 serve a request answers with a Flower ``Error`` (code
 :data:`MALFORMED_REQUEST`, or :data:`PIPELINE_FAILED` when its pipeline
@@ -31,10 +35,12 @@ runtime failed) whose reason says why, instead of crashing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from ecofl.fl.dispatch_batch import DispatchBatch
 from ecofl.fl.transport import HomeReport, TrainReply, Weights
 
 ARRAYS = "arrays"
@@ -49,8 +55,11 @@ PIPELINE_FAILED = 500  # the home's pipeline runtime could not train (client.pip
 #: home's secret. With them the ClientApp trains through the home service instead of in its own process.
 HOME_SERVICE = "home-service"
 HOME_SECRET_FILE = "home-secret-file"
-#: The reply's record naming where the home ran (``node``: the Ray node of a simulated home, else the host).
+#: The reply's record naming where the home ran (``node``: the Ray node of a simulated home, else the host;
+#: ``device``: what it trained on, e.g. "cpu" or "cuda:0 NVIDIA H200"; ``batched``: trained with its dispatch).
 WORKER = "worker"
+#: Train-config keys of a task's dispatch batch (:class:`~ecofl.fl.dispatch_batch.DispatchBatch`).
+BATCH_ID, BATCH_HOMES, BATCH_SEEDS = "batch", "batch_homes", "batch_seeds"
 
 
 def config_record(values: Mapping[str, object]) -> ConfigRecord:
@@ -65,10 +74,28 @@ def query_content(setup_json: str, virtual_time: float, train: Mapping[str, obje
     return RecordDict({CONFIG: config_record(values)})
 
 
-def train_content(weights: Weights, train: Mapping[str, object], virtual_time: float, setup_json: str) -> RecordDict:
-    """A training task: the global model, the hyper-parameters and the virtual time the round was sent at."""
+def train_content(
+    weights: Weights, train: Mapping[str, object], virtual_time: float, setup_json: str,
+    batch: DispatchBatch | None = None,
+) -> RecordDict:
+    """A training task: the global model, the hyper-parameters, the virtual time the round was sent at, and
+    the dispatch batch it may train with."""
     values = {**train, SETUP: setup_json, "virtual_time": float(virtual_time)}
+    if batch is not None:
+        values.update({BATCH_ID: batch.id, BATCH_HOMES: list(batch.homes), BATCH_SEEDS: list(batch.seeds)})
     return RecordDict({ARRAYS: ArrayRecord(list(weights)), CONFIG: config_record(values)})
+
+
+def read_batch(config: ConfigRecord) -> DispatchBatch | None:
+    """The dispatch batch a train config names, or None (none named, or malformed: the home trains alone)."""
+    if BATCH_ID not in config:
+        return None
+    try:
+        homes = tuple(int(h) for h in config[BATCH_HOMES])
+        seeds = tuple(int(s) for s in config[BATCH_SEEDS])
+        return DispatchBatch(str(config[BATCH_ID]), homes, seeds)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def evaluate_content(weights: Weights, setup_json: str) -> RecordDict:
@@ -92,10 +119,10 @@ def report_content(report: HomeReport) -> RecordDict:
 
 
 def reply_content(
-    reply: TrainReply, extra_metrics: Mapping[str, int | float] | None = None, worker_node: str | None = None
+    reply: TrainReply, extra_metrics: Mapping[str, int | float] | None = None, worker: Worker | None = None
 ) -> RecordDict:
     """A home's trained weights and what it measured (``extra_metrics``: e.g. the pipeline's times,
-    ``train_s``), and the node it ran on."""
+    ``train_s``), and where it ran."""
     metrics = MetricRecord(
         {
             **dict(extra_metrics or {}),
@@ -106,18 +133,33 @@ def reply_content(
         }
     )
     content = RecordDict({ARRAYS: ArrayRecord(list(reply.weights or [])), METRICS: metrics})
-    if worker_node is not None:
-        content[WORKER] = ConfigRecord({"node": worker_node})
+    if worker is not None:
+        content[WORKER] = ConfigRecord({"node": worker.node, "device": worker.device, "batched": worker.batched})
     return content
 
 
-def read_worker(message: Message) -> tuple[str, float]:
-    """(node, training seconds) a train reply reports; ``("?", 0.0)`` for what it leaves out."""
-    worker = message.content.config_records.get(WORKER)
+@dataclass(frozen=True)
+class Worker:
+    """Where a home trained: the node, the device (e.g. ``"cpu"``, ``"cuda:0 NVIDIA H200"``), with its dispatch
+    or alone; and the training seconds it measured."""
+
+    node: str = "?"
+    device: str = "?"
+    batched: bool = False
+    train_s: float = 0.0
+
+
+def read_worker(message: Message) -> Worker:
+    """The :class:`Worker` a train reply reports; ``"?"``, False and 0 for what it leaves out."""
+    record = message.content.config_records.get(WORKER) or ConfigRecord()
     metrics = message.content.metric_records.get(METRICS)
-    node = str(worker["node"]) if worker is not None and "node" in worker else "?"
     train_s = metrics.get("train_s", 0.0) if metrics is not None else 0.0
-    return node, float(train_s) if isinstance(train_s, (int, float)) else 0.0
+    return Worker(
+        node=str(record.get("node", "?")),
+        device=str(record.get("device", "?")),
+        batched=record.get("batched") is True,
+        train_s=float(train_s) if isinstance(train_s, (int, float)) else 0.0,
+    )
 
 
 def read_report(message: Message) -> HomeReport:

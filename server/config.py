@@ -6,7 +6,9 @@ settings; :func:`experiment` turns either into the pieces the apps need: the
 :class:`~ecofl.fl.federation_setup.FederationSetup` every home receives, the event loop's
 :class:`~ecofl.fl.loop_config.LoopConfig` and the server's own settings. Missing
 keys take the defaults below (TOML has no null: in the run config an empty
-string stands for it); an unknown key is an error naming the valid ones.
+string stands for it); an unknown key is an error naming the valid ones. Flower is imported only to
+read its run config, so the in-process simulation runs where Flower is not
+installed.
 """
 
 from __future__ import annotations
@@ -15,17 +17,17 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from flwr.common.config import unflatten_dict
-
+from ecofl.accelerator import check_device_spec
 from ecofl.data import load_dataset
 from ecofl.errors import UserError
-from ecofl.fl.federation_setup import FederationSetup, pipeline_home_dict
+from ecofl.fl.federation_setup import FederationSetup, check_batch_homes, pipeline_home_dict
 from ecofl.fl.latency import pipeline_pool_states
 from ecofl.fl.loop_config import LoopConfig, loop_config_fields
 from ecofl.fl.pipeline_rounds import pipeline_round_times
 from ecofl.models import build_model
-from server.grid_transport import SILENT_HOMES
 
+#: What to do when homes stay silent through the connect phase (``server.grid_transport``).
+SILENT_HOMES = ("continue", "stop")
 #: The ``strategy`` and ``grouping`` sections' keys, and the LoopConfig field each sets.
 STRATEGY_FIELDS = {"name": "strategy", "alpha": "alpha", "staleness": "staleness",
                    "staleness_a": "staleness_a", "staleness_b": "staleness_b"}
@@ -39,7 +41,7 @@ STRATEGY_KEYS = tuple(STRATEGY_FIELDS)
 GROUPING_KEYS = tuple(GROUPING_FIELDS)
 SERVER_KEYS = ("eval_samples", "connect_timeout_s", "query_timeout_s", "reply_timeout_s", "silent_homes",
                "messages_in_flight")
-SIMULATION_KEYS = ("actors", "cpus_per_actor", "gpus_per_actor", "address")
+SIMULATION_KEYS = ("actors", "cpus_per_actor", "gpus_per_actor", "address", "device", "batch_homes")
 
 
 @dataclass(frozen=True)
@@ -70,16 +72,47 @@ class SimulationSettings:
     that cluster instead, and Flower starts as many actors as the cluster's
     nodes have room for (``actors`` is then not used). Each actor takes
     ``cpus_per_actor`` CPUs and ``gpus_per_actor`` GPUs of its node.
+
+    ``device`` is where homes train (:mod:`ecofl.accelerator`: ``auto``,
+    ``cpu``, ``cuda``, ``cuda:N``) and ``batch_homes`` whether a dispatch's
+    homes train as one computation (``auto``: on an accelerator; ``on``;
+    ``off``). :meth:`actor_layout` turns them into the actors' resources.
     """
 
     actors: int = 2  # homes training at the same time on a private instance (one per actor)
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
     address: str | None = None  # a running Ray cluster to join (HOST:PORT); None: a private instance
+    device: str = "auto"
+    batch_homes: str = "auto"
 
     def __post_init__(self) -> None:
         if self.actors < 1 or not self.cpus_per_actor > 0 or self.gpus_per_actor < 0:
             raise ValueError(f"simulation needs actors >= 1, cpus_per_actor > 0 and gpus_per_actor >= 0: {self}")
+        object.__setattr__(self, "batch_homes", _on_off(self.batch_homes))
+        check_device_spec(self.device, "simulation.device")
+        check_batch_homes(self.batch_homes)
+
+    def actor_layout(self, gpus: int) -> SimulationSettings:
+        """These settings for a machine whose homes train on ``gpus`` GPUs (0: on the CPU), on a private instance.
+
+        * Homes batched (``batch_homes`` on, or auto on GPUs): one actor per
+          GPU, or one actor on the CPU, with every CPU of the actors it
+          replaces; it trains each dispatch's homes together
+          (``client/dispatch_batches.py``).
+        * Homes on GPUs, one at a time, ``gpus_per_actor`` left at 0: the
+          actors share the GPUs (``gpus / actors`` each).
+        * Otherwise unchanged. A joined cluster (``address``) is never changed.
+        """
+        if self.address:
+            return self
+        cpus = self.actors * self.cpus_per_actor
+        if self.batch_homes == "on" or (self.batch_homes == "auto" and gpus):
+            actors = max(1, gpus)
+            return replace(self, actors=actors, cpus_per_actor=cpus / actors, gpus_per_actor=1.0 if gpus else 0.0)
+        if gpus and self.gpus_per_actor == 0:
+            return replace(self, gpus_per_actor=gpus / self.actors)
+        return self
 
     def backend_config(self) -> dict:
         """``run_simulation``'s backend config: the actors' resources and ``ray.init``'s arguments.
@@ -96,10 +129,15 @@ class SimulationSettings:
             "init_args": {
                 "address": "local",
                 "num_cpus": max(1, round(self.actors * self.cpus_per_actor)),
-                "num_gpus": math.ceil(self.actors * self.gpus_per_actor),
+                "num_gpus": math.ceil(self.actors * self.gpus_per_actor - 1e-9),
                 "include_dashboard": False,
             },
         }
+
+
+def _on_off(value: object) -> object:
+    """YAML 1.1 and TOML booleans as the words ``on`` and ``off`` (``batch_homes: on`` may arrive as True)."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 @dataclass(frozen=True)
@@ -120,6 +158,7 @@ def experiment(cfg: Mapping) -> Experiment:
     strategy = _section(cfg, "strategy", STRATEGY_KEYS)
     grouping = _section(cfg, "grouping", GROUPING_KEYS)
     loop = _section(cfg, "loop", LOOP_KEYS)
+    simulation_section = _section(cfg, "simulation", SIMULATION_KEYS)
     latency = dict(cfg.get("latency") or {})
     if latency:
         latency.update(num_homes=homes, seed=seed)
@@ -133,7 +172,12 @@ def experiment(cfg: Mapping) -> Experiment:
         latency=latency,
         seed=seed,
         pipeline_home=pipeline_home_dict(cfg.get("pipeline_home")),
+        device=str(simulation_section.get("device", "auto")),
+        batch_homes=str(_on_off(simulation_section.get("batch_homes", "auto"))),
     )
+    if not latency and setup.batch_homes == "auto":  # the wall clock: each home's own training time is measured
+        setup = replace(setup, batch_homes="off")
+        simulation_section["batch_homes"] = "off"
     loop_values = {
         **{STRATEGY_FIELDS[k]: v for k, v in strategy.items()},
         **{GROUPING_FIELDS[k]: v for k, v in grouping.items()},
@@ -144,14 +188,21 @@ def experiment(cfg: Mapping) -> Experiment:
     try:
         loop_config = LoopConfig(**loop_values)
         server = ServerSettings(**_section(cfg, "server", SERVER_KEYS))
-        simulation = SimulationSettings(**_section(cfg, "simulation", SIMULATION_KEYS))
+        simulation = SimulationSettings(**simulation_section)
+    except UserError:
+        raise
     except (TypeError, ValueError) as err:
         raise UserError(f"invalid experiment settings: {err}") from err
+    if simulation.batch_homes == "on" and not latency:
+        raise UserError("simulation.batch_homes=on needs a latency model (the virtual clock): without one a home's "
+                        "measured training time is its latency; use batch_homes=auto or off with latency=measured")
     return Experiment(setup, loop_config, server, simulation, cfg.get("out_dir"), cfg.get("resume"))
 
 
 def experiment_from_run_config(run_config: Mapping) -> Experiment:
     """Flower's flat run config (``train.lr = 0.05`` ...) as an :class:`Experiment`; ``""`` is null."""
+    from flwr.common.config import unflatten_dict  # this module is Flower-free otherwise (server/evaluation.py)
+
     return experiment(unflatten_dict({k: (None if v == "" else v) for k, v in run_config.items()}))
 
 

@@ -11,6 +11,13 @@ with an error comes back as ``TrainReply.error``. ``submit`` pushes and
 returns; ``collect`` polls for whatever has arrived since (the wall clock's
 arrival order).
 
+**Dispatch batches.** With ``batch_homes``, every training message of a
+``train`` call names the homes and seeds it may train with
+(:func:`ecofl.fl.dispatch_batch.dispatch_batches`): whichever process gets
+the first of them trains the batch as one computation
+(``client/dispatch_batches.py``). Only ``train`` (the virtual clock) sends
+batches: on the wall clock a home's training time is its latency.
+
 **Scale** (``docs/scale.md``). Every exchange keeps at most ``window``
 messages in flight and pushes the next ones as replies come in, so what the
 server polls, and what Flower's state holds, does not grow with the number
@@ -34,6 +41,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -45,14 +53,14 @@ from flwr.serverapp import Grid
 
 import protocol
 from ecofl.errors import UserError
+from ecofl.fl.dispatch_batch import DispatchBatch, dispatch_batches
 from ecofl.fl.transport import HomeReport, RunStopped, TrainReply, TrainTask
+from server.config import SILENT_HOMES
 
 log = logging.getLogger(__name__)
 
 Key = TypeVar("Key")
 
-#: What to do when homes stay silent through the connect phase.
-SILENT_HOMES = ("continue", "stop")
 #: After a poll that took t seconds, wait at least this many times t before the next.
 POLL_PAUSE_FACTOR = 4.0
 #: Seconds between two progress lines of the connect phase.
@@ -84,13 +92,22 @@ class TransportTimes:
     home_train_s: float = 0.0
     first_train_at: float | None = None  # time.monotonic() when the first training round was pushed
     replies_by_node: Counter = field(default_factory=Counter)
+    replies_by_device: Counter = field(default_factory=Counter)  # what the homes trained on ("cpu", "cuda:0 ...")
+    batched_replies: int = 0  # homes trained together with their dispatch batch
 
     def to_json(self) -> dict:
         """The times and counts (not ``first_train_at``, a clock reading meaningless outside this process)."""
         data = asdict(self)
         del data["first_train_at"]
         data["replies_by_node"] = dict(self.replies_by_node)
+        data["replies_by_device"] = dict(self.replies_by_device)
         return data
+
+    def placement(self) -> dict:
+        """``summary.json``'s ``device`` (what the homes trained on; several joined by ", ") and ``batch_homes``
+        (whether homes were trained with their dispatch batches); None before any home trained."""
+        devices = sorted(self.replies_by_device)
+        return {"device": ", ".join(devices) if devices else None, "batch_homes": self.batched_replies > 0}
 
 
 class GridTransport:
@@ -116,6 +133,7 @@ class GridTransport:
         silent_homes: str = "continue",
         train_config: dict | None = None,
         stop: threading.Event | None = None,
+        batch_homes: bool = False,
     ) -> None:
         if silent_homes not in SILENT_HOMES:
             raise UserError(f"silent_homes must be one of {', '.join(SILENT_HOMES)}, got {silent_homes!r}")
@@ -131,6 +149,8 @@ class GridTransport:
         self.silent_homes = silent_homes
         self.stop = stop or threading.Event()
         self.train_config = dict(train_config or {})  # sent with queries: homes without a latency model probe
+        self.batch_homes = batch_homes
+        self._run_token = uuid.uuid4().hex[:12]  # batch ids are unique within the run (and across runs)
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self.times = TransportTimes()
         self._profiled: dict[int, HomeReport] = {}  # what connect learned at virtual time 0
@@ -230,7 +250,9 @@ class GridTransport:
         if self.times.first_train_at is None:
             self.times.first_train_at = started
         deadline = started + self.reply_timeout_s
-        messages = {task.home: message for task, message in self._train_messages(tasks, ttl=self.reply_timeout_s)}
+        batches = dispatch_batches(tasks, f"{self._run_token}.{self.times.train_calls}") if self.batch_homes else {}
+        messages = {task.home: message
+                    for task, message in self._train_messages(tasks, ttl=self.reply_timeout_s, batches=batches)}
         replies = self._exchange(list(messages), messages.__getitem__, deadline)
         self.times.train_calls += 1
         self.times.train_wall_s += time.monotonic() - started
@@ -287,13 +309,16 @@ class GridTransport:
             self._sleep(max(self.poll_interval_s, POLL_PAUSE_FACTOR * polled))
         return []
 
-    def _train_messages(self, tasks: Sequence[TrainTask], ttl: float) -> list[tuple[TrainTask, Message]]:
+    def _train_messages(
+        self, tasks: Sequence[TrainTask], ttl: float, batches: dict[int, DispatchBatch] | None = None
+    ) -> list[tuple[TrainTask, Message]]:
         messages = []
         for task in tasks:
             if task.home not in self.node_of:
                 log.warning("home %d is not connected; its task is dropped", task.home)
                 continue
-            content = protocol.train_content(task.weights, task.train, task.route.virtual_time, self.setup_json)
+            batch = (batches or {}).get(task.home)
+            content = protocol.train_content(task.weights, task.train, task.route.virtual_time, self.setup_json, batch)
             message = Message(content, self.node_of[task.home], MessageType.TRAIN, ttl=max(ttl, 1.0),
                               group_id=str(task.route.round))
             messages.append((task, message))
@@ -304,9 +329,11 @@ class GridTransport:
         if reply.has_error():
             return
         self.times.train_replies += 1
-        node, train_s = protocol.read_worker(reply)
-        self.times.replies_by_node[node] += 1
-        self.times.home_train_s += train_s
+        worker = protocol.read_worker(reply)
+        self.times.replies_by_node[worker.node] += 1
+        self.times.replies_by_device[worker.device] += 1
+        self.times.batched_replies += worker.batched
+        self.times.home_train_s += worker.train_s
 
     def _exchange(
         self, keys: Sequence[Key], make: Callable[[Key], Message], deadline: float, progress: str | None = None

@@ -24,53 +24,25 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from ecofl.batched_training import batching_obstacle
 from ecofl.data import load_dataset
 from ecofl.fl.checkpoint import GLOBAL_MODEL
 from ecofl.fl.clock import VirtualClock, WallClock
 from ecofl.fl.loop import EventLoop
 from ecofl.fl.metrics import write_json
 from ecofl.models import build_model
-from ecofl.train import evaluate
-from ecofl.weights import Weights, get_weights, save_weights, set_weights
+from ecofl.weights import save_weights
 from server.config import Experiment, experiment_from_run_config, with_pipeline_rounds
+from server.evaluation import GlobalEvaluator
 from server.grid_transport import GridTransport
 from server.linkstate_index import index_messages_by_node
 
 log = logging.getLogger(__name__)
 
 DEFAULT_OUT_DIR = "outputs/flwr"
-
-
-class GlobalEvaluator:
-    """Test loss and accuracy of global weights on the (seeded subset of the) test split."""
-
-    def __init__(self, exp: Experiment) -> None:
-        dataset = load_dataset(**exp.setup.dataset)
-        x, y = dataset.test.x, dataset.test.y
-        samples = exp.server.eval_samples
-        if samples is not None and samples < len(y):
-            keep = torch.randperm(len(y), generator=torch.Generator().manual_seed(exp.setup.seed))[:samples]
-            x, y = x[keep], y[keep]
-        self.x, self.y = x, y
-        options = exp.setup.model.get("options") or {}
-        torch.manual_seed(exp.setup.seed)
-        self.model = build_model(exp.setup.model["name"], dataset.input_shape, dataset.num_classes, **options)
-        self.seconds = 0.0  # wall seconds spent evaluating
-
-    def initial_weights(self) -> Weights:
-        """The seeded initial global model."""
-        return get_weights(self.model)
-
-    def __call__(self, weights: Weights) -> tuple[float, float]:
-        started = time.perf_counter()
-        set_weights(self.model, weights)
-        result = evaluate(self.model, self.x, self.y)
-        self.seconds += time.perf_counter() - started
-        return result.loss, result.accuracy
 
 
 def run_server(
@@ -93,17 +65,19 @@ def run_server(
         grid, exp.setup.to_json(), exp.setup.num_homes,
         query_timeout_s=exp.server.query_timeout_s, reply_timeout_s=exp.server.reply_timeout_s,
         window=exp.server.messages_in_flight, silent_homes=exp.server.silent_homes,
-        train_config=exp.loop.train, stop=stop,
+        train_config=exp.loop.train, stop=stop, batch_homes=sends_batches(exp),
     )
+    placement = transport.times.placement
     try:
         transport.connect(exp.server.connect_timeout_s)
         if exp.resume:
-            loop = EventLoop.resume(exp.resume, transport, evaluator, out_dir=out_dir, progress=progress)
+            loop = EventLoop.resume(exp.resume, transport, evaluator, out_dir=out_dir, progress=progress,
+                                    placement=placement)
         else:
             clock = VirtualClock() if exp.setup.latency else WallClock()
             loop = EventLoop(
                 exp.loop, transport, range(exp.setup.num_homes), evaluator.initial_weights(), evaluator,
-                clock=clock, out_dir=out_dir, progress=progress,
+                clock=clock, out_dir=out_dir, progress=progress, placement=placement,
             )
         records = loop.run()
         save_weights(out_dir / GLOBAL_MODEL, loop.global_weights)  # for `ecofl home infer --checkpoint OUT_DIR`
@@ -111,6 +85,21 @@ def run_server(
         write_timing(out_dir, started_at, transport, evaluator)
     log.info("%d global updates; metrics and the global model in %s", len(records), out_dir)
     return records
+
+
+def sends_batches(exp: Experiment) -> bool:
+    """Whether training messages name their dispatch batches: ``batch_homes`` not off, and a model that can be
+    batched exactly (else the run says once that its homes train one at a time)."""
+    if exp.setup.batch_homes == "off":
+        return False
+    dataset = load_dataset(**exp.setup.dataset)
+    model = build_model(exp.setup.model["name"], dataset.input_shape, dataset.num_classes,
+                        **(exp.setup.model.get("options") or {}))
+    obstacle = batching_obstacle(model)
+    if obstacle is not None:
+        log.warning("simulation.batch_homes=%s: %s cannot be trained batched exactly (%s); homes train one at a "
+                    "time", exp.setup.batch_homes, exp.setup.model["name"], obstacle)
+    return obstacle is None
 
 
 def write_timing(out_dir: Path, started_at: float, transport: GridTransport, evaluator: GlobalEvaluator) -> None:

@@ -24,18 +24,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
+import torch
 from flwr.simulation import run_simulation
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from client.client_app import app as client_app
+from ecofl.accelerator import device_label, resolve_device
 from ecofl.data import load_dataset
 from ecofl.data.partition import check_partition
 from ecofl.errors import UserError
 from ecofl.fl.stop_rules import STOPPED
 from ecofl.fl.transport import RunStopped
 from ecofl.interrupt import INTERRUPTED_EXIT
-from server.config import Experiment, experiment
+from server.config import Experiment, SimulationSettings, experiment
 from server.linkstate_index import index_messages_by_node
 from server.server_app import make_server_app
 from simulations.plot import plot_run
@@ -72,14 +74,18 @@ def stop_on_interrupt(stop: threading.Event) -> Iterator[None]:
 def simulate(exp: Experiment, out_dir: Path, progress: bool = True) -> dict:
     """Run ``exp`` with Flower's simulation engine; returns ``summary.json``.
 
-    The dataset is loaded and the partition checked here first, and a Ray
-    cluster to join (``simulation.address``) must answer, so these are clear
-    errors before Ray starts. A private Ray instance is shut down by Flower
+    The device is resolved, the dataset loaded and the partition checked
+    here first, and a Ray cluster to join (``simulation.address``) must
+    answer, so these are clear errors before Ray starts
+    (``simulation.device=cuda`` without a GPU is one of them). The actors'
+    resources follow from where the homes train
+    (:meth:`~server.config.SimulationSettings.actor_layout`). A private Ray instance is shut down by Flower
     when the run ends, also when the ServerApp fails (whose exception
     ``run_simulation`` re-raises) or is stopped by Ctrl-C
     (:func:`stop_on_interrupt`); a joined cluster keeps running.
     """
     started_at = time.monotonic()
+    simulation = actor_layout(exp)
     dataset = load_dataset(**exp.setup.dataset)
     check_partition(len(dataset.train), exp.setup.num_homes, exp.setup.partition)
     if exp.simulation.address:
@@ -91,9 +97,30 @@ def simulate(exp: Experiment, out_dir: Path, progress: bool = True) -> dict:
             server_app=make_server_app(exp, out_dir, progress, stop, started_at),
             client_app=client_app,
             num_supernodes=exp.setup.num_homes,
-            backend_config=exp.simulation.backend_config(),
+            backend_config=simulation.backend_config(),
         )
     return json.loads((out_dir / "summary.json").read_text())
+
+
+def actor_layout(exp: Experiment) -> SimulationSettings:
+    """The simulation's actors for the device the homes train on here (a UserError naming a missing one).
+
+    Ray gives each actor the GPUs it reserves, and an actor sees them from
+    ``cuda:0``: a simulation names no other index (``CUDA_VISIBLE_DEVICES``
+    chooses the GPUs Ray may use).
+    """
+    spec = exp.simulation.device
+    if spec.startswith("cuda:") and spec != "cuda:0":
+        raise UserError(f"simulation.device={spec}: Ray gives each actor its own GPU, seen as cuda:0; use cuda "
+                        f"or auto, with CUDA_VISIBLE_DEVICES={spec[5:]} to pick the GPU")
+    device = resolve_device(spec, "simulation.device")
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    simulation = exp.simulation.actor_layout(gpus)
+    batched = exp.setup.batch_homes == "on" or (exp.setup.batch_homes == "auto" and gpus > 0)
+    log.info("homes train on %s%s; %d actor(s), each with %g CPU(s) and %g GPU(s)", device_label(device),
+             ", the homes of a dispatch together" if batched else "", simulation.actors,
+             simulation.cpus_per_actor, simulation.gpus_per_actor)
+    return simulation
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

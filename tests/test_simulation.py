@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from client.federation import federation
 from ecofl.fl.inprocess import InProcessTransport
 from ecofl.fl.loop import EventLoop
 from server.config import experiment
-from server.server_app import GlobalEvaluator
+from server.evaluation import GlobalEvaluator
 from simulations.run import simulate
 from processes import processes_matching
 
@@ -153,3 +154,40 @@ def test_flwr_run_uses_pyproject_defaults_and_fails_visibly(tmp_path):
     assert "finished:failed" in failed.stdout
     time.sleep(1)
     assert not processes_matching("--port 39191", "127.0.0.1:39191")
+
+
+def hydra_run(tmp_path: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simulations.run", *overrides, f"hydra.run.dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_homes_batched_or_one_at_a_time_give_the_same_run(tmp_path):
+    """The smoke experiment with batch_homes on and off (CPU): same groups, update times and stragglers, and the
+    same accuracies within 0.01 (IID homes and 5 epochs, so that the accuracy moves); summary.json says where the
+    homes trained and whether they were batched."""
+    learning = ("partition=iid", "train.epochs=5", "train.momentum=0.5", "loop.max_updates=8",
+                "loop.target_accuracy=null")
+    runs = {}
+    for mode in ("on", "off"):
+        done = hydra_run(tmp_path / mode, "+experiment=smoke", *learning, f"simulation.batch_homes={mode}",
+                         "simulation.device=cpu")
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        summary = json.loads((tmp_path / mode / "summary.json").read_text())
+        assert summary["device"] == "cpu" and summary["batch_homes"] is (mode == "on")
+        assert summary["updates"] == 8 and summary["failed_total"] == 0
+        runs[mode] = json.loads((tmp_path / mode / "metrics.json").read_text())
+    for on, off in zip(runs["on"], runs["off"], strict=True):
+        for key in ("update", "virtual_time", "group", "homes", "stragglers", "group_sizes", "waiting"):
+            assert on[key] == off[key], key
+        assert on["accuracy"] == pytest.approx(off["accuracy"], abs=0.01)
+    assert max(r["accuracy"] for r in runs["on"]) > 0.3  # it learned: the comparison means something
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_without_a_gpu_is_one_line_and_nothing_starts(tmp_path):
+    done = hydra_run(tmp_path / "run", "+experiment=smoke", "simulation.device=cuda", timeout=120)
+    assert done.returncode != 0
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(errors) == 1 and "simulation.device=cuda" in errors[0] and "CUDA" in errors[0], errors
+    assert "Traceback" not in done.stderr and not (tmp_path / "run" / "summary.json").exists()

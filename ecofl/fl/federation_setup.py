@@ -21,8 +21,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from ecofl.pools import load_pool
+from ecofl.accelerator import check_device_spec
 from ecofl.errors import UserError
+from ecofl.pools import load_pool
 from ecofl.fl.latency import PipelineLatency
 from ecofl.pipeline.planners import check_planner
 
@@ -37,7 +38,11 @@ class FederationSetup:
     ``options`` (``conf/model``), ``latency`` the latency model's config
     (``conf/latency``; empty: measured wall-clock time), ``pipeline_home``
     which homes train through the real pipeline runtime instead of in one
-    process (:class:`PipelineHomeSettings`; empty: none).
+    process (:class:`PipelineHomeSettings`; empty: none). ``device`` is where a
+    home's ClientApp trains (:mod:`ecofl.accelerator`; ``auto``: the
+    accelerator its process was given, else the CPU) and ``batch_homes``
+    whether the homes of one dispatch train as one computation
+    (:data:`BATCH_HOMES`; :mod:`client.dispatch_batches`).
     """
 
     num_homes: int = 300
@@ -47,6 +52,8 @@ class FederationSetup:
     latency: dict = field(default_factory=dict)
     seed: int = 0
     pipeline_home: dict = field(default_factory=dict)
+    device: str = "auto"
+    batch_homes: str = "auto"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -60,9 +67,23 @@ class FederationSetup:
                 raise ValueError(f"num_homes must be a positive integer, got {setup.num_homes!r}")
             if "name" not in setup.dataset or "scheme" not in setup.partition or "name" not in setup.model:
                 raise ValueError("dataset and model need a name, partition a scheme")
+            check_device_spec(setup.device, "simulation.device")
+            check_batch_homes(setup.batch_homes)
             return setup
         except (TypeError, ValueError, AttributeError) as err:
             raise UserError(f"malformed home setup {text!r}: {err}") from err
+
+
+#: ``batch_homes``: ``on`` trains the homes of a dispatch together wherever the model allows it, ``off`` never,
+#: ``auto`` where they train on an accelerator (on a CPU one home at a time is faster: docs/sim_speed.md).
+BATCH_HOMES = ("auto", "on", "off")
+
+
+def check_batch_homes(value: object) -> str:
+    """``value`` when it is one of :data:`BATCH_HOMES`, else a UserError naming them."""
+    if value not in BATCH_HOMES:
+        raise UserError(f"simulation.batch_homes must be one of {', '.join(BATCH_HOMES)}, got {value!r}")
+    return str(value)
 
 
 #: Keys of the ``pipeline_home`` config section.

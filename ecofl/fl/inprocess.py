@@ -8,6 +8,13 @@ ClientApp does, minus Flower. For the wall clock, ``submit`` and ``collect``
 emulate that latency in real time: a task's reply is due its latency after it
 was submitted, and ``collect`` trains and returns the tasks that are due.
 
+Homes train on ``device``; with ``batch_homes`` the homes of one ``train``
+call that share a model and settings (:mod:`ecofl.fl.dispatch_batch`) train
+as one computation (:mod:`ecofl.batched_training`), as a simulated dispatch
+does behind its ClientApps (``client/dispatch_batches.py``); a model that
+cannot be batched exactly trains one home at a time. The wall clock's
+``collect`` always trains homes one at a time.
+
 For tests: ``shuffle_replies_seed`` returns replies in a random order (the
 loop must not care), ``nan_homes`` answer with NaN weights, ``failing_homes``
 with an error, ``silent_homes`` not at all (both sets may be changed between
@@ -23,6 +30,9 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 import torch
 
+from ecofl.accelerator import device_label
+from ecofl.batched_training import HomeJob, HomeTrained, batching_obstacle, train_homes_together
+from ecofl.fl.dispatch_batch import dispatch_batches
 from ecofl.fl.latency import LatencyModel
 from ecofl.fl.transport import HomeReport, TrainReply, TrainTask
 from ecofl.train import TrainConfig, train_local
@@ -45,6 +55,8 @@ class InProcessTransport:
         failing_homes: Collection[int] = (),
         silent_homes: Collection[int] = (),
         reply_timeout_s: float = 60.0,
+        device: torch.device | str = "cpu",
+        batch_homes: bool = False,
     ):
         self.model_fn = model_fn
         self.x = dataset_x
@@ -57,7 +69,10 @@ class InProcessTransport:
         self.failing_homes = set(failing_homes)
         self.silent_homes = set(silent_homes)
         self.reply_timeout_s = reply_timeout_s
+        self.device = torch.device(device)
+        self.batch_homes = batch_homes and batching_obstacle(model_fn()) is None
         self.tasks_run = 0
+        self.batched_run = 0  # of tasks_run, trained with their dispatch batch
         self._due: list[tuple[float, int, TrainTask]] = []  # (monotonic due time, submit order, task)
         self._submitted = 0
 
@@ -76,8 +91,29 @@ class InProcessTransport:
         return self._ordered(reports)
 
     def train(self, tasks: Sequence[TrainTask]) -> list[TrainReply]:
-        replies = [self._train_one(task) for task in tasks if task.home not in self.silent_homes]
+        tasks = [task for task in tasks if task.home not in self.silent_homes]
+        trained = self._train_batches(tasks) if self.batch_homes else {}
+        replies = [self._train_one(task, trained.get(id(task))) for task in tasks]
         return self._ordered(replies)
+
+    def placement(self) -> dict:
+        """Where the homes trained, for summary.json (see ``GridTransport``'s ``TransportTimes.placement``)."""
+        return {"device": device_label(self.device), "batch_homes": self.batched_run > 0}
+
+    def _train_batches(self, tasks: Sequence[TrainTask]) -> dict[int, HomeTrained]:
+        """The trained weights of every task that trains with its dispatch batch, by ``id(task)``."""
+        batches = dispatch_batches([t for t in tasks if t.home not in self.failing_homes], "inprocess")
+        members: dict[str, list[TrainTask]] = {}
+        for task in tasks:
+            batch = batches.get(task.home)
+            if batch is not None and task.train.get("seed", 0) == batch.seed_of(task.home):
+                members.setdefault(batch.id, []).append(task)
+        out: dict[int, HomeTrained] = {}
+        for batch_tasks in members.values():
+            jobs = [HomeJob(self.x[self.parts[t.home]], self.y[self.parts[t.home]], _config(t), t.weights)
+                    for t in batch_tasks]
+            out.update(zip(map(id, batch_tasks), train_homes_together(self.model_fn, jobs, self.device)))
+        return out
 
     def submit(self, tasks: Sequence[TrainTask]) -> None:
         now = time.monotonic()
@@ -103,17 +139,21 @@ class InProcessTransport:
         return TrainReply(task.home, None, 0, float("nan"), float("nan"),
                           error=f"no reply within {self.reply_timeout_s:g} s")
 
-    def _train_one(self, task: TrainTask) -> TrainReply:
+    def _train_one(self, task: TrainTask, batched: HomeTrained | None = None) -> TrainReply:
+        """Task ``task``'s reply: its batch's result ``batched`` where it has one, else trained here alone."""
         latency = self.latency_model.latency(task.home, task.route.virtual_time)
         part = self.parts[task.home]
         if task.home in self.failing_homes:
             return TrainReply(task.home, None, len(part), float("nan"), latency, error="injected failure")
-        model = self.model_fn()
-        set_weights(model, task.weights)
-        config = TrainConfig(**{k: v for k, v in task.train.items() if k in TRAIN_KEYS})
-        result = train_local(model, self.x[part], self.y[part], config)
+        if batched is None:
+            model = self.model_fn()
+            set_weights(model, task.weights)
+            result = train_local(model.to(self.device), self.x[part], self.y[part], _config(task))
+            weights = get_weights(model)
+        else:
+            result, weights = batched.result, batched.weights
+            self.batched_run += 1
         self.tasks_run += 1
-        weights = get_weights(model)
         if task.home in self.nan_homes:
             weights = [np.full_like(w, np.nan) if np.issubdtype(w.dtype, np.floating) else w for w in weights]
         return TrainReply(task.home, weights, result.num_samples, result.loss, latency)
@@ -122,3 +162,8 @@ class InProcessTransport:
         if self.shuffle is not None:
             return [items[i] for i in self.shuffle.permutation(len(items))]
         return items
+
+
+def _config(task: TrainTask) -> TrainConfig:
+    """The task's :class:`TrainConfig` (its training settings; routing and other keys left out)."""
+    return TrainConfig(**{k: v for k, v in task.train.items() if k in TRAIN_KEYS})

@@ -89,19 +89,15 @@ class EventLoop:
     ``evaluate(weights) -> (loss, accuracy)`` scores the global model on the
     test set. ``run()`` returns the metric rows and, with ``out_dir``, writes
     metrics.csv, metrics.json, summary.json and ``checkpoints/``.
+    ``placement() -> dict`` says where the homes trained (the transport's
+    ``device`` and ``batch_homes``), for summary.json.
     """
 
     def __init__(
-        self,
-        config: LoopConfig,
-        transport: Transport,
-        homes: Sequence[int],
-        initial_weights: Weights,
-        evaluate: Callable[[Weights], tuple[float, float]],
-        clock: Clock | None = None,
-        out_dir: str | Path | None = None,
-        progress: bool = True,
-        state: LoopState | None = None,
+        self, config: LoopConfig, transport: Transport, homes: Sequence[int], initial_weights: Weights,
+        evaluate: Callable[[Weights], tuple[float, float]], clock: Clock | None = None,
+        out_dir: str | Path | None = None, progress: bool = True, state: LoopState | None = None,
+        placement: Callable[[], dict] | None = None,
     ):
         if not homes:
             raise UserError("the event loop needs at least one home")
@@ -121,6 +117,7 @@ class EventLoop:
         self.in_flight: dict[int, GroupRound] = {}
         self.group_models: dict[int, Weights] = {}  # each group's latest model, for policies that keep them
         self.stop_reason: str | None = None
+        self.placement = placement or dict
         self._wall_origin = time.monotonic()
 
     @property
@@ -342,6 +339,7 @@ class EventLoop:
             "rt_s": state.rt,
             **{f"{k}_total": v for k, v in state.totals.items()},
             "stop_reason": self.stop_reason,
+            **self.placement(),
             "config": asdict(self.config),
         }
 
@@ -377,6 +375,7 @@ class EventLoop:
         evaluate: Callable[[Weights], tuple[float, float]],
         out_dir: str | Path | None = None,
         progress: bool = True,
+        placement: Callable[[], dict] | None = None,
     ) -> "EventLoop":
         """A loop continuing from ``checkpoint``: its in-flight rounds are sent again, as they were."""
         record, weights = load_checkpoint(checkpoint)
@@ -386,7 +385,7 @@ class EventLoop:
         loop = cls(
             LoopConfig(**record["config"]), transport, record["homes"], weights["global"], evaluate,
             clock=clock_from_state(record["clock"]), out_dir=out_dir or Path(checkpoint).parent.parent,
-            progress=progress, state=LoopState.from_json(record["state"]),
+            progress=progress, state=LoopState.from_json(record["state"]), placement=placement,
         )
         rounds = [
             GroupRound(**{**info, "homes": tuple(info["homes"])}, weights=weights[f"round{info['group']}"])

@@ -1,0 +1,59 @@
+"""Where tensors live: a device setting (``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``) and what it resolves to.
+
+Flower's convention (its PyTorch examples): a ClientApp trains on the GPU
+its Ray actor was given. ``auto`` is exactly that, the accelerator this
+process sees, else the CPU. ``cuda`` without one is a :class:`UserError`
+naming the setting, raised before anything starts. ``cuda:N`` counts the
+GPUs this process sees (under Ray, an actor sees only the ones Ray gave it).
+
+:func:`check_device_spec` checks the spelling without importing torch, so
+configuration readers stay light; :func:`resolve_device` asks torch.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ecofl.errors import UserError
+
+#: The settings a device may be given; ``cuda:N`` stands for any GPU index.
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
+_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def check_device_spec(spec: object, setting: str = "device") -> str:
+    """``spec`` when it is one of :data:`DEVICE_CHOICES`, else a UserError naming ``setting`` and the choices."""
+    if not isinstance(spec, str) or not _SPEC.fullmatch(spec):
+        raise UserError(f"{setting} must be one of {', '.join(DEVICE_CHOICES)}, got {spec!r}")
+    return spec
+
+
+def resolve_device(spec: str, setting: str = "device"):
+    """The ``torch.device`` that ``spec`` names in this process (see the module docstring)."""
+    import torch
+
+    spec = check_device_spec(spec, setting)
+    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if spec == "auto":
+        return torch.device("cuda", torch.cuda.current_device())
+    if not torch.cuda.is_available():
+        raise UserError(f"{setting}={spec}: no CUDA device is available to this process "
+                        "(torch.cuda.is_available() is False); use cpu or auto")
+    device = torch.device(spec)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        raise UserError(f"{setting}={spec}: this process sees {torch.cuda.device_count()} CUDA device(s) "
+                        f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return torch.device("cuda", index)
+
+
+def device_label(device) -> str:
+    """``"cpu"``, or a GPU's index and name (``"cuda:0 NVIDIA H200"``), for summaries and logs."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return f"cuda:{index} {torch.cuda.get_device_name(index)}"
