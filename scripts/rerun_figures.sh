@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Figs. 7-9 on the round-closing rule, one run at a time, each archived as soon as it ends well
-# (docs/results/runs/<figure>_closing_rule/<run>: metrics.json, summary.json, .hydra). A run already archived is
-# skipped, so the script resumes where a stopped one left off; a run with a failed or missing home, or that stopped
-# before its time limit, is tried once more and never archived.
-#   bash scripts/rerun_figures.sh [fig7] [fig8] [fig9] [fedat_weights]   (default: the three figures; fedat_weights is
-#   the FedAT ablation beside Fig. 8 on RLG-IID)
+# Figs. 7-9, one run at a time, each archived as soon as it ends well (docs/results/runs/<archive>/<run>:
+# metrics.json, summary.json, .hydra). A run already archived is skipped, so the script resumes where a stopped one
+# left off; a run with a failed or missing home, or that stopped before its time limit, is tried once more and never
+# archived.
+#   bash scripts/rerun_figures.sh [paper7] [paper8] [paper9] [fig7] [fig8] [fig9] [fedat_weights]
+# paper7-9 (the default): the paper's conditions, synchronous rounds that wait for every home (conf/experiment's
+# defaults), Fig. 7 to 600 virtual s and Figs. 8-9 to 300 s, into <figure>_paper_conditions. fig7-9: the deadline
+# variant as archived in <figure>_<time>_closing_rule (rounds close at centre + RT). fedat_weights: the FedAT
+# ablation beside Fig. 8 on RLG-IID.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export RAY_memory_usage_threshold=0.98  # Ray's memory monitor otherwise kills an actor on this 24 GiB machine
@@ -36,53 +39,66 @@ run() {  # archive run-name overrides...
   done
 }
 
-fig7() {
+figure7() {  # archive, then overrides for every run
+  local archive=$1
+  shift
   for seed in 0 1 2; do
     local i=0
     for strategy in fedavg fedasync fedat ecofl ecofl_wo_dg; do
-      run fig7_300s_closing_rule "$seed${i}_seed=$seed,strategy=$strategy" \
-        +experiment=fig7 seed=$seed strategy=$strategy
+      run "$archive" "$seed${i}_seed=$seed,strategy=$strategy" +experiment=fig7 seed=$seed strategy=$strategy "$@"
       i=$((i + 1))
     done
   done
 }
 
-fig8() {
+figure8() {
+  local archive=$1
+  shift
   for seed in 0 1 2; do
     local i=0
     for partition in rlg_niid rlg_iid; do
       for strategy in ecofl fedat astraea; do
-        run fig8_200s_closing_rule "$seed${i}_partition=$partition,seed=$seed,strategy=$strategy" \
-          +experiment=fig8 partition=$partition seed=$seed strategy=$strategy
+        run "$archive" "$seed${i}_partition=$partition,seed=$seed,strategy=$strategy" \
+          +experiment=fig8 partition=$partition seed=$seed strategy=$strategy "$@"
         i=$((i + 1))
       done
     done
   done
 }
 
-fig9() {
+figure9() {
+  local archive=$1
+  shift
   for seed in 0 1 2; do
     local i=0
     for lambda in 0 1 3 10 30 100 300; do
-      run fig9_200s_closing_rule "$seed${i}_grouping.lambda=$lambda,seed=$seed" \
-        +experiment=fig9 grouping.lambda=$lambda seed=$seed
+      run "$archive" "$seed${i}_grouping.lambda=$lambda,seed=$seed" +experiment=fig9 grouping.lambda=$lambda \
+        seed=$seed "$@"
       i=$((i + 1))
     done
   done
 }
 
+paper7() { figure7 fig7_paper_conditions; }
+paper8() { figure8 fig8_paper_conditions; }
+paper9() { figure9 fig9_paper_conditions; }
+fig7() { figure7 fig7_300s_closing_rule +variant=deadline loop.max_virtual_time_s=300; }
+fig8() { figure8 fig8_200s_closing_rule +variant=deadline loop.max_virtual_time_s=200; }
+fig9() { figure9 fig9_200s_closing_rule +variant=deadline loop.max_virtual_time_s=200; }
+
 fedat_weights() {  # the ablation beside Fig. 8 on RLG-IID: FedAT with every tier weighed 1/M
   for seed in 0 1 2; do
     run fig8_fedat_equal_weights "${seed}0_partition=rlg_iid,seed=$seed,strategy=fedat_equal_weights" \
-      +experiment=fig8 partition=rlg_iid seed=$seed strategy=fedat_equal_weights
+      +experiment=fig8 +variant=deadline loop.max_virtual_time_s=200 partition=rlg_iid seed=$seed \
+      strategy=fedat_equal_weights
   done
 }
 
 mkdir -p "$SCRATCH"
-for figure in ${@:-fig7 fig8 fig9}; do
+for figure in ${@:-paper7 paper8 paper9}; do
   case $figure in
-    fig7 | fig8 | fig9 | fedat_weights) "$figure" ;;
-    *) echo "unknown figure: $figure (fig7, fig8, fig9 or fedat_weights)" >&2; exit 2 ;;
+    paper7 | paper8 | paper9 | fig7 | fig8 | fig9 | fedat_weights) "$figure" ;;
+    *) echo "unknown figure: $figure (paper7, paper8, paper9, fig7, fig8, fig9 or fedat_weights)" >&2; exit 2 ;;
   esac
 done
 echo "$(date +%T) done"

@@ -6,7 +6,9 @@ settings; :func:`experiment` turns either into the pieces the apps need: the
 :class:`~ecofl.fl.federation_setup.FederationSetup` every home receives, the event loop's
 :class:`~ecofl.fl.loop_config.LoopConfig` and the server's own settings. Missing
 keys take the defaults below (TOML has no null: in the run config an empty
-string stands for it); an unknown key is an error naming the valid ones. Flower is imported only to
+string stands for it); an unknown key is an error naming the valid ones.
+A null ``loop.round_deadline`` means ``none`` (wait for every home), not the
+default. Flower is imported only to
 read its run config, so the in-process simulation runs where Flower is not
 installed.
 """
@@ -158,6 +160,8 @@ def experiment(cfg: Mapping) -> Experiment:
     strategy = _section(cfg, "strategy", STRATEGY_KEYS)
     grouping = _section(cfg, "grouping", GROUPING_KEYS)
     loop = _section(cfg, "loop", LOOP_KEYS)
+    if "round_deadline" in dict(cfg.get("loop") or {}) and dict(cfg["loop"])["round_deadline"] in (None, ""):
+        loop["round_deadline"] = "none"  # null (Hydra) or "" (the run config): wait for every home
     simulation_section = _section(cfg, "simulation", SIMULATION_KEYS)
     latency = dict(cfg.get("latency") or {})
     if latency:

@@ -149,14 +149,16 @@ def test_stragglers_beyond_the_deadline_are_left_out():
                         round_deadline_factor=1.5, train=TRAIN)
     loop, _ = make_loop(config, latency=FixedLatency(latencies))
     rows = loop.run()
-    assert [r["stragglers"] for r in rows] == [4, 4]
+    # the 4 late homes are still training when the next round goes out (busy until 9 s): it takes the others
+    assert [r["stragglers"] for r in rows] == [4, 0]
     assert [r["homes"] for r in rows] == [HOMES - 4] * 2
     # a round with late homes closes at its deadline (1.5 x the one group's mean latency), not at its last
     # on-time reply: the server cannot know the late homes will not come before it
     deadline = 1.5 * float(np.mean(latencies))
-    assert [r["virtual_time"] for r in rows] == pytest.approx([deadline, 2 * deadline])
+    assert deadline + 1.0 < 9.0
+    assert [r["virtual_time"] for r in rows] == pytest.approx([deadline, deadline + 1.0])
     times = [t for r in rows for t in (r["round_started_s"], r["round_closed_s"], r["deadline_s"])]
-    assert times == pytest.approx([0.0, deadline, deadline, deadline, 2 * deadline, 2 * deadline])
+    assert times == pytest.approx([0.0, deadline, deadline, deadline, deadline + 1.0, 2 * deadline])
 
 
 @pytest.mark.parametrize("strategy", ["ecofl_wo_dg", "fedasync", "fedat", "astraea"])
@@ -385,7 +387,8 @@ def test_the_wall_clock_closes_a_round_at_its_deadline_without_a_silent_home():
     loop.transport.silent_homes = {5}
     loop.dispatch()
     rows = loop.run()
-    assert [r["stragglers"] for r in rows] == [1, 1] and [r["homes"] for r in rows] == [HOMES - 1] * 2
+    # the silent home stays busy until the transport gives up on it (5 s): the second round goes on without it
+    assert [r["stragglers"] for r in rows] == [1, 0] and [r["homes"] for r in rows] == [HOMES - 1] * 2
     deadline = 25.0 * loop.grouping.centres[0]
     assert deadline <= rows[0]["virtual_time"] < deadline + 1.0  # not the silent home's 5 s timeout
 

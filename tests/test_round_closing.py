@@ -80,11 +80,11 @@ def test_both_clocks_close_a_round_at_the_same_time_with_the_same_stragglers(lat
                                                                            stragglers):
     virtual_round = a_round(latencies, deadline)
     in_flight: dict = {}
-    VirtualRounds(ScriptedTransport(latencies, ScriptedClock(10.0)), centre_of=lambda g: 99.0).send(
+    VirtualRounds(ScriptedTransport(latencies, ScriptedClock(10.0)), lambda g: 99.0, ScriptedClock(10.0), {}).send(
         [virtual_round], tasks_of(virtual_round), in_flight)
 
     wall_round, clock = a_round(latencies, deadline), ScriptedClock(10.0)
-    wall = WallRounds(ScriptedTransport(latencies, clock), clock)
+    wall = WallRounds(ScriptedTransport(latencies, clock), clock, {})
     wall_flight: dict = {}
     wall.send([wall_round], tasks_of(wall_round), wall_flight)
     closed = wall.next_completed(wall_flight, {})

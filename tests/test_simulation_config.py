@@ -218,3 +218,21 @@ def test_simulation_settings_join_a_cluster_or_start_a_private_instance():
                                        "init_args": {"address": "127.0.0.1:6379"}}
     with pytest.raises(UserError, match="silent_homes"):
         experiment({"server": {"silent_homes": "maybe"}})
+
+
+def test_a_null_or_empty_round_deadline_waits_for_every_home_never_the_default():
+    """Hydra's null and the run config's "" mean none (documented in conf/config.yaml), not a silent rt."""
+    assert experiment(composed("loop.round_deadline=null")).loop.round_deadline == "none"
+    assert experiment_from_run_config({"loop.round_deadline": ""}).loop.round_deadline == "none"
+    assert experiment({"loop": {"round_deadline": None}}).loop.round_deadline == "none"
+    assert experiment({}).loop.round_deadline == "rt"  # left out: the default
+    with pytest.raises(UserError, match="round_deadline must be one of rt, none, factor"):
+        experiment({"loop": {"round_deadline": "never"}})
+
+
+@pytest.mark.parametrize("figure", ["fig7", "fig8", "fig9"])
+def test_the_figures_run_in_the_papers_conditions_and_the_deadline_is_a_variant(figure):
+    paper = experiment(composed(f"+experiment={figure}"))
+    assert paper.loop.round_deadline == "none"
+    assert paper.loop.max_virtual_time_s == (600 if figure == "fig7" else 300)
+    assert experiment(composed(f"+experiment={figure}", "+variant=deadline")).loop.round_deadline == "rt"

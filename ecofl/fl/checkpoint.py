@@ -4,22 +4,64 @@ A checkpoint is a pair ``<stem>.json`` + ``<stem>.npz`` written atomically
 (temporary file, then rename, the JSON last so a complete JSON means a
 complete pair). Arrays are stored under names ``<prefix>/<index>`` so one
 file holds several weight lists (the global model and the model each
-in-flight round was dispatched with).
+in-flight round was dispatched with). :class:`LoopCheckpoint` is what the
+event loop saves (:func:`save_loop`) and resumes from (:func:`load_loop`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
 from ecofl.errors import UserError
+from ecofl.fl.group_round import GroupRound
 from ecofl.fl.metrics import write_json
 from ecofl.weights import Weights
 
+#: Version of the layout :func:`save_loop` writes (4: LoopState's busy homes).
+CHECKPOINT_FORMAT = 4
+
+
+@dataclass(frozen=True)
+class LoopCheckpoint:
+    """What the event loop saves: its settings (``LoopConfig`` as a dict), homes, clock and ``LoopState`` as
+    JSON, the global model, the rounds in flight (each with the model it was sent) and the groups' models."""
+
+    config: dict
+    homes: list[int]
+    clock: dict
+    state: dict
+    global_weights: Weights
+    in_flight: list[GroupRound]
+    group_models: Mapping[int, Weights]
+
+
+def save_loop(stem: Path, saved: LoopCheckpoint) -> Path:
+    """Write ``saved`` as the checkpoint ``stem``; returns the JSON path."""
+    rounds = sorted(saved.in_flight, key=lambda r: r.group)
+    record = {"format": CHECKPOINT_FORMAT, "config": saved.config, "homes": saved.homes, "clock": saved.clock,
+              "state": saved.state, "in_flight": [r.info() for r in rounds]}
+    weights = {"global": saved.global_weights, **{f"round{r.group}": r.weights for r in rounds},
+               **{f"group{g}": w for g, w in saved.group_models.items()}}
+    return save_checkpoint(stem, record, weights)
+
+
+def load_loop(path: str | Path) -> LoopCheckpoint:
+    """The :class:`LoopCheckpoint` at ``path``; a checkpoint of another layout is a UserError."""
+    record, weights = load_checkpoint(path)
+    if record.get("format") != CHECKPOINT_FORMAT:
+        raise UserError(f"{path}: checkpoint format {record.get('format')} is not {CHECKPOINT_FORMAT}; it was "
+                        "written by another version of ecofl")
+    rounds = [GroupRound(**{**info, "homes": tuple(info["homes"])}, weights=weights[f"round{info['group']}"])
+              for info in record["in_flight"]]
+    groups = {int(name[len("group"):]): w for name, w in weights.items() if name.startswith("group")}
+    return LoopCheckpoint(record["config"], record["homes"], record["clock"], record["state"], weights["global"],
+                          rounds, groups)
 
 
 def save_checkpoint(stem: Path, state: dict, weights: Mapping[str, Weights]) -> Path:

@@ -55,7 +55,7 @@ import numpy as np
 
 from ecofl.errors import UserError
 from ecofl.fl.aggregation import staleness, weighted_mean
-from ecofl.fl.checkpoint import load_checkpoint, save_checkpoint
+from ecofl.fl.checkpoint import LoopCheckpoint, load_loop, save_loop
 from ecofl.fl.clock import Clock, VirtualClock, clock_from_state
 from ecofl.fl.group_round import GroupRound, screen_replies
 from ecofl.fl.grouping import derive_rt
@@ -78,9 +78,6 @@ from ecofl.fl.transport import RunStopped, TrainTask, Transport
 from ecofl.weights import Weights
 
 log = logging.getLogger(__name__)
-
-#: Version of the checkpoint layout written by :meth:`EventLoop.checkpoint`.
-CHECKPOINT_FORMAT = 3
 
 
 class EventLoop:
@@ -110,10 +107,11 @@ class EventLoop:
         self.global_weights = [np.array(w, copy=True) for w in initial_weights]
         self.evaluate = evaluate
         self.clock = clock or VirtualClock()
-        self.rounds = round_completion(self.clock, transport, lambda group: self.state.grouping.centres[group])
+        self.state = state or LoopState(rng=np.random.default_rng(config.seed), rt=config.rt)
+        self.rounds = round_completion(self.clock, transport, lambda group: self.state.grouping.centres[group],
+                                       self.state.busy_until)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
-        self.state = state or LoopState(rng=np.random.default_rng(config.seed), rt=config.rt)
         self.in_flight: dict[int, GroupRound] = {}
         self.group_models: dict[int, Weights] = {}  # each group's latest model, for policies that keep them
         self.stop_reason: str | None = None
@@ -168,8 +166,17 @@ class EventLoop:
 
     def _step(self, progress: Progress) -> None:
         state = self.state
-        self.stop_reason = stop_before_next(state, self.config, len(self.in_flight))
+        busy = self.rounds.busy_homes(self.in_flight)
+        self.stop_reason = stop_before_next(state, self.config, len(self.in_flight), len(busy))
         if self.stop_reason is not None:
+            return
+        if not self.in_flight:  # every home a round could sample is still busy with a closed round's task
+            free_at = self.rounds.wait_for_a_home(self.in_flight, state.latencies)
+            if past_time_limit(self.config, free_at):
+                self.stop_reason = MAX_VIRTUAL_TIME
+                return
+            self.clock.advance_to(free_at)
+            self.dispatch()
             return
         current = self.rounds.next_completed(self.in_flight, state.latencies)
         if past_time_limit(self.config, current.completion):
@@ -228,9 +235,10 @@ class EventLoop:
         return self.config.round_deadline_s(self.state.grouping.centres[group], self.state.rt, self.clock.virtual)
 
     def dispatch(self) -> None:
-        """Start a round in every idle group while at most ``max_concurrent`` homes train."""
+        """Start a round in every idle group while at most ``max_concurrent`` homes train; a busy home (still on an
+        earlier task) is never sampled."""
         state = self.state
-        busy = {h for r in self.in_flight.values() for h in r.homes}
+        busy = self.rounds.busy_homes(self.in_flight)
         budget = self.config.max_concurrent - len(busy)
         idle = [g for g, members in enumerate(state.grouping.groups) if g not in self.in_flight and set(members) - busy]
         started: list[GroupRound] = []
@@ -309,8 +317,14 @@ class EventLoop:
             "staleness": stale,
             "alpha": alpha_t,
             "train_loss": float(np.average([x.loss for x in valid], weights=[x.num_samples for x in valid])),
+            **self._busy_and_idle(),
             **group_stats(state.grouping, state.hists, state.latencies, self.policy.round_size()),
         }
+
+    def _busy_and_idle(self) -> dict:
+        """Homes training now (in flight or on a closed round's task) and homes that answered and are idle."""
+        busy = len(self.rounds.busy_homes(self.in_flight))
+        return {"busy_homes": busy, "idle_homes": len(self.state.latencies) - busy}
 
     def _evaluate(self, at: float) -> None:
         loss, accuracy = self.evaluate(self.global_weights)
@@ -346,54 +360,33 @@ class EventLoop:
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint(self) -> Path:
-        """Save the loop to ``out_dir/checkpoints/update_<version>.{json,npz}``: settings, clock, homes,
-        :class:`LoopState`, the rounds in flight; the global model and each round's model in the npz."""
+        """Save the loop to ``out_dir/checkpoints/update_<version>.{json,npz}`` (:func:`save_loop`)."""
         if self.out_dir is None:
             raise UserError("checkpoints need an output directory")
         self.state.wall_offset = self._wall()
-        record = {
-            "format": CHECKPOINT_FORMAT,
-            "config": asdict(self.config),
-            "homes": self.homes,
-            "clock": self.clock.state(),
-            "state": self.state.to_json(),
-            "in_flight": [r.info() for r in sorted(self.in_flight.values(), key=lambda r: r.group)],
-        }
-        weights = {"global": self.global_weights}
-        weights.update({f"round{r.group}": r.weights for r in self.in_flight.values()})
-        weights.update({f"group{g}": w for g, w in self.group_models.items()})
-        path = save_checkpoint(self.out_dir / "checkpoints" / f"update_{self.version:06d}", record, weights)
+        saved = LoopCheckpoint(asdict(self.config), self.homes, self.clock.state(), self.state.to_json(),
+                               self.global_weights, list(self.in_flight.values()), self.group_models)
+        path = save_loop(self.out_dir / "checkpoints" / f"update_{self.version:06d}", saved)
         write_metrics(self.out_dir, self.state.rows, self.summary())
         log.info("checkpoint %s", path)
         return path
 
     @classmethod
     def resume(
-        cls,
-        checkpoint: str | Path,
-        transport: Transport,
-        evaluate: Callable[[Weights], tuple[float, float]],
-        out_dir: str | Path | None = None,
-        progress: bool = True,
-        placement: Callable[[], dict] | None = None,
+        cls, checkpoint: str | Path, transport: Transport, evaluate: Callable[[Weights], tuple[float, float]],
+        out_dir: str | Path | None = None, progress: bool = True, placement: Callable[[], dict] | None = None,
     ) -> "EventLoop":
         """A loop continuing from ``checkpoint``: its in-flight rounds are sent again, as they were."""
-        record, weights = load_checkpoint(checkpoint)
-        if record.get("format") != CHECKPOINT_FORMAT:
-            raise UserError(f"{checkpoint}: checkpoint format {record.get('format')} is not "
-                            f"{CHECKPOINT_FORMAT}; it was written by another version of ecofl")
+        saved = load_loop(checkpoint)
         loop = cls(
-            LoopConfig(**record["config"]), transport, record["homes"], weights["global"], evaluate,
-            clock=clock_from_state(record["clock"]), out_dir=out_dir or Path(checkpoint).parent.parent,
-            progress=progress, state=LoopState.from_json(record["state"]), placement=placement,
+            LoopConfig(**saved.config), transport, saved.homes, saved.global_weights, evaluate,
+            clock=clock_from_state(saved.clock), out_dir=out_dir or Path(checkpoint).parent.parent,
+            progress=progress, state=LoopState.from_json(saved.state), placement=placement,
         )
-        rounds = [
-            GroupRound(**{**info, "homes": tuple(info["homes"])}, weights=weights[f"round{info['group']}"])
-            for info in record["in_flight"]
-        ]
-        if not loop.clock.virtual:  # sent again now, a wall-clock round starts now
-            for r in rounds:
+        if not loop.clock.virtual:  # sent again now, a wall-clock round starts now; older tasks are gone
+            loop.state.busy_until.clear()
+            for r in saved.in_flight:
                 r.start = loop.clock.now()
-        loop.group_models = {int(name[len("group"):]): w for name, w in weights.items() if name.startswith("group")}
-        loop._send(rounds)
+        loop.group_models = dict(saved.group_models)
+        loop._send(saved.in_flight)
         return loop

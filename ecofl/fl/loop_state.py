@@ -32,6 +32,7 @@ class LoopState:
     group_rounds: list[int] = field(default_factory=list)  # rounds sent per group
     updates_per_group: list[int] = field(default_factory=list)  # updates applied per group
     dispatched: int = 0  # rounds sent in all
+    busy_until: dict[int, float] = field(default_factory=dict)  # home -> clock time its task ends (inf: not known)
     totals: dict[str, int] = field(default_factory=lambda: {"rejected": 0, "failed": 0, "stragglers": 0})
     empty_rounds: int = 0  # group rounds in a row without a valid update
     rows: list[dict] = field(default_factory=list)  # one metrics row per applied update
@@ -63,6 +64,7 @@ _CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
     "hists": (lambda m: {str(h): v.tolist() for h, v in m.items()},
               lambda m: {int(h): np.asarray(v, dtype=float) for h, v in m.items()}),
     "num_samples": (lambda m: {str(h): v for h, v in m.items()}, lambda m: {int(h): int(v) for h, v in m.items()}),
+    "busy_until": (lambda m: {str(h): v for h, v in m.items()}, lambda m: {int(h): float(v) for h, v in m.items()}),
     "last_eval": (list, tuple),
 }
 

@@ -21,11 +21,21 @@ it answers too late for its round.
 
 Both order completed rounds by (completion, group id), so ties do not
 depend on the order a transport returns replies in.
+
+**Busy homes.** A home is busy from the moment its task is sent until its
+reply or its failure, also when its round closed without it: a straggler
+is still training. :meth:`RoundCompletion.busy_homes` is what the loop may
+not sample. On the virtual clock a home is busy until its reply's latency
+has elapsed (a home that never answered is free when its round closes); on
+the wall clock until its reply (or the transport's timeout error) is
+collected. When every home the loop could sample is busy and no round is in
+flight, :meth:`RoundCompletion.wait_for_a_home` waits until one is free.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from typing import Callable, MutableMapping, Protocol, Sequence
 
@@ -39,6 +49,7 @@ log = logging.getLogger(__name__)
 
 InFlight = MutableMapping[int, GroupRound]  # group id -> its round in flight
 Latencies = MutableMapping[int, float]  # home -> latest response latency (seconds)
+Busy = MutableMapping[int, float]  # home -> clock time its task ends (inf: a wall-clock task not yet answered)
 
 
 class RoundCompletion(Protocol):
@@ -57,6 +68,28 @@ class RoundCompletion(Protocol):
     def applied(self, r: GroupRound, latencies: Latencies) -> None:
         """Round ``r`` was applied: remember the latencies its homes reported where that is the rule."""
         ...
+
+    def busy_homes(self, in_flight: InFlight) -> set[int]:
+        """The homes training now: those of the rounds in flight and those still on a closed round's task."""
+        ...
+
+    def wait_for_a_home(self, in_flight: InFlight, latencies: Latencies) -> float:
+        """No round is in flight and homes are busy: wait until one of them is free; returns the clock time."""
+        ...
+
+
+class _BusyHomes:
+    """The shared half of both rules: which homes are busy, by the clock."""
+
+    def __init__(self, clock: Clock, busy: Busy):
+        self.clock = clock
+        self.busy = busy
+
+    def busy_homes(self, in_flight: InFlight) -> set[int]:
+        now = self.clock.now()
+        for home in [h for h, until in self.busy.items() if until <= now]:
+            del self.busy[home]
+        return {h for r in in_flight.values() for h in r.homes} | set(self.busy)
 
 
 def _earliest(rounds) -> GroupRound:
@@ -79,12 +112,13 @@ def closing_time(r: GroupRound, now: float | None = None) -> float | None:
     return None
 
 
-class VirtualRounds:
+class VirtualRounds(_BusyHomes):
     """Train each batch of rounds in one blocking call; completion times follow from the replies."""
 
     virtual = True
 
-    def __init__(self, transport: Transport, centre_of: Callable[[int], float]):
+    def __init__(self, transport: Transport, centre_of: Callable[[int], float], clock: Clock, busy: Busy):
+        super().__init__(clock, busy)
         self.transport = transport
         self.centre_of = centre_of  # a group's latency centre: a round with no reply and no deadline takes it
 
@@ -98,9 +132,16 @@ class VirtualRounds:
             closed = closing_time(r)
             r.completion = closed if closed is not None else r.start + self.centre_of(r.group)
             in_flight[r.group] = r
+            answered = {x.home: x.latency_s for x in r.replies if np.isfinite(x.latency_s)}
+            for home in r.homes:
+                self.busy[home] = r.start + answered[home] if home in answered else r.completion
 
     def next_completed(self, in_flight: InFlight, latencies: Latencies) -> GroupRound:
         return _earliest(in_flight.values())
+
+    def wait_for_a_home(self, in_flight: InFlight, latencies: Latencies) -> float:
+        """The clock time the first busy home is free (the loop moves its clock there)."""
+        return min(self.busy.values())
 
     def applied(self, r: GroupRound, latencies: Latencies) -> None:
         """Algorithm 1 watches the latencies of every applied round's homes."""
@@ -109,17 +150,18 @@ class VirtualRounds:
                 latencies[reply.home] = float(reply.latency_s)
 
 
-class WallRounds:
+class WallRounds(_BusyHomes):
     """Submit rounds and collect replies as they arrive; a round completes when all answered or at its deadline."""
 
     virtual = False
 
-    def __init__(self, transport: Transport, clock: Clock):
+    def __init__(self, transport: Transport, clock: Clock, busy: Busy):
+        super().__init__(clock, busy)
         self.transport = transport
-        self.clock = clock
 
     def send(self, rounds: Sequence[GroupRound], tasks: Sequence[TrainTask], in_flight: InFlight) -> None:
         in_flight.update({r.group: r for r in rounds})
+        self.busy.update((task.home, math.inf) for task in tasks)
         self.transport.submit(tasks)
 
     def next_completed(self, in_flight: InFlight, latencies: Latencies) -> GroupRound:
@@ -132,12 +174,28 @@ class WallRounds:
             if completed:
                 return _earliest(completed)
             deadlines = [r.start + r.deadline for r in in_flight.values() if r.deadline is not None]
-            wait = max(0.0, min(deadlines) - now) if deadlines else None
-            for task, reply in self.transport.collect(wait):
-                _receive(in_flight, latencies, task, reply, self.clock.now())
+            self._collect(in_flight, latencies, max(0.0, min(deadlines) - now) if deadlines else None)
 
     def applied(self, r: GroupRound, latencies: Latencies) -> None:
         """Latencies were remembered as the replies arrived."""
+
+    def wait_for_a_home(self, in_flight: InFlight, latencies: Latencies) -> float:
+        """Collect replies until a busy home has answered (its reply, or the transport's timeout error)."""
+        busy = set(self.busy)
+        while busy <= set(self.busy):
+            if not self._collect(in_flight, latencies, None):  # a whole reply timeout without a reply
+                log.warning("homes %s never answered; they are free again", sorted(busy))
+                for home in busy:
+                    self.busy.pop(home, None)
+        return self.clock.now()
+
+    def _collect(self, in_flight: InFlight, latencies: Latencies, wait_s: float | None) -> int:
+        """File the replies that arrived within ``wait_s`` seconds; how many there were."""
+        replies = self.transport.collect(wait_s)
+        for task, reply in replies:
+            self.busy.pop(task.home, None)
+            _receive(in_flight, latencies, task, reply, self.clock.now())
+        return len(replies)
 
 
 def _receive(in_flight: InFlight, latencies: Latencies, task: TrainTask, reply: TrainReply, arrival: float) -> None:
@@ -158,6 +216,10 @@ def _close_if_complete(r: GroupRound, now: float) -> None:
         r.replies.sort(key=lambda x: x.home)
 
 
-def round_completion(clock: Clock, transport: Transport, centre_of: Callable[[int], float]) -> RoundCompletion:
-    """The completion rule of ``clock``'s kind."""
-    return VirtualRounds(transport, centre_of) if clock.virtual else WallRounds(transport, clock)
+def round_completion(
+    clock: Clock, transport: Transport, centre_of: Callable[[int], float], busy: Busy
+) -> RoundCompletion:
+    """The completion rule of ``clock``'s kind; ``busy`` (the loop's state) records which homes train until when."""
+    if clock.virtual:
+        return VirtualRounds(transport, centre_of, clock, busy)
+    return WallRounds(transport, clock, busy)

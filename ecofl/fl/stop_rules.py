@@ -42,11 +42,11 @@ def record_evaluation(state: LoopState, config: LoopConfig, loss: float, accurac
         state.target_reached = {"virtual_time": at, "update": state.version}
 
 
-def stop_before_next(state: LoopState, config: LoopConfig, rounds_in_flight: int) -> str | None:
-    """Why no further round can be applied, or None."""
+def stop_before_next(state: LoopState, config: LoopConfig, rounds_in_flight: int, busy_homes: int) -> str | None:
+    """Why no further round can be applied, or None (nothing in flight but busy homes: wait for them)."""
     if state.version >= config.max_updates:
         return "max_updates"
-    if not rounds_in_flight:
+    if not rounds_in_flight and not busy_homes:
         return "no home can train (all waiting)"
     return None
 
