@@ -70,6 +70,14 @@ def machine() -> str:
     return text
 
 
+def commit() -> str | None:
+    """The code's git commit (None where the tree is not a git checkout, e.g. a copy on a GPU machine)."""
+    import subprocess
+
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
 def fig7_federation(dataset_root: str | None) -> Federation:
     dataset = {"name": "fashion_mnist", **({"root": dataset_root} if dataset_root else {})}
     return Federation(FederationSetup(num_homes=300, dataset=dataset, seed=0))
@@ -127,7 +135,8 @@ def measure_homes(dataset_root: str | None, cpu_homes: int) -> list[dict]:
         load = os.getloadavg()[0]
         rate = measure(fed, homes, device, threads)
         row = {"machine": machine(), "device": device_label(device), "threads": threads, "mode": mode,
-               "homes": homes, "home_trainings_per_s": rate, "load_before": load, "date": time.strftime("%Y-%m-%d")}
+               "homes": homes, "home_trainings_per_s": rate, "load_before": load, "date": time.strftime("%Y-%m-%d"),
+               "commit": commit()}
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -160,6 +169,7 @@ def run_fig7(engine: str, device: str, batch_homes: str, config: Path, dataset_r
         "curve": [[r["virtual_time"], r["accuracy"]] for r in rows if r["accuracy"] is not None],
         "load_before": load, "load_after": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d"),
         "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config),
+        "commit": commit(),
     }
 
 
@@ -220,14 +230,14 @@ def markdown(results: dict) -> str:
                      f"{rate:.2f} | {speedup} | {r['load_before']:.1f} | {r['date']} |")
     lines += ["", "A whole Fig. 7 Eco-FL run (300 homes, 300 virtual s, seed 0):", "",
               "| machine | engine | device | batched | wall s | updates | final accuracy | time to 70% (s) | "
-              "load before/after | date |", "|---|---|---|---|---:|---:|---:|---:|---|---|"]
+              "load before/after | date | commit |", "|---|---|---|---|---:|---:|---:|---:|---|---|---|"]
     for r in results["fig7"]:
         target = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}"
         lines.append(f"| {r['machine']} | {r['engine']} | {r['device']} | {r['batch_homes']} | {r['wall_s']:.0f} | "
                      f"{r['updates']} | {r['final_accuracy']:.4f} | {target} | "
-                     f"{r['load_before']:.1f}/{r['load_after']:.1f} | {r['date']} |")
+                     f"{r['load_before']:.1f}/{r['load_after']:.1f} | {r['date']} | {r.get('commit') or '-'} |")
     if not any(r["device"] != "cpu" for r in results["fig7"]):
-        lines.append(f"| {NOT_MEASURED} | in-process | cuda | True | {NOT_MEASURED} | | | | | |")
+        lines.append(f"| {NOT_MEASURED} | in-process | cuda | True | {NOT_MEASURED} | | | | | | |")
     return "\n".join(lines)
 
 
