@@ -237,3 +237,19 @@ def test_the_lambda_table_cuts_runs_at_a_virtual_second_and_keeps_the_seeds_aske
     assert "| 3 | - | - | - | 0 | - | 0: -, 1: - | - | - | 0 of 2 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no runs of seed 7"):
         lambda_table_main([str(tmp_path / "sweep"), "--seeds", "0", "7"])
+
+
+def test_claims_set_two_conditions_side_by_side_cut_to_one_horizon(sweep, tmp_path, capsys):
+    """simulations.claims: per condition and strategy, time to target (x Eco-FL), late accuracy over seeds, stragglers."""
+    from simulations.claims import condition_rows, main as claims_main
+
+    runs = [Run.load(path.parent) for path in sorted(sweep.glob("*/metrics.json"))]
+    rows = {r["strategy"]: r for r in condition_rows("paper", runs, [0.6])}
+    assert rows["fedat"]["t0.6"] == (15.0, 1, pytest.approx(1.5))
+    assert rows["ecofl"]["late_mean"] == pytest.approx(np.mean([(0.65 + 0.72) / 2, (0.61 + 0.69) / 2]))
+    assert rows["ecofl"]["updates"] == 4 and rows["ecofl"]["stragglers"] == 0
+    claims_main([f"paper={sweep}", f"cut={sweep}", "--until", "10", "--targets", "0.6", "0.7"])
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| condition | strategy | to 60%")
+    cut_fedat = next(line for line in table if line.startswith("| cut | FedAT"))
+    assert "| - | - |" in cut_fedat  # cut at 10 s, FedAT reaches neither 60% nor 70%
