@@ -26,7 +26,7 @@ import torch
 
 from ecofl.accelerator import device_label, resolve_device
 from ecofl.batched_training import batching_obstacle
-from ecofl.data import load_dataset
+from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.data.partition import partition
 from ecofl.data.stats import label_histograms
 from ecofl.errors import UserError
@@ -53,7 +53,7 @@ class Federation:
 
     def __init__(self, setup: FederationSetup) -> None:
         self.setup = setup
-        self.dataset = load_dataset(**setup.dataset)
+        self.dataset = load_dataset(**setup.dataset, options=CONFIG_OPTIONS)
         self.latency_model = make_latency_model(setup.latency) if setup.latency else None
         labels = self.dataset.train.y.numpy()
         options = dict(setup.partition)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from ecofl.accelerator import check_device_spec
-from ecofl.data import load_dataset
+from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.errors import UserError
 from ecofl.fl.federation_setup import FederationSetup, check_batch_homes, pipeline_home_dict
 from ecofl.fl.latency import pipeline_pool_states
@@ -232,7 +232,7 @@ def with_pipeline_rounds(exp: Experiment) -> Experiment:
     latency = dict(exp.setup.latency)
     if latency.get("kind") != "pipeline" or "round_s" in latency:
         return exp
-    dataset = load_dataset(**exp.setup.dataset)
+    dataset = load_dataset(**exp.setup.dataset, options=CONFIG_OPTIONS)
     model = exp.setup.model
     train = exp.loop.train
     batch_size = int(train.get("batch_size", 10))

@@ -11,7 +11,7 @@ import time
 import torch
 
 from ecofl.accelerator import resolve_device
-from ecofl.data import load_dataset
+from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.errors import UserError
 from ecofl.models import build_model
 from ecofl.train import evaluate
@@ -28,7 +28,7 @@ class GlobalEvaluator:
     """
 
     def __init__(self, exp: Experiment) -> None:
-        dataset = load_dataset(**exp.setup.dataset)
+        dataset = load_dataset(**exp.setup.dataset, options=CONFIG_OPTIONS)
         x, y = dataset.test.x, dataset.test.y
         samples = exp.server.eval_samples
         if samples is not None and samples < len(y):

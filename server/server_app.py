@@ -28,7 +28,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ecofl.batched_training import batching_obstacle
-from ecofl.data import load_dataset
+from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.fl.checkpoint import GLOBAL_MODEL
 from ecofl.fl.clock import VirtualClock, WallClock
 from ecofl.fl.loop import EventLoop
@@ -92,7 +92,7 @@ def sends_batches(exp: Experiment) -> bool:
     batched exactly (else the run says once that its homes train one at a time)."""
     if exp.setup.batch_homes == "off":
         return False
-    dataset = load_dataset(**exp.setup.dataset)
+    dataset = load_dataset(**exp.setup.dataset, options=CONFIG_OPTIONS)
     model = build_model(exp.setup.model["name"], dataset.input_shape, dataset.num_classes,
                         **(exp.setup.model.get("options") or {}))
     obstacle = batching_obstacle(model)

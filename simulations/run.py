@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import signal
 import sys
 import threading
@@ -31,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from client.client_app import app as client_app
 from ecofl.accelerator import device_label, resolve_device
-from ecofl.data import load_dataset
+from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.data.partition import check_partition
 from ecofl.errors import UserError
 from ecofl.fl.stop_rules import STOPPED
@@ -40,6 +41,7 @@ from ecofl.interrupt import INTERRUPTED_EXIT
 from server.config import Experiment, SimulationSettings, experiment
 from server.linkstate_index import index_messages_by_node
 from server.server_app import make_server_app
+from simulations.overrides import check_overrides
 from simulations.plot import plot_run
 from simulations.ray_cluster import check_reachable
 
@@ -86,7 +88,7 @@ def simulate(exp: Experiment, out_dir: Path, progress: bool = True) -> dict:
     """
     started_at = time.monotonic()
     simulation = actor_layout(exp)
-    dataset = load_dataset(**exp.setup.dataset)
+    dataset = load_dataset(**exp.setup.dataset, options=CONFIG_OPTIONS)
     check_partition(len(dataset.train), exp.setup.num_homes, exp.setup.partition)
     if exp.simulation.address:
         check_reachable(exp.simulation.address)
@@ -100,6 +102,13 @@ def simulate(exp: Experiment, out_dir: Path, progress: bool = True) -> dict:
             backend_config=simulation.backend_config(),
         )
     return json.loads((out_dir / "summary.json").read_text())
+
+
+def discard_if_nothing_ran(out_dir: Path) -> None:
+    """Remove the output directory Hydra made for a run that failed before it trained anything (no summary.json),
+    so a mistyped setting leaves no empty run behind."""
+    if not (out_dir / "summary.json").exists():
+        shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def actor_layout(exp: Experiment) -> SimulationSettings:
@@ -134,6 +143,7 @@ def main(cfg: DictConfig) -> float:
         summary = simulate(exp, out_dir)
     except UserError as err:
         log.error("%s", err)
+        discard_if_nothing_ran(out_dir)
         sys.exit(2)
     except RunStopped:
         log.error("stopped while connecting to the homes: nothing was trained")
@@ -148,4 +158,9 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    try:
+        check_overrides(sys.argv[1:])
+    except UserError as err:
+        print(f"simulations.run: error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -1,4 +1,4 @@
-"""The ``ecofl`` command's dispatch: every command is there, and each imports only what it needs."""
+"""The ``ecofl`` command's dispatch: every command is there, help needs no torch, and each imports what it needs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ecofl.cli import COMMANDS, build_parser
+from ecofl.cli import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,19 +26,78 @@ def subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
 
 
 def test_help_lists_every_command_and_the_home_and_device_groups():
-    parser = build_parser([])
+    parser = build_parser()
     assert choices(parser) == {"data", "train", "plan", "home", "device"}
     assert choices(parser, "home") == {"train", "infer", "serve", "status"}
     assert choices(parser, "device") == {"serve"}
     assert {path[0] for path in COMMANDS} == choices(parser)
 
 
-def test_a_command_builds_only_its_own_parser_and_an_unknown_one_lists_them_all(capsys):
-    assert choices(build_parser(["home", "status", "--home", "x"]), "home") == {"status"}
-    assert choices(build_parser(["home"]), "home") == {"train", "infer", "serve", "status"}
-    with pytest.raises(SystemExit):
-        build_parser(["hmoe"]).parse_args(["hmoe"])
-    assert "choose from 'data', 'train', 'plan', 'home', 'device'" in capsys.readouterr().err
+def test_an_unknown_command_or_a_bad_option_is_one_line_naming_the_choices(capsys):
+    assert main(["hmoe"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "choose from 'data', 'train', 'plan', 'home', 'device'" in err
+    assert main(["home", "train", "--model", "cnn", "--pool", "ecofl-3stage", "--dataset", "imagenet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'digits', 'fashion_mnist', 'mnist', 'cifar10'" in err
+
+
+@pytest.mark.parametrize("command", [["--help"], ["home", "train", "--help"], ["plan", "--help"],
+                                     ["home", "infer", "--help"], ["data", "partition", "--help"]])
+def test_help_imports_no_torch(command):
+    """`python -X importtime -m ecofl ... --help` names no torch module: help answers in well under a second."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "ecofl", *command], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0 and "usage: ecofl" in out.stdout, out.stderr[-2000:]
+    imported = [line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line]
+    assert imported and not [m for m in imported if m.split(".")[0] == "torch"]
+
+
+def test_every_option_has_help_and_name_options_list_the_valid_names():
+    from ecofl import names
+    from ecofl.pools import pool_names
+
+    def parsers(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from parsers(sub)
+
+    for parser in parsers(build_parser()):
+        for action in parser._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"{parser.prog} {action.option_strings[0]} has no help"
+    home_train = subcommands(subcommands(build_parser()).choices["home"]).choices["train"]
+    helps = {action.dest: action.help for action in home_train._actions}
+    assert all(name in helps["model"] for name in names.MODELS)
+    assert all(name in helps["pool"] for name in pool_names()) and "mixed-rpi" in helps["pool"]
+    assert all(name in helps["planner"] for name in names.PLANNERS)
+
+
+def test_the_names_help_lists_are_the_ones_implemented():
+    """ecofl.names lists exactly what the model zoo, the planners and the emulation modes implement."""
+    from ecofl import names
+    from ecofl.models.registry import _BUILDERS
+    from ecofl.pipeline.planners import PLANNERS
+    from ecofl.pipeline.runtime.emulation import Emulation
+
+    assert tuple(_BUILDERS) == names.MODELS
+    assert tuple(PLANNERS) == names.PLANNERS
+    assert tuple(str(mode) for mode in Emulation) == names.EMULATION_MODES
+
+
+def test_missing_data_advice_names_only_options_the_command_has(capsys):
+    """`ecofl home train --dataset mnist` without the files: the advice names --download and --data-root, which
+    `ecofl home train --help` lists (it once named --root, which the command did not have)."""
+    assert main(["home", "train", "--model", "cnn", "--pool", "ecofl-3stage", "--dataset", "mnist", "--rounds", "1",
+                 "--data-root", "/nonexistent/ecofl-data"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mnist: data files not found" in err and "Traceback" not in err
+    home_train = subcommands(subcommands(build_parser()).choices["home"]).choices["train"]
+    listed = {option for action in home_train._actions for option in action.option_strings}
+    advised = {word.rstrip(";,") for word in err.split() if word.startswith("--")}
+    assert advised and advised <= listed, advised - listed
 
 
 def test_home_status_imports_neither_torch_nor_the_pipeline(tmp_path):

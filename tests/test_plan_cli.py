@@ -80,9 +80,9 @@ def test_inference_table_and_stream_gantt(cache, tmp_path, capsys):
         (["--pool", "asteroid-a", "--bandwidth", "0"], "bandwidth must be positive"),
         (["--pool", "nano-10w,toaster"], "unknown pool or device preset 'toaster'"),
         (["--pool", "mansion"], "unknown pool or device preset 'mansion'"),
-        (["--pool", "asteroid-a", "--planner", "magic"], "valid planners: ecofl, hpp, pipeedge, even, dp"),
-        (["--pool", "asteroid-a", "--model", "nope"], "unknown model 'nope'"),
-        (["--pool", "asteroid-a", "--granularity", "atoms"], "unknown granularity"),
+        (["--pool", "asteroid-a", "--planner", "magic"], "(choose from 'ecofl', 'hpp', 'pipeedge', 'even', 'dp')"),
+        (["--pool", "asteroid-a", "--model", "nope"], "invalid choice: 'nope' (choose from 'cnn', 'mobilenet_v2'"),
+        (["--pool", "asteroid-a", "--granularity", "atoms"], "invalid choice: 'atoms' (choose from 'block', 'fine')"),
         (["--pool", "asteroid-a", "--input-shape", "28,28"], "input-shape"),
     ],
 )

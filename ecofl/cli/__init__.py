@@ -1,13 +1,11 @@
 """The ``ecofl`` command line: one module in this package per command.
 
-Each module has ``register(subparsers)`` which adds its command's parser and
-sets ``func`` (taking the parsed arguments, returning an exit code). User
-errors are raised as :class:`ecofl.errors.UserError` and printed without a
-traceback.
-
-A command's module is imported only when that command is asked for (all of
-them for ``ecofl --help``): the training commands need torch and take seconds
-to import, while ``ecofl home status`` must answer at once.
+Every command's options are in :mod:`ecofl.cli.options`, which imports no
+torch, so parsing and ``--help`` answer at once; the module that runs a
+command (``run(args)``, returning an exit code) is imported only when the
+command runs: the training commands need torch and take seconds to import.
+User errors are raised as :class:`ecofl.errors.UserError` and printed
+without a traceback.
 """
 
 from __future__ import annotations
@@ -16,62 +14,65 @@ import argparse
 import importlib
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable
 
+from ecofl.cli import options
 from ecofl.errors import UserError
 from ecofl.interrupt import INTERRUPTED_EXIT, end_at, sigterm_as_interrupt
 
-# Command words -> the module in this package that registers it, in the order ``ecofl --help`` lists them.
-COMMANDS: dict[tuple[str, ...], str] = {
-    ("data",): "data",
-    ("train",): "train",
-    ("plan",): "plan",
-    ("home", "train"): "home_train",
-    ("home", "infer"): "home_infer",
-    ("home", "serve"): "home_serve",
-    ("home", "status"): "home_status",
-    ("device", "serve"): "device_serve",
+# Command words -> the function of ecofl.cli.options that adds its parser, in the order ``ecofl --help`` lists them.
+COMMANDS: dict[tuple[str, ...], Callable[[argparse._SubParsersAction], None]] = {
+    ("data",): options.add_data_commands,
+    ("train",): options.add_train,
+    ("plan",): options.add_plan,
+    ("home", "train"): options.add_home_train,
+    ("home", "infer"): options.add_home_infer,
+    ("home", "serve"): options.add_home_serve,
+    ("home", "status"): options.add_home_status,
+    ("device", "serve"): options.add_device_serve,
 }
+DESCRIPTION = ("Eco-FL's homes: inspect data, plan a model over a home's devices, train through its pipeline, "
+               "serve a deployed home (docs/pipeline.md, docs/deploy.md); simulations: python -m simulations.run")
 GROUPS = {
     "home": "run a home's pipeline (emulated devices), or serve a deployed home",
     "device": "serve as one device of a home (deployment)",
 }
 
 
-def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
-    """The parser of the commands ``argv`` may name (every command when it names none we know)."""
-    words = _leading_words(argv)
-    asked = [path for path in COMMANDS if all(a == b for a, b in zip(path, words))] or list(COMMANDS)
-    parser = argparse.ArgumentParser(prog="ecofl", description=__doc__.splitlines()[0])
+class UsageError(UserError):
+    """A command line argparse rejects: said in one line (with ``--help`` for the rest), not with the usage."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are :class:`UsageError` (its subcommands' parsers are Parsers too)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command."""
+    parser = Parser(prog="ecofl", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
-    for path in asked:
+    for path, add in COMMANDS.items():
         subparsers = commands
         if len(path) == 2:
             if path[0] not in groups:
                 group = commands.add_parser(path[0], help=GROUPS[path[0]])
                 groups[path[0]] = group.add_subparsers(dest=f"{path[0]}_command", required=True)
             subparsers = groups[path[0]]
-        importlib.import_module(f"ecofl.cli.{COMMANDS[path]}").register(subparsers)
+        add(subparsers)
     return parser
-
-
-def _leading_words(argv: Sequence[str]) -> list[str]:
-    """The command words: the arguments before the first option."""
-    words = []
-    for arg in argv:
-        if arg.startswith("-"):
-            break
-        words.append(arg)
-    return words
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         with sigterm_as_interrupt():  # `kill` stops a run as Ctrl-C does: its workers and namespaces are cleaned up
-            return int(args.func(args) or 0)
+            command = importlib.import_module(f"ecofl.cli.{args.command_module}")
+            return int(getattr(command, args.command_function)(args) or 0)
     except UserError as error:
         print(f"ecofl: error: {error}", file=sys.stderr)
         return 2

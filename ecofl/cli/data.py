@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ecofl.cli.options import image_path
 from ecofl.data import (
-    DATASETS,
-    PARTITION_SCHEMES,
     default_client_groups,
     label_histograms,
     load_dataset,
@@ -37,39 +36,8 @@ SCHEME_PARAMETERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``ecofl data info`` and ``ecofl data partition``."""
-    parser = subparsers.add_parser("data", help="inspect datasets and partitions", description=__doc__)
-    commands = parser.add_subparsers(dest="data_command", required=True)
-
-    info = commands.add_parser("info", help="sizes, classes, input shape and source of a dataset")
-    _dataset_arguments(info)
-    info.add_argument("--json", action="store_true", help="print JSON")
-    info.set_defaults(func=run_info)
-
-    split = commands.add_parser("partition", help="partition a dataset's training labels over clients")
-    _dataset_arguments(split)
-    split.add_argument("--scheme", required=True, choices=PARTITION_SCHEMES)
-    split.add_argument("--clients", type=int, required=True, help="number of clients (homes)")
-    split.add_argument("--seed", type=int, default=0)
-    split.add_argument("--classes-per-client", type=int, default=2, help="shards, rlg-*: classes per client")
-    split.add_argument("--alpha", type=float, default=0.5, help="dirichlet: concentration")
-    split.add_argument("--groups", type=int, default=5, help="rlg-*: response-latency groups")
-    split.add_argument("--classes-per-group", type=int, default=3, help="rlg-niid: classes per group")
-    split.add_argument("--max-rows", type=int, default=20, help="clients listed in text output (0: all)")
-    split.add_argument("--json", action="store_true", help="print JSON (all clients)")
-    split.add_argument("--plot", metavar="FILE", help="write a PNG of the label distribution")
-    split.set_defaults(func=run_partition)
-
-
-def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", metavar="NAME", help=f"one of: {', '.join(DATASETS)}")
-    parser.add_argument("--root", help="directory with the files in torchvision layout")
-    parser.add_argument("--download", action="store_true", help="download missing files (needs internet)")
-
-
 def run_info(args: argparse.Namespace) -> int:
-    dataset = load_dataset(args.name, root=args.root, download=args.download)
+    dataset = load_dataset(args.name, root=args.data_root, download=args.download)
     report = {
         "name": dataset.name,
         "train": len(dataset.train),
@@ -91,7 +59,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_partition(args: argparse.Namespace) -> int:
-    dataset = load_dataset(args.name, root=args.root, download=args.download)
+    dataset = load_dataset(args.name, root=args.data_root, download=args.download)
     labels = dataset.train.y.numpy()
     all_parameters = {
         "classes_per_client": args.classes_per_client,
@@ -105,16 +73,17 @@ def run_partition(args: argparse.Namespace) -> int:
     groups = default_client_groups(args.clients, args.groups) if args.scheme.startswith("rlg") else None
     report = _partition_report(dataset.name, dataset.source, args, parameters, histograms, groups)
     report["class_names"] = list(dataset.class_names)
-    if args.plot:
+    plot = image_path(args.plot) if args.plot else None
+    if plot:
         title = f"{dataset.name}: {args.scheme}, {args.clients} clients, seed {args.seed}"
-        plot_label_distribution(histograms, args.plot, class_names=dataset.class_names,
+        plot_label_distribution(histograms, plot, class_names=dataset.class_names,
                                 title=title, groups=groups)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         _print_partition(report, args.max_rows)
-        if args.plot:
-            print(f"plot written to {args.plot}")
+        if plot:
+            print(f"plot written to {plot}")
     return 0
 
 

@@ -34,13 +34,14 @@ import sys
 
 import torch
 
-from ecofl.cli.emulation_option import add_emulation_argument, chosen_emulation
-from ecofl.data import DATASETS, load_dataset
+from ecofl.cli.options import image_path
+from ecofl.cli.emulation_option import chosen_emulation
+from ecofl.data import load_dataset
 from ecofl.devices import host_pool
 from ecofl.errors import UserError
 from ecofl.fl.checkpoint import global_model_weights
-from ecofl.models import GRANULARITIES, build_model
-from ecofl.pipeline.planners import PLANNERS, check_planner, make_plan
+from ecofl.models import build_model
+from ecofl.pipeline.planners import check_planner, make_plan
 from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.pipeline.runtime import HomePipelineError, ZooModel
 from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds
@@ -53,35 +54,12 @@ from ecofl.pools import load_pool
 from ecofl.weights import get_weights
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("infer", help="pipelined inference of a trained model across the home's devices")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--pool", required=True, help="a named pool (conf/home), a pool file (YAML) or presets a,b,c")
-    parser.add_argument("--dataset", required=True, help=f"one of {', '.join(DATASETS)} (its test split)")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--weights", default=None, help="a weights file (global_model.npz)")
-    source.add_argument("--checkpoint", default=None,
-                        help="a run's output directory, its checkpoints directory or a checkpoint file")
-    parser.add_argument("--planner", default="pipeedge", help=f"one of {', '.join(PLANNERS)}")
-    parser.add_argument("--micro-batch", type=int, default=None, help="fix the micro-batch size")
-    parser.add_argument("--batch", type=int, default=64, help="micro-batch sizes the planner tries: its divisors")
-    parser.add_argument("--samples", type=int, default=512, help="test samples to stream")
-    parser.add_argument("--bandwidth", type=float, default=None, help="every link in Mbps")
-    parser.add_argument("--granularity", default="block", help=f"one of {', '.join(GRANULARITIES)}")
-    add_emulation_argument(parser)
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds any step may take before failing")
-    parser.add_argument("--cache-dir", default=None, help="profile cache (default ~/.cache/ecofl/profiles)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--timeline", default=None, metavar="FILE", help="write the measured timeline as PNG")
-    parser.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.samples < 1 or args.batch < 1:
         raise UserError(f"--samples and --batch must be positive, got {args.samples} and {args.batch}")
     check_planner(args.planner)
     pool = load_pool(args.pool, args.bandwidth)
-    data = load_dataset(args.dataset)
+    data = load_dataset(args.dataset, args.data_root, args.download)
     shape = tuple(int(d) for d in data.input_shape)
     spec = ZooModel(args.model, shape, data.num_classes, args.granularity)
     weights = _weights(args, spec)
@@ -111,8 +89,11 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         from ecofl.pipeline.gantt import plot_gantt
 
-        plot_gantt(result.timeline, args.timeline, title=f"inference: {args.model} on {pool.name} ({plan.planner})",
+        image = image_path(args.timeline)
+
+        plot_gantt(result.timeline, image, title=f"inference: {args.model} on {pool.name} ({plan.planner})",
                    device_names={d: device.name for d, device in enumerate(pool.devices)})
+        print(f"timeline written to {image}", file=sys.stderr)
     print(json.dumps(report) if args.json else table(report))
     return 0
 

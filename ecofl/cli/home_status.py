@@ -15,16 +15,6 @@ from ecofl.errors import UserError
 from ecofl.net.errors import AuthenticationFailed
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """``ecofl home status``."""
-    status = commands.add_parser("status", help="a running home service's devices and rounds")
-    status.add_argument("--home", required=True, metavar="HOST:PORT")
-    status.add_argument("--secret-file", default=None,
-                        help="the home's secret (hex); default $ECOFL_HOME_SECRET_FILE or $ECOFL_HOME_SECRET")
-    status.add_argument("--json", action="store_true", help="print one JSON object")
-    status.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     address, secret = parse_address(args.home), read_secret(args.secret_file)
     try:

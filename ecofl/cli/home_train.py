@@ -32,59 +32,22 @@ import json
 import statistics
 import sys
 
+from ecofl.cli.options import image_path
 from ecofl.devices import host_cores
 from ecofl.pools import load_pool
 from ecofl.pipeline.profile import profile_zoo_model
-from ecofl.data import DATASETS, load_dataset
+from ecofl.data import load_dataset
 from ecofl.errors import UserError
-from ecofl.models import GRANULARITIES
 from ecofl.pipeline.cost import SyncRoundCost
-from ecofl.pipeline.plan import TRAINING_SCHEDULES, Plan, ScheduleKind
-from ecofl.pipeline.planners import PLANNERS, check_planner, make_plan
+from ecofl.pipeline.plan import Plan, ScheduleKind
+from ecofl.pipeline.planners import check_planner, make_plan
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
-from ecofl.pipeline.replan import REPLAN_KINDS
-from ecofl.pipeline.runtime.faults import INJECTION_SYNTAX, FaultTolerance, Injection
-from ecofl.pipeline.runtime.traps import PHASES
+from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.cli.emulation_option import add_emulation_argument, chosen_emulation
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """``ecofl home train``."""
-    parser = subparsers.add_parser("train", help="train through the home pipeline and measure it")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--pool", required=True, help="a named pool (conf/home), a pool file (YAML) or presets a,b,c")
-    parser.add_argument("--dataset", required=True, help=f"one of {', '.join(DATASETS)}")
-    parser.add_argument("--planner", default="ecofl", help=f"one of {', '.join(PLANNERS)}")
-    parser.add_argument("--schedule", choices=[str(kind) for kind in TRAINING_SCHEDULES], default=None,
-                        help="override the plan's schedule (async-1f1b: FTPipeHD, no flush, weight stashing)")
-    parser.add_argument("--aggregate-every", type=int, default=1,
-                        help="async-1f1b: average a stage's last S-s weight versions every this x (S-s) steps (0: off)")
-    parser.add_argument("--rounds", type=int, default=3, help="sync-rounds to train")
-    parser.add_argument("--batch", type=int, default=64, help="mini-batch (samples per sync-round)")
-    parser.add_argument("--micro-batch", type=int, default=None, help="fix the micro-batch size")
-    parser.add_argument("--bandwidth", type=float, default=None, help="every link in Mbps (default 100)")
-    parser.add_argument("--granularity", default="block", help=f"one of {', '.join(GRANULARITIES)}")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--momentum", type=float, default=0.9)
-    add_emulation_argument(parser)
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds any step may take before failing")
-    parser.add_argument("--cache-dir", default=None, help="profile cache (default ~/.cache/ecofl/profiles)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--timeline", default=None, metavar="FILE", help="write the measured timeline as PNG")
-    parser.add_argument("--inject", action="append", default=[], metavar="EVENT",
-                        help=f"{INJECTION_SYNTAX} (repeatable; turns fault tolerance on). A kill or freeze strikes as "
-                             f"sync-round R starts, or, with a PHASE, when device D reaches its K-th (default 1st) "
-                             f"PHASE from sync-round R on: {', '.join(PHASES)}")
-    parser.add_argument("--fault-tolerance", action="store_true",
-                        help="heartbeats, replication and re-planning even without injected events")
-    parser.add_argument("--replan", choices=REPLAN_KINDS, default="lightweight", help="re-planning after a failure")
-    parser.add_argument("--replicate-every", type=int, default=1, help="sync-rounds between stage replications")
-    parser.add_argument("--global-copy-every", type=int, default=5, help="G: sync-rounds between global copies")
-    parser.set_defaults(func=run)
+from ecofl.cli.emulation_option import chosen_emulation
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--rounds and --batch must be positive, got {args.rounds} and {args.batch}")
     check_planner(args.planner)
     pool = load_pool(args.pool, args.bandwidth)
-    data = load_dataset(args.dataset)
+    data = load_dataset(args.dataset, args.data_root, args.download)
     shape = tuple(int(d) for d in data.input_shape)
     profile = profile_zoo_model(args.model, shape, data.num_classes, args.granularity, args.cache_dir)
     mode = chosen_emulation(args)
@@ -129,8 +92,11 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         from ecofl.pipeline.gantt import plot_gantt
 
-        plot_gantt(result.timeline, args.timeline, title=f"measured: {args.model} on {pool.name} ({plan.planner})",
+        image = image_path(args.timeline)
+
+        plot_gantt(result.timeline, image, title=f"measured: {args.model} on {pool.name} ({plan.planner})",
                    device_names={d: spec.name for d, spec in enumerate(pool.devices)})
+        print(f"timeline written to {image}", file=sys.stderr)
     print(json.dumps(report) if args.json else table(report))
     return 0
 

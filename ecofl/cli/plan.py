@@ -14,44 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
+from ecofl.cli.options import image_path
 from ecofl.devices import HomePool
 from ecofl.errors import UserError
-from ecofl.models import GRANULARITIES
 from ecofl.pipeline.cost import SyncRoundCost, simulate, stage_compute_s
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.planners import PLANNERS, check_planner, make_plan
+from ecofl.pipeline.planners import check_planner, make_plan
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
 from ecofl.pipeline.stream import StreamCost, simulate_stream
-from ecofl.pools import load_pool, pool_names
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("plan",
-                                   help="plan a model over a home's devices and predict a sync-round or a stream")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--pool", required=True,
-                        help=f"one of {', '.join(pool_names())}, a pool file (YAML) or presets a,b,c")
-    parser.add_argument("--planner", default="ecofl", help=f"one of {', '.join(PLANNERS)}")
-    parser.add_argument("--batch", type=int, default=128,
-                        help="mini-batch (samples per sync-round); --inference: the samples over which micro-batch "
-                             "sizes (its divisors) are compared")
-    parser.add_argument("--inference", action="store_true",
-                        help="plan pipelined inference (forward-only stream) and predict throughput and latency")
-    parser.add_argument("--micro-batch", type=int, default=None, help="fix the micro-batch size")
-    parser.add_argument("--micro-batch-rule", default=None, choices=("largest", "fastest"),
-                        help="ecofl/pipeedge: fastest estimated round (default) "
-                             "or largest size holding P_s tasks (paper)")
-    parser.add_argument("--bandwidth", type=float, default=None, help="every link in Mbps (default 100)")
-    parser.add_argument("--granularity", default="block", help=f"one of {', '.join(GRANULARITIES)}")
-    parser.add_argument("--input-shape", default="3,32,32", help="one sample's C,H,W")
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--cache-dir", default=None, help="profile cache (default ~/.cache/ecofl/profiles)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--gantt", default=None, metavar="FILE",
-                        help="write the simulated sync-round (or stream) as PNG")
-    parser.set_defaults(func=run)
+from ecofl.pools import load_pool
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -186,8 +160,11 @@ def run(args: argparse.Namespace) -> int:
     if args.gantt:
         from ecofl.pipeline.gantt import plot_gantt
 
+        image = image_path(args.gantt)
+
         what = "stream" if args.inference else "sync-round"
-        plot_gantt(cost.timeline, args.gantt, title=f"{args.planner} {what}: {profile.model} on {pool.name}",
+        plot_gantt(cost.timeline, image, title=f"{args.planner} {what}: {profile.model} on {pool.name}",
                    device_names={d: spec.name for d, spec in enumerate(pool.devices)})
+        print(f"gantt written to {image}", file=sys.stderr)
     print(json.dumps(report) if args.json else _table(report))
     return 0

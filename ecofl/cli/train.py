@@ -17,31 +17,8 @@ from ecofl.models import build_model
 from ecofl.train import TrainConfig, evaluate, train_local
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("train", help="train a model centrally and print test accuracy")
-    parser.add_argument("--dataset", default="fashion_mnist")
-    parser.add_argument("--model", default="cnn")
-    parser.add_argument("--epochs", type=_positive_int, default=1)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--limit", type=int, default=None, help="train on the first N samples only")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--root", default=None, help="dataset root (torchvision layout)")
-    parser.add_argument("--download", action="store_true", help="allow torchvision downloads")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(func=run)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def run(args: argparse.Namespace) -> int:
-    dataset = load_dataset(args.dataset, root=args.root, download=args.download)
+    dataset = load_dataset(args.dataset, root=args.data_root, download=args.download)
     torch.manual_seed(args.seed)
     model = build_model(args.model, dataset.input_shape, dataset.num_classes)
     x, y = dataset.train.x[: args.limit], dataset.train.y[: args.limit]

@@ -6,12 +6,14 @@ once per process; :func:`partition` splits its training labels over clients
 counts each client's labels.
 """
 
-from ecofl.data.datasets import DATASETS, Dataset, Split, load_dataset
+from ecofl.data.datasets import CONFIG_OPTIONS, DATASETS, DataOptions, Dataset, Split, load_dataset
 from ecofl.data.partition import PARTITION_SCHEMES, default_client_groups, partition
 from ecofl.data.stats import js_to_uniform, label_histograms, partition_summary
 
 __all__ = [
+    "CONFIG_OPTIONS",
     "DATASETS",
+    "DataOptions",
     "PARTITION_SCHEMES",
     "Dataset",
     "Split",

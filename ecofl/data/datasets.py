@@ -43,11 +43,12 @@ import numpy as np
 import torch
 
 from ecofl.data.idx import find_idx_files, read_idx
+from ecofl import names
 from ecofl.errors import UserError
 
 log = logging.getLogger(__name__)
 
-DATASETS: tuple[str, ...] = ("digits", "fashion_mnist", "mnist", "cifar10")
+DATASETS = names.DATASETS
 #: Where decoded datasets are shared between processes: ``$ECOFL_CACHE_DIR``, else this.
 DEFAULT_CACHE_DIR = Path("~/.cache/ecofl")
 #: Bump when the decoding changes, so old decoded files are not reused.
@@ -103,21 +104,28 @@ _CIFAR10_NAMES = ("airplane", "automobile", "bird", "cat", "deer",
                   "dog", "frog", "horse", "ship", "truck")
 
 
-def load_dataset(name: str, root: str | None = None, download: bool = False) -> Dataset:
+def load_dataset(
+    name: str, root: str | None = None, download: bool = False, options: DataOptions | None = None
+) -> Dataset:
     """Load dataset ``name`` (one of :data:`DATASETS`), decoded once per process and root.
 
     Raises :class:`UserError` for an unknown name, or when the files are not
-    found and cannot be downloaded; the message says how to get them.
+    found and cannot be downloaded; the message says how to get them, naming
+    the root and download options as the caller's user spells them
+    (``options``; default the command line's ``--data-root`` and ``--download``).
     """
     if name not in DATASETS:
         raise UserError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     resolved = str(Path(root).expanduser().resolve()) if root is not None else None
     try:
-        return _load(name, resolved, False)  # files already there: one cache entry either way
-    except UserError:
-        if not download:
-            raise
-    return _load(name, resolved, True)
+        try:
+            return _load(name, resolved, False)  # files already there: one cache entry either way
+        except DataFilesMissing:
+            if not download:
+                raise
+        return _load(name, resolved, True)
+    except DataFilesMissing as missing:
+        raise UserError(missing.advice(options or DataOptions())) from None
 
 
 @lru_cache(maxsize=None)
@@ -242,8 +250,8 @@ def _load_cifar10(root: Path | None, download: bool) -> _Raw:
         train = CIFAR10(str(target), train=True, download=False)
         test = CIFAR10(str(target), train=False, download=False)
     except RuntimeError as error:  # torchvision: "Dataset not found or corrupted"
-        raise UserError(f"cifar10 files under {directory} are unusable ({error}); "
-                        "delete them and run again with --download") from error
+        raise DataFilesMissing("cifar10", f"the files under {directory} are unusable ({error}); delete them",
+                               CIFAR10.base_folder) from error
     return _Raw(
         train.data.transpose(0, 3, 1, 2), np.asarray(train.targets),
         test.data.transpose(0, 3, 1, 2), np.asarray(test.targets),
@@ -280,28 +288,47 @@ def _download_idx(name: str, folder: str, target: Path) -> _Raw:
 
 
 def _download(name: str, fetch: Callable[[], object], layout: str) -> None:
-    """Run a torchvision download, turning network failures into a one-line :class:`UserError`."""
+    """Run a torchvision download, turning network failures into a one-line :class:`DataFilesMissing`."""
     try:
         fetch()
     except (OSError, RuntimeError) as error:  # URLError is an OSError
         reason = " ".join(str(error).split())
-        raise UserError(f"{name}: download failed ({reason}); {_how_to(name, layout)}") from error
+        raise DataFilesMissing(name, f"download failed ({reason})", layout) from error
 
 
-def _missing(name: str, searched: list[Path], layout: str) -> UserError:
+def _missing(name: str, searched: list[Path], layout: str) -> DataFilesMissing:
     places = ", ".join(str(p) for p in searched)
-    return UserError(f"{name}: data files not found (looked in {places}); {_how_to(name, layout)}")
+    return DataFilesMissing(name, f"data files not found (looked in {places})", layout)
 
 
-def _how_to(name: str, layout: str | None = None) -> str:
-    """The ways to get ``name``'s files, as one sentence."""
-    ways = []
-    if name == "fashion_mnist":
-        ways.append("install Debian's package (apt-get install dataset-fashion-mnist)")
-    ways.append("pass --download (download=True) where the internet is reachable")
-    if layout is not None:
-        ways.append(f"or put the torchvision files under ROOT/{layout} and pass --root ROOT")
-    return "to get them: " + "; ".join(ways)
+@dataclass(frozen=True)
+class DataOptions:
+    """How the user of an entry point names a dataset's root and the permission to download (its advice)."""
+
+    root: str = "--data-root ROOT"
+    download: str = "--download"
+
+
+#: ``simulations.run`` and the ``flwr run`` config: the ``dataset`` section's keys.
+CONFIG_OPTIONS = DataOptions("dataset.root=ROOT", "dataset.download=true")
+
+
+class DataFilesMissing(UserError):
+    """A dataset's files are not here and could not be fetched; :meth:`advice` says how to get them."""
+
+    def __init__(self, name: str, problem: str, layout: str | None) -> None:
+        self.name, self.problem, self.layout = name, problem, layout
+        super().__init__(self.advice(DataOptions()))
+
+    def advice(self, options: DataOptions) -> str:
+        """The problem and the ways to get the files, naming the options as ``options`` spells them."""
+        ways = []
+        if self.name == "fashion_mnist":
+            ways.append("install Debian's package (apt-get install dataset-fashion-mnist)")
+        ways.append(f"pass {options.download} where the internet is reachable")
+        if self.layout is not None:
+            ways.append(f"or put the torchvision files under ROOT/{self.layout} and pass {options.root}")
+        return f"{self.name}: {self.problem}; to get them: " + "; ".join(ways)
 
 
 _LOADERS: dict[str, tuple[Callable[[Path | None, bool], _Raw], tuple[str, ...]]] = {

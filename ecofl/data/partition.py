@@ -24,10 +24,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ecofl import names
 from ecofl.data.label_skew import assign_classes, latency_groups, shards
 from ecofl.errors import UserError
 
-PARTITION_SCHEMES: tuple[str, ...] = ("iid", "shards", "dirichlet", "rlg-iid", "rlg-niid")
+PARTITION_SCHEMES = names.PARTITION_SCHEMES
 #: The schemes whose clients can draw ``samples_per_client`` samples with replacement across clients.
 DRAWING_SCHEMES: tuple[str, ...] = ("iid", "shards")
 

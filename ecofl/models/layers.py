@@ -31,10 +31,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from ecofl import names
 from ecofl.errors import UserError
 from ecofl.models.transformer_units import encoder_layer_units
 
-GRANULARITIES: tuple[str, ...] = ("block", "fine")
+GRANULARITIES = names.GRANULARITIES
 
 
 def named_layer_sequence(model: nn.Module, granularity: str = "block") -> list[tuple[str, nn.Module]]:

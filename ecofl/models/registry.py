@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from ecofl import names
 from ecofl.errors import UserError
 from ecofl.models.bert import bert_small
 from ecofl.models.cnn import fedavg_cnn
@@ -18,8 +19,8 @@ _BUILDERS: dict[str, Callable[..., nn.Sequential]] = {
     "bert_small": bert_small,
 }
 
-MODELS: tuple[str, ...] = tuple(_BUILDERS)
-"""Every registered model name, in registration order."""
+MODELS = names.MODELS
+"""Every registered model name, in registration order (tests/test_cli.py: exactly the zoo's)."""
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, **options: object) -> nn.Module:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from ecofl import names
 from ecofl.devices import HomePool
 from ecofl.pipeline.schedule import Schedule, async_one_f_one_b, gpipe, one_f_one_b
 
@@ -59,9 +60,7 @@ class ScheduleKind(StrEnum):
             raise ValueError(f"unknown schedule {text!r}; valid: {', '.join(cls)}") from None
 
 
-TRAINING_SCHEDULES: tuple[ScheduleKind, ...] = (
-    ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE, ScheduleKind.ASYNC_ONE_F_ONE_B
-)
+TRAINING_SCHEDULES: tuple[ScheduleKind, ...] = tuple(ScheduleKind(kind) for kind in names.TRAINING_SCHEDULES)
 
 #: Micro-batches a stage of a stream (inference) plan holds when memory allows:
 #: one arriving, one in its forward, one being sent on, so that receiving,

@@ -33,6 +33,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ecofl import names
 from ecofl.devices import HomePool
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import stage_compute_s
@@ -43,7 +44,7 @@ from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replication import backup_bytes
 from ecofl.pipeline.schedule import target_in_flight
 
-REPLAN_KINDS = ("lightweight", "full", "heavy")
+REPLAN_KINDS = names.REPLAN_KINDS
 
 
 def measured_speeds(

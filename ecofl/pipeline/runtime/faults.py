@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from ecofl import names
 from ecofl.errors import UserError
 from ecofl.net.liveness import LivenessSettings
 from ecofl.pipeline.replan import REPLAN_KINDS
@@ -37,7 +38,7 @@ from ecofl.pipeline.replan import REPLAN_KINDS
 from ecofl.pipeline.runtime.traps import PHASES
 
 INJECTION_KINDS = ("kill", "freeze", "slow", "join")
-INJECTION_SYNTAX = "kill:D@R[:PHASE[:K]], freeze:D@R[:PHASE[:K]], slow:D*F@R or join:D@R"
+INJECTION_SYNTAX = names.INJECTION_SYNTAX
 _INJECTION = re.compile(r"^(kill|freeze|join):(\d+)@(\d+)(?::([a-z-]+)(?::(\d+))?)?$|^slow:(\d+)\*([0-9.]+)@(\d+)$")
 
 

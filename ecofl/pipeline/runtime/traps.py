@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ecofl import names
 from ecofl.pipeline.runtime.control_messages import Trapped
 
-ROUND_PHASES = ("forward", "backward", "send", "allreduce", "step")
-PHASES = ROUND_PHASES + ("replicate", "global-copy", "migrate", "recover")
+ROUND_PHASES, PHASES = names.ROUND_PHASES, names.PHASES
 SIGNALS = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP}
 
 
