@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 
 from ecofl.fl.dispatch_batch import DispatchBatch
 from ecofl.fl.transport import HomeReport, TrainReply, Weights
@@ -173,11 +174,24 @@ def read_report(message: Message) -> HomeReport:
     )
 
 
+#: What kind of failure an error reply's code is (``ecofl.fl.home_failures``): Flower's codes, then ours.
+FAILURE_KINDS = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION: "raised", ErrorCode.CLIENT_APP_RAISED_EXCEPTION: "raised",
+                 ErrorCode.MESSAGE_UNAVAILABLE: "unavailable", ErrorCode.REPLY_MESSAGE_UNAVAILABLE: "unavailable",
+                 ErrorCode.NODE_UNAVAILABLE: "node_unavailable", ErrorCode.CLIENT_APP_CRASHED: "crashed",
+                 MALFORMED_REQUEST: "malformed_request", PIPELINE_FAILED: "pipeline_failed"}
+
+
+def failure_kind(message: Message) -> str:
+    """The kind of failure an error reply reports (``"error"`` for a code without one)."""
+    return FAILURE_KINDS.get(message.error.code, "error")
+
+
 def read_reply(message: Message, home: int) -> TrainReply:
-    """The :class:`TrainReply` in a train reply; a Flower error becomes ``TrainReply.error``."""
+    """The :class:`TrainReply` in a train reply; a Flower error becomes ``TrainReply.error`` and its kind."""
     if message.has_error():
         reason = message.error.reason or f"error code {message.error.code}"
-        return TrainReply(home=home, weights=None, num_samples=0, loss=float("nan"), latency_s=0.0, error=reason)
+        return TrainReply(home=home, weights=None, num_samples=0, loss=float("nan"), latency_s=0.0, error=reason,
+                          failure=failure_kind(message))
     try:
         metrics = message.content[METRICS]
         return TrainReply(
@@ -190,5 +204,5 @@ def read_reply(message: Message, home: int) -> TrainReply:
     except (KeyError, TypeError, ValueError) as err:
         return TrainReply(
             home=home, weights=None, num_samples=0, loss=float("nan"), latency_s=0.0,
-            error=f"malformed reply: {err!r}",
+            error=f"malformed reply: {err!r}", failure="malformed_reply",
         )

@@ -54,6 +54,7 @@ from flwr.serverapp import Grid
 import protocol
 from ecofl.errors import UserError
 from ecofl.fl.dispatch_batch import DispatchBatch, dispatch_batches
+from ecofl.fl.home_failures import HomeFailures
 from ecofl.fl.transport import HomeReport, RunStopped, TrainReply, TrainTask
 from server.config import SILENT_HOMES
 
@@ -118,6 +119,9 @@ class GridTransport:
     task ``reply_timeout_s``. At most ``window`` messages of one exchange are
     in flight at a time. Setting ``stop`` (Ctrl-C) ends any wait with
     :class:`~ecofl.fl.transport.RunStopped` within ``poll_interval_s``.
+    ``batch_homes``: ``train`` names each task's dispatch batch (module docstring).
+    ``failures``: where the failures only the transport sees are counted by kind: the connect phase's, the
+    queries', and training tasks that never answered (the loop counts those that answered with an error).
     """
 
     def __init__(
@@ -134,6 +138,7 @@ class GridTransport:
         train_config: dict | None = None,
         stop: threading.Event | None = None,
         batch_homes: bool = False,
+        failures: HomeFailures | None = None,
     ) -> None:
         if silent_homes not in SILENT_HOMES:
             raise UserError(f"silent_homes must be one of {', '.join(SILENT_HOMES)}, got {silent_homes!r}")
@@ -150,6 +155,7 @@ class GridTransport:
         self.stop = stop or threading.Event()
         self.train_config = dict(train_config or {})  # sent with queries: homes without a latency model probe
         self.batch_homes = batch_homes
+        self.failures = failures or HomeFailures()  # connect and query failures (the loop counts the training's)
         self._run_token = uuid.uuid4().hex[:12]  # batch ids are unique within the run (and across runs)
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self.times = TransportTimes()
@@ -182,11 +188,11 @@ class GridTransport:
 
         replies = self._exchange(node_ids, query, deadline, "connect")
         reports = []
-        errors = [(node, reply.error.reason) for node, reply in replies.items() if reply.has_error()]
-        if errors:
-            log.warning("%d nodes answered the connect query with an error, e.g. node %d: %s", len(errors), *errors[0])
+        for node in sorted(set(node_ids) - set(replies)):
+            self.failures.record("connect:silent", f"node {node}", f"no answer to the connect query in {timeout_s:g} s")
         for node, reply in replies.items():
             if reply.has_error():
+                self.failures.record(f"connect:{protocol.failure_kind(reply)}", f"node {node}", reply.error.reason)
                 continue
             report = protocol.read_report(reply)
             if not 0 <= report.home < self.num_homes:
@@ -235,9 +241,12 @@ class GridTransport:
 
         known = [home for home in homes if home in self.node_of]
         reports = []
-        for home, reply in self._exchange(known, query, deadline).items():
+        replies = self._exchange(known, query, deadline)
+        for home in sorted(set(known) - set(replies)):
+            self.failures.record("query:silent", f"home {home}", f"no answer within {self.query_timeout_s:g} s")
+        for home, reply in replies.items():
             if reply.has_error():
-                log.warning("home %d could not be profiled: %s", home, reply.error.reason)
+                self.failures.record(f"query:{protocol.failure_kind(reply)}", f"home {home}", reply.error.reason)
                 continue
             reports.append(protocol.read_report(reply))
         self.times.query_s += time.monotonic() - started
@@ -256,6 +265,8 @@ class GridTransport:
         replies = self._exchange(list(messages), messages.__getitem__, deadline)
         self.times.train_calls += 1
         self.times.train_wall_s += time.monotonic() - started
+        for home in sorted(set(messages) - set(replies)):
+            self.failures.record("train:silent", f"home {home}", f"no reply within {self.reply_timeout_s:g} s")
         out = []
         for home, reply in replies.items():
             self._note_worker(reply)
@@ -275,7 +286,8 @@ class GridTransport:
                 self._submitted[message.metadata.message_id] = (task, now)
                 delivered.add(id(task))
         self._undelivered += [
-            (task, TrainReply(task.home, None, 0, math.nan, math.nan, error="not delivered: home not connected"))
+            (task, TrainReply(task.home, None, 0, math.nan, math.nan, error="not delivered: home not connected",
+                                   failure="not_delivered"))
             for task in tasks if id(task) not in delivered
         ]
 
@@ -303,7 +315,8 @@ class GridTransport:
                 if now - pushed_at > self.reply_timeout_s:
                     del self._submitted[message_id]
                     out.append((task, TrainReply(task.home, None, 0, math.nan, math.nan,
-                                                 error=f"no reply within {self.reply_timeout_s:g} s")))
+                                                 error=f"no reply within {self.reply_timeout_s:g} s",
+                                                 failure="timeout")))
             if out or now >= deadline:
                 return out
             self._sleep(max(self.poll_interval_s, POLL_PAUSE_FACTOR * polled))
@@ -368,8 +381,7 @@ class GridTransport:
             now = time.monotonic()
             if progress and now - last_report >= PROGRESS_EVERY_S:
                 last_report = now
-                log.info("%s: %d of %d homes answered (%.0f/s), %d in flight", progress, len(replies), total,
-                         len(replies) / (now - started), len(pending))
+                log.info("%s: %s", progress, _progress_line(len(replies), total, len(pending), now - started))
             if (not pending and sent >= total) or now >= deadline:
                 break
             self._sleep(max(self.poll_interval_s, POLL_PAUSE_FACTOR * polled))
@@ -382,6 +394,16 @@ class GridTransport:
         """Wait ``seconds``, or raise :class:`RunStopped` as soon as ``stop`` is set."""
         if self.stop.wait(seconds):
             raise RunStopped("stopped while waiting for homes")
+
+
+def _progress_line(answered: int, total: int, in_flight: int, waited_s: float) -> str:
+    """What an exchange is waiting for: the first answers (the homes' processes starting), or the rest."""
+    if not answered:
+        return (f"waiting {waited_s:.0f} s for the first of {total} homes to answer ({in_flight} asked; the "
+                "simulation engine starts its actors and each loads the dataset once)")
+    rate = answered / waited_s
+    return (f"{answered} of {total} homes answered ({rate:.0f}/s, about {(total - answered) / rate:.0f} s left), "
+            f"{in_flight} in flight")
 
 
 def _ttl(deadline: float) -> float:

@@ -31,6 +31,7 @@ from ecofl.batched_training import batching_obstacle
 from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.fl.checkpoint import GLOBAL_MODEL
 from ecofl.fl.clock import VirtualClock, WallClock
+from ecofl.fl.home_failures import HomeFailures
 from ecofl.fl.loop import EventLoop
 from ecofl.fl.metrics import write_json
 from ecofl.models import build_model
@@ -66,18 +67,19 @@ def run_server(
         query_timeout_s=exp.server.query_timeout_s, reply_timeout_s=exp.server.reply_timeout_s,
         window=exp.server.messages_in_flight, silent_homes=exp.server.silent_homes,
         train_config=exp.loop.train, stop=stop, batch_homes=sends_batches(exp),
+        failures=HomeFailures(out_dir / "home_failures.log"),
     )
     placement = transport.times.placement
     try:
         transport.connect(exp.server.connect_timeout_s)
         if exp.resume:
             loop = EventLoop.resume(exp.resume, transport, evaluator, out_dir=out_dir, progress=progress,
-                                    placement=placement)
+                                    placement=placement, failures=transport.failures)
         else:
             clock = VirtualClock() if exp.setup.latency else WallClock()
             loop = EventLoop(
                 exp.loop, transport, range(exp.setup.num_homes), evaluator.initial_weights(), evaluator,
-                clock=clock, out_dir=out_dir, progress=progress, placement=placement,
+                clock=clock, out_dir=out_dir, progress=progress, placement=placement, failures=transport.failures,
             )
         records = loop.run()
         save_weights(out_dir / GLOBAL_MODEL, loop.global_weights)  # for `ecofl home infer --checkpoint OUT_DIR`

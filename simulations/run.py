@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,12 +36,14 @@ from ecofl.accelerator import device_label, resolve_device
 from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.data.partition import check_partition
 from ecofl.errors import UserError
+from ecofl.fl.home_failures import MOSTLY_FAILED_EXIT, mostly_failed
 from ecofl.fl.stop_rules import STOPPED
 from ecofl.fl.transport import RunStopped
 from ecofl.interrupt import INTERRUPTED_EXIT
 from server.config import Experiment, SimulationSettings, experiment
 from server.linkstate_index import index_messages_by_node
 from server.server_app import make_server_app
+from simulations.log_flood import once_per_message
 from simulations.overrides import check_overrides
 from simulations.plot import plot_run
 from simulations.ray_cluster import check_reachable
@@ -94,7 +97,7 @@ def simulate(exp: Experiment, out_dir: Path, progress: bool = True) -> dict:
         check_reachable(exp.simulation.address)
     index_messages_by_node()  # before the engine starts its sweep (server/linkstate_index.py)
     stop = threading.Event()
-    with stop_on_interrupt(stop):
+    with stop_on_interrupt(stop), once_per_message(_log_file()), _quiet_ray_tip():
         run_simulation(
             server_app=make_server_app(exp, out_dir, progress, stop, started_at),
             client_app=client_app,
@@ -102,6 +105,21 @@ def simulate(exp: Experiment, out_dir: Path, progress: bool = True) -> dict:
             backend_config=simulation.backend_config(),
         )
     return json.loads((out_dir / "summary.json").read_text())
+
+
+def _log_file() -> str | None:
+    """The file Hydra's job logging writes (None outside Hydra)."""
+    files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    return files[0] if files else None
+
+
+@contextmanager
+def _quiet_ray_tip() -> Iterator[None]:
+    """Ray's FutureWarning that it will stop hiding GPUs from actors that reserve none: the actors' GPUs are set by
+    :meth:`~server.config.SimulationSettings.actor_layout`, and Ray's present behaviour is the one relied on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
+        yield
 
 
 def discard_if_nothing_ran(out_dir: Path) -> None:
@@ -154,6 +172,9 @@ def main(cfg: DictConfig) -> float:
     log.info("outputs in %s", out_dir)
     if summary["stop_reason"] == STOPPED:
         sys.exit(INTERRUPTED_EXIT)
+    if mostly_failed(summary):
+        log.error("more of the homes' training tasks failed than brought an update (home_failures in summary.json)")
+        sys.exit(MOSTLY_FAILED_EXIT)
     return float(summary.get("best_accuracy") or 0.0)
 
 

@@ -112,3 +112,10 @@ def test_home_status_imports_neither_torch_nor_the_pipeline(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.stdout.strip() == "2 []", out.stdout + out.stderr[-2000:]  # refused (nobody there), nothing heavy
     assert "no home service at 127.0.0.1:1" in out.stderr
+
+
+def test_the_readme_names_every_built_in_pool():
+    from ecofl.pools import pool_names
+
+    readme = (ROOT / "README.md").read_text()
+    assert [name for name in pool_names() if f"`{name}`" not in readme] == []

@@ -8,7 +8,8 @@ import uuid
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -35,6 +36,7 @@ class FakeGrid(Grid):
     def __init__(self, partition_of: dict[int, int], silent: set[int] = frozenset()) -> None:
         self.partition_of = partition_of
         self.silent = set(silent)
+        self.crashed: set[int] = set()  # nodes whose ClientApp crashes (as Flower reports an actor Ray killed)
         self.replies: dict[str, Message] = {}
 
     def set_run(self, run) -> None:
@@ -57,6 +59,10 @@ class FakeGrid(Grid):
             node = message.metadata.dst_node_id
             ids.append(message.metadata.message_id)
             if node in self.silent:
+                continue
+            if node in self.crashed:
+                error = Error(code=ErrorCode.CLIENT_APP_CRASHED, reason="ClientApp crashed: the actor died")
+                self.replies[message.metadata.message_id] = Message(error, reply_to=message)
                 continue
             context = Context(run_id=1, node_id=node, state=RecordDict(), run_config={},
                               node_config={"partition-id": self.partition_of[node], "num-partitions": HOMES})
@@ -267,3 +273,36 @@ def test_a_dispatch_trains_together_behind_the_client_apps_with_the_numbers_of_t
     assert flower_loop.summary()["device"] == "cpu" and flower_loop.summary()["batch_homes"] is batch_homes
     keys = ("update", "virtual_time", "group", "homes", "stragglers", "accuracy", "train_loss")
     assert [{k: r[k] for k in keys} for r in flower_rows] == [{k: r[k] for k in keys} for r in local_rows]
+
+
+def test_home_failures_are_counted_by_kind_with_one_terminal_line_each(weights, tmp_path, caplog):
+    """Crashed and silent homes, over and over: summary.json counts them by kind, the terminal gets one line per
+    kind (and one per kind at the end), the log file every failure."""
+    from ecofl.fl.home_failures import HomeFailures
+
+    grid = FakeGrid(nodes())
+    failures = HomeFailures(tmp_path / "home_failures.log")
+    transport = GridTransport(grid, SETUP, HOMES, query_timeout_s=0.2, reply_timeout_s=0.5, poll_interval_s=0.001,
+                              failures=failures)
+    transport.connect(timeout_s=5)
+    grid.crashed = {transport.node_of[h] for h in (1, 2, 3)}
+    grid.silent = {transport.node_of[4]}
+    config = LoopConfig(strategy="fedavg", homes_per_round=HOMES, max_concurrent=HOMES, max_updates=3,
+                        round_deadline="none", target_accuracy=None, train={"epochs": 1, "lr": 0.05})
+    with caplog.at_level("WARNING"):
+        loop = EventLoop(config, transport, range(HOMES), weights, lambda w: (0.0, 0.5), progress=False,
+                         failures=failures)
+        loop.run()
+        for t in (5.0, 10.0):
+            transport.query(range(HOMES), t)
+    summary = loop.summary()
+    counts = {kind: entry["count"] for kind, entry in summary["home_failures"].items()}
+    assert counts["train:crashed"] == 3 * 3  # three homes in each of three rounds
+    assert counts["query:crashed"] == 2 * 3 and counts["query:silent"] == 2  # two queries
+    assert counts["train:silent"] == 3 and summary["home_trainings"] == 3 * (HOMES - 4)
+    crash_lines = [r for r in caplog.records if "train:crashed" in r.getMessage()]
+    assert len(crash_lines) == 2  # the first crash, and the count at the end
+    assert "ClientApp crashed" in summary["home_failures"]["train:crashed"]["first"]
+    logged = (tmp_path / "home_failures.log").read_text().splitlines()
+    assert len(logged) == sum(counts.values())
+    assert loop.state.rows[-1]["home_failures"] == "train:crashed=9;train:silent=3"  # the metrics, as of that update

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ecofl.fl.group_round import GroupRound, screen_replies
+from ecofl.fl.home_failures import HomeFailures
 from ecofl.fl.round_completion import VirtualRounds, WallRounds, closing_time
 from ecofl.fl.transport import TrainReply, TrainTask
 
@@ -93,7 +94,7 @@ def test_both_clocks_close_a_round_at_the_same_time_with_the_same_stragglers(lat
     assert virtual_round.completion == pytest.approx(closes_at)
     assert wall_round.completion == pytest.approx(closes_at)
     for r in (virtual_round, wall_round):
-        assert screen_replies(r, WEIGHTS).stragglers == stragglers
+        assert screen_replies(r, WEIGHTS, HomeFailures()).stragglers == stragglers
 
 
 def test_a_wall_clock_round_stays_open_before_its_deadline_with_a_home_missing():

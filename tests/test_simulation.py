@@ -190,4 +190,26 @@ def test_cuda_without_a_gpu_is_one_line_and_nothing_starts(tmp_path):
     assert done.returncode != 0
     errors = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert len(errors) == 1 and "simulation.device=cuda" in errors[0] and "CUDA" in errors[0], errors
-    assert "Traceback" not in done.stderr and not (tmp_path / "run" / "summary.json").exists()
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()  # nothing ran: no output folder
+
+
+@pytest.mark.slow
+def test_homes_that_fail_are_counted_by_kind_and_shown_once_per_kind(tmp_path):
+    """16 of 50 homes train through a pipeline on a pool their model cannot fit: every round they are in fails.
+    summary.json counts the failures by kind, the terminal shows the kind in two lines (the first failure, the
+    count at the end), home_failures.log lists each, and the run (mostly updates) exits 0."""
+    pool = tmp_path / "tiny.yaml"
+    pool.write_text("name: tiny\nbandwidth_mbps: 100\ndevices:\n"
+                    "  - {name: crumb-a, speed: 0.5, memory_gb: 0.0001, bandwidth_mbps: 100}\n"
+                    "  - {name: crumb-b, speed: 0.5, memory_gb: 0.0001, bandwidth_mbps: 100}\n")
+    done = hydra_run(tmp_path / "run", "+experiment=smoke", f"pipeline_home.homes=[{','.join(map(str, range(16)))}]",
+                     f"pipeline_home.pool={pool}", "simulation.device=cpu")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    failed = summary["home_failures"]["train:pipeline_failed"]
+    assert failed["count"] == summary["failed_total"] > 0 and "fits pool 'tiny' in no way" in failed["first"]
+    output = (done.stdout + done.stderr).splitlines()
+    terminal = [line for line in output if "train:pipeline_failed" in line and "summary: {" not in line]
+    assert len(terminal) == 2, terminal
+    listed = (tmp_path / "run" / "home_failures.log").read_text().splitlines()
+    assert len(listed) == failed["count"] and "Traceback" not in done.stderr

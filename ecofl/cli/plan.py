@@ -123,18 +123,21 @@ def _table(report: dict) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     if stream:
         title = (f"{report['planner']} inference plan of {report['model']} ({report['num_layers']} layers) on "
-                 f"{report['pool']}: micro-batches of {report['micro_batch']} streaming, planned in "
-                 f"{report['planning_s']:.3f} s")
+                 f"{report['pool']}: micro-batches of {report['micro_batch']} streaming, {_times(report)}")
         summary = (f"predicted throughput {report['throughput']:.2f} samples/s (steady state), latency "
                    f"{report['latency_s']:.3f} s per sample ({report['first_latency_s']:.3f} s through an empty "
                    f"pipeline)")
     else:
         title = (f"{report['planner']} plan of {report['model']} ({report['num_layers']} layers) on {report['pool']}: "
                  f"mini-batch {report['batch_size']} = {report['num_micro_batches']} x {report['micro_batch']}, "
-                 f"planned in {report['planning_s']:.3f} s")
+                 f"{_times(report)}")
         summary = (f"predicted sync-round {report['sync_round_s']:.3f} s, "
                    f"throughput {report['throughput']:.2f} samples/s")
     return "\n".join([title, *lines, summary])
+
+
+def _times(report: dict) -> str:
+    return f"profiled in {report['profiling_s']:.1f} s, planned in {report['planning_s']:.3f} s"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,8 +145,10 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UserError(f"--batch must be positive, got {args.batch}")
     pool = load_pool(args.pool, args.bandwidth)
+    started = time.perf_counter()
     profile = profile_zoo_model(args.model, parse_shape(args.input_shape), args.classes, args.granularity,
                                 args.cache_dir)
+    profiling_s = time.perf_counter() - started
     options: dict[str, object] = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
     if args.micro_batch_rule is not None:
         options["micro_batch_rule"] = args.micro_batch_rule
@@ -157,11 +162,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         cost = simulate(plan, profile, pool)
         report = describe(plan, profile, pool, cost, planning_s)
+    report["profiling_s"] = profiling_s  # measuring the layers on this host, or reading them from the cache
     if args.gantt:
         from ecofl.pipeline.gantt import plot_gantt
 
         image = image_path(args.gantt)
-
         what = "stream" if args.inference else "sync-round"
         plot_gantt(cost.timeline, image, title=f"{args.planner} {what}: {profile.model} on {pool.name}",
                    device_names={d: spec.name for d, spec in enumerate(pool.devices)})

@@ -4,19 +4,18 @@ A group round samples up to k homes of one group and sends them the current
 global model. The replies that arrive within its deadline and carry finite
 weights of the global model's shapes (and a positive sample count) are
 averaged into the group model; the rest are stragglers, failures or
-rejected updates, counted in the metrics.
+rejected updates, counted in the metrics (failures and rejections by kind:
+:mod:`ecofl.fl.home_failures`).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from ecofl.fl.aggregation import is_finite_and_shaped
+from ecofl.fl.home_failures import TRAIN, HomeFailures
 from ecofl.fl.transport import Route, TrainReply, TrainTask
 from ecofl.weights import Weights
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,22 +64,23 @@ class ScreenedReplies:
     stragglers: int
 
 
-def screen_replies(r: GroupRound, reference: Weights) -> ScreenedReplies:
+def screen_replies(r: GroupRound, reference: Weights, failures: HomeFailures) -> ScreenedReplies:
     """Keep the arrived replies without an error whose weights are finite, shaped like ``reference``,
-    and trained on at least one sample."""
+    and trained on at least one sample; count the others in ``failures`` by kind."""
     arrived = r.arrived()
     valid, failed, rejected = [], 0, 0
     for reply in arrived:
         if reply.error is not None:
             failed += 1
-            log.warning("home %d failed in group %d round %d: %s", reply.home, r.group, r.round, reply.error)
+            failures.record(f"{TRAIN}{reply.failure}", f"home {reply.home}", reply.error)
             continue
         reason = is_finite_and_shaped(reply.weights, reference)
         if reason is None and reply.num_samples <= 0:
             reason = f"{reply.num_samples} samples"
         if reason is not None:
             rejected += 1
-            log.warning("rejected update of home %d (group %d round %d): %s", reply.home, r.group, r.round, reason)
+            failures.record("update:rejected", f"home {reply.home}", reason)
             continue
         valid.append(reply)
+    failures.trained += len(valid)
     return ScreenedReplies(valid, failed, rejected, stragglers=len(r.homes) - len(arrived))

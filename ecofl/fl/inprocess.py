@@ -137,14 +137,15 @@ class InProcessTransport:
 
     def _late(self, task: TrainTask) -> TrainReply:
         return TrainReply(task.home, None, 0, float("nan"), float("nan"),
-                          error=f"no reply within {self.reply_timeout_s:g} s")
+                          error=f"no reply within {self.reply_timeout_s:g} s", failure="timeout")
 
     def _train_one(self, task: TrainTask, batched: HomeTrained | None = None) -> TrainReply:
         """Task ``task``'s reply: its batch's result ``batched`` where it has one, else trained here alone."""
         latency = self.latency_model.latency(task.home, task.route.virtual_time)
         part = self.parts[task.home]
         if task.home in self.failing_homes:
-            return TrainReply(task.home, None, len(part), float("nan"), latency, error="injected failure")
+            return TrainReply(task.home, None, len(part), float("nan"), latency, error="injected failure",
+                              failure="injected")
         if batched is None:
             model = self.model_fn()
             set_weights(model, task.weights)

@@ -58,6 +58,7 @@ from ecofl.fl.aggregation import staleness, weighted_mean
 from ecofl.fl.checkpoint import LoopCheckpoint, load_loop, save_loop
 from ecofl.fl.clock import Clock, VirtualClock, clock_from_state
 from ecofl.fl.group_round import GroupRound, screen_replies
+from ecofl.fl.home_failures import HomeFailures
 from ecofl.fl.grouping import derive_rt
 from ecofl.fl.loop_config import LoopConfig
 from ecofl.fl.loop_state import LoopState
@@ -87,14 +88,16 @@ class EventLoop:
     test set. ``run()`` returns the metric rows and, with ``out_dir``, writes
     metrics.csv, metrics.json, summary.json and ``checkpoints/``.
     ``placement() -> dict`` says where the homes trained (the transport's
-    ``device`` and ``batch_homes``), for summary.json.
+    ``device`` and ``batch_homes``), for summary.json; ``failures`` counts
+    the homes' failures by kind (shared with the transport, which sees the
+    queries'; default: the loop's own, logged to ``home_failures.log``).
     """
 
     def __init__(
         self, config: LoopConfig, transport: Transport, homes: Sequence[int], initial_weights: Weights,
         evaluate: Callable[[Weights], tuple[float, float]], clock: Clock | None = None,
         out_dir: str | Path | None = None, progress: bool = True, state: LoopState | None = None,
-        placement: Callable[[], dict] | None = None,
+        placement: Callable[[], dict] | None = None, failures: HomeFailures | None = None,
     ):
         if not homes:
             raise UserError("the event loop needs at least one home")
@@ -116,6 +119,8 @@ class EventLoop:
         self.group_models: dict[int, Weights] = {}  # each group's latest model, for policies that keep them
         self.stop_reason: str | None = None
         self.placement = placement or dict
+        self.failures = failures or HomeFailures(self.out_dir / "home_failures.log" if self.out_dir else None)
+        self.failures.add(self.state.home_failures)  # a resumed run goes on counting
         self._wall_origin = time.monotonic()
 
     @property
@@ -150,6 +155,7 @@ class EventLoop:
             log.warning("stopped while waiting for homes; writing the %d updates applied so far", self.version)
         finally:
             progress.close(reached_time_limit=self.stop_reason == MAX_VIRTUAL_TIME)
+            self.failures.log_summary()
         rows = self.state.rows
         if rows and rows[-1]["accuracy"] is None:  # stopped between evaluations
             self._evaluate(rows[-1]["virtual_time"])
@@ -188,7 +194,7 @@ class EventLoop:
         self.rounds.applied(current, state.latencies)
         if row is not None:
             state.rows.append(row)
-            progress.show(state.version, self.clock.now(), state.last_eval[1])
+            progress.show(state.version, self.clock.now(), state.last_eval[1], state.best_accuracy)
             if self.config.requery_every and self.policy.regroups and state.version % self.config.requery_every == 0:
                 self._query(self.homes)
         state.grouping = self.policy.regroup(state.grouping, state.latencies, state.hists, state.rt)
@@ -276,7 +282,7 @@ class EventLoop:
         """Make the new global model from round ``r``'s group model as the policy says (FedAsync's mix,
         FedAT's tier average); the metrics row, or None if no reply was valid."""
         state = self.state
-        screened = screen_replies(r, self.global_weights)
+        screened = screen_replies(r, self.global_weights, self.failures)
         valid = screened.valid
         for name in ("failed", "rejected", "stragglers"):
             state.totals[name] += getattr(screened, name)
@@ -287,6 +293,7 @@ class EventLoop:
         state.empty_rounds = 0
         group_model = weighted_mean([x.weights for x in valid], [x.num_samples for x in valid])
         stale = staleness(state.version, r.version, self.config.fresh_staleness)
+        busy = len(self.rounds.busy_homes(self.in_flight))
         state.updates_per_group[r.group] += 1
         if self.policy.keeps_group_models:
             self.group_models[r.group] = group_model
@@ -317,14 +324,10 @@ class EventLoop:
             "staleness": stale,
             "alpha": alpha_t,
             "train_loss": float(np.average([x.loss for x in valid], weights=[x.num_samples for x in valid])),
-            **self._busy_and_idle(),
+            "busy_homes": busy, "idle_homes": len(state.latencies) - busy,  # training now, and the others
+            "home_failures": self.failures.compact(),
             **group_stats(state.grouping, state.hists, state.latencies, self.policy.round_size()),
         }
-
-    def _busy_and_idle(self) -> dict:
-        """Homes training now (in flight or on a closed round's task) and homes that answered and are idle."""
-        busy = len(self.rounds.busy_homes(self.in_flight))
-        return {"busy_homes": busy, "idle_homes": len(self.state.latencies) - busy}
 
     def _evaluate(self, at: float) -> None:
         loss, accuracy = self.evaluate(self.global_weights)
@@ -354,6 +357,7 @@ class EventLoop:
             **{f"{k}_total": v for k, v in state.totals.items()},
             "stop_reason": self.stop_reason,
             **self.placement(),
+            "home_failures": self.failures.report(), "home_trainings": self.failures.trained,
             "config": asdict(self.config),
         }
 
@@ -364,6 +368,7 @@ class EventLoop:
         if self.out_dir is None:
             raise UserError("checkpoints need an output directory")
         self.state.wall_offset = self._wall()
+        self.state.home_failures = self.failures.to_json()
         saved = LoopCheckpoint(asdict(self.config), self.homes, self.clock.state(), self.state.to_json(),
                                self.global_weights, list(self.in_flight.values()), self.group_models)
         path = save_loop(self.out_dir / "checkpoints" / f"update_{self.version:06d}", saved)
@@ -374,14 +379,15 @@ class EventLoop:
     @classmethod
     def resume(
         cls, checkpoint: str | Path, transport: Transport, evaluate: Callable[[Weights], tuple[float, float]],
-        out_dir: str | Path | None = None, progress: bool = True, placement: Callable[[], dict] | None = None,
+        out_dir: str | Path | None = None, **options,
     ) -> "EventLoop":
-        """A loop continuing from ``checkpoint``: its in-flight rounds are sent again, as they were."""
+        """A loop continuing from ``checkpoint``: its in-flight rounds are sent again, as they were; ``options``:
+        the constructor's ``progress``, ``placement`` and ``failures``."""
         saved = load_loop(checkpoint)
         loop = cls(
             LoopConfig(**saved.config), transport, saved.homes, saved.global_weights, evaluate,
             clock=clock_from_state(saved.clock), out_dir=out_dir or Path(checkpoint).parent.parent,
-            progress=progress, state=LoopState.from_json(saved.state), placement=placement,
+            state=LoopState.from_json(saved.state), **options,
         )
         if not loop.clock.virtual:  # sent again now, a wall-clock round starts now; older tasks are gone
             loop.state.busy_until.clear()

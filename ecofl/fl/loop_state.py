@@ -40,6 +40,7 @@ class LoopState:
     best_accuracy: float | None = None
     target_reached: dict | None = None  # {"virtual_time", "update"} when the target accuracy was first reached
     wall_offset: float = 0.0  # wall seconds spent before the latest resume
+    home_failures: dict = field(default_factory=dict)  # ecofl.fl.home_failures.HomeFailures.to_json() at a checkpoint
 
     def to_json(self) -> dict:
         return {f.name: _codec(f.name)[0](getattr(self, f.name)) for f in fields(self)}

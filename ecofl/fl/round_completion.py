@@ -9,8 +9,8 @@ before the deadline.
 **Virtual clock** (:class:`VirtualRounds`): a home's latency is computed by
 the home from the task's virtual time, so every reply is known when
 ``Transport.train`` returns and the rule gives the completion at once (a
-round without a deadline whose homes all failed to answer takes the group's
-latency centre). Rounds are applied in exact virtual-time order, however the
+round without a deadline with a home that never answered closes at its
+group's latency centre, or at its last reply if that is later). Rounds are applied in exact virtual-time order, however the
 transport schedules the real training.
 
 **Wall clock** (:class:`WallRounds`): rounds are ``submit``-ted and replies
@@ -130,7 +130,10 @@ class VirtualRounds(_BusyHomes):
                 by_home[reply.home].replies.append(reply)
         for r in rounds:
             closed = closing_time(r)
-            r.completion = closed if closed is not None else r.start + self.centre_of(r.group)
+            if closed is None:  # no deadline and a home that never answers: no earlier than its other replies
+                answered = [x.latency_s for x in r.replies if np.isfinite(x.latency_s)]
+                closed = r.start + max([self.centre_of(r.group), *answered])
+            r.completion = closed
             in_flight[r.group] = r
             answered = {x.home: x.latency_s for x in r.replies if np.isfinite(x.latency_s)}
             for home in r.homes:

@@ -71,6 +71,7 @@ class TrainReply:
     loss: float
     latency_s: float
     error: str | None = None
+    failure: str = "error"  # with an error: its kind (timeout, crashed, pipeline_failed, ...; ecofl.fl.home_failures)
 
 
 class RunStopped(Exception):

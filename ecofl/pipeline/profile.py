@@ -35,6 +35,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -223,19 +224,24 @@ def _measure(
     forward = np.zeros((count, len(sizes)))
     backward = np.zeros((count, len(sizes)))
     generator = torch.Generator().manual_seed(0)
+    bar = tqdm(total=len(sizes) * count, desc=f"profiling {name} on this host (once; cached)", unit="layer",
+               disable=None, leave=False)  # on a terminal only
     for column, batch in enumerate(sizes):
         x = torch.randn((batch, *input_shape), generator=generator)
+        bar.set_postfix(batch=batch, refresh=False)
         for l, layer in enumerate(layers):
             layer.train()
             x = _trainable_input(x, l)
             _fit_mode(layer, x)
             forward[l, column], backward[l, column], y = _time_layer(layer, x, warmup, repeats)
             x = y.detach()
+            bar.update()
         whole_forward, whole_backward = _time_pass(layers, torch.randn((batch, *input_shape), generator=generator),
                                                    warmup, repeats)
         forward[:, column] *= whole_forward / forward[:, column].sum()
         if backward[:, column].sum() > 0:
             backward[:, column] *= whole_backward / backward[:, column].sum()
+    bar.close()
     activation, gradient, stash, flops = (np.zeros(count) for _ in range(4))
     batch = sizes[-1]
     x = torch.randn((batch, *input_shape), generator=generator)
