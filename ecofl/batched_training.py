@@ -80,7 +80,9 @@ def _shared_settings(configs: Sequence[TrainConfig]) -> TrainConfig:
     return first
 
 
-def _step_indices(jobs: Sequence[HomeJob], batch_size: int, epochs: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def _step_indices(
+    jobs: Sequence[HomeJob], batch_size: int, epochs: int
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Each home's mini-batches as indices into the homes' concatenated samples.
 
     Returns ``index[h, t, i]`` (padded with 0), ``mask[h, t, i]`` (1 for a real

@@ -15,9 +15,10 @@ installed.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from ecofl.accelerator import check_device_spec
 from ecofl.data import CONFIG_OPTIONS, load_dataset
@@ -150,6 +151,17 @@ class Experiment:
     simulation: SimulationSettings
     out_dir: str | None = None
     resume: str | None = None
+
+    def to_json(self) -> str:
+        """The whole experiment as JSON (what ``simulations.run`` hands the ServerApp it submits)."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Experiment:
+        data = json.loads(text)
+        return cls(FederationSetup.from_json(json.dumps(data["setup"])), LoopConfig(**data["loop"]),
+                   ServerSettings(**data["server"]), SimulationSettings(**data["simulation"]), data["out_dir"],
+                   data["resume"])
 
 
 def experiment(cfg: Mapping) -> Experiment:

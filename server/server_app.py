@@ -12,13 +12,17 @@ Two ways in:
 
 * ``app`` (``flwr run .``): settings from ``[tool.flwr.app.config]`` via
   :func:`server.config.experiment_from_run_config`; outputs in ``out_dir``.
-* :func:`make_server_app` (``simulations.run`` and tests): settings and the
-  output directory passed in, since ``run_simulation`` has no run config.
+  A run ``simulations.run`` submitted names its experiment file instead
+  (:func:`run_submitted`, ``server/run_files.py``).
+* :func:`make_server_app` (``benchmarks/server.py``, which times Flower's own
+  FedAvg beside the loop in one ``run_simulation``): settings and the output
+  directory passed in, since ``run_simulation`` has no run config.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -36,7 +40,10 @@ from ecofl.fl.loop import EventLoop
 from ecofl.fl.metrics import write_json
 from ecofl.models import build_model
 from ecofl.weights import save_weights
+from ecofl.errors import UserError
+from ecofl.fl.transport import RunStopped
 from server.config import Experiment, experiment_from_run_config, with_pipeline_rounds
+from server.run_files import RunFiles, StopFile
 from server.evaluation import GlobalEvaluator
 from server.grid_transport import GridTransport
 from server.linkstate_index import index_messages_by_node
@@ -44,10 +51,12 @@ from server.linkstate_index import index_messages_by_node
 log = logging.getLogger(__name__)
 
 DEFAULT_OUT_DIR = "outputs/flwr"
+#: The run config key naming the experiment file of a run ``simulations.run`` submitted.
+EXPERIMENT_FILE = "experiment_file"
 
 
 def run_server(
-    grid: Grid, exp: Experiment, out_dir: Path, progress: bool = True, stop: threading.Event | None = None,
+    grid: Grid, exp: Experiment, out_dir: Path, progress: bool | Path = True, stop: threading.Event | None = None,
     started_at: float | None = None,
 ) -> list[dict]:
     """Connect to the homes and run (or resume) the event loop; returns its per-update metrics.
@@ -150,6 +159,43 @@ def measured_latency(run_config: Mapping) -> dict:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """``flwr run``: the experiment comes from the run config."""
-    exp = experiment_from_run_config(measured_latency(context.run_config))
+    """``flwr run``: the experiment comes whole from the file ``simulations.run`` wrote (the run config's
+    ``experiment_file``), else from the run config."""
+    run_config = dict(context.run_config)
+    experiment_file = str(run_config.pop(EXPERIMENT_FILE, "") or "")
+    if experiment_file:
+        run_submitted(grid, Experiment.from_json(Path(experiment_file).read_text()))
+        return
+    exp = experiment_from_run_config(measured_latency(run_config))
     run_server(grid, exp, Path(exp.out_dir or DEFAULT_OUT_DIR).resolve(), progress=False)
+
+
+def run_submitted(grid: Grid, exp: Experiment) -> None:
+    """A run ``simulations.run`` submitted: its progress, stop request and end in the output directory
+    (:mod:`server.run_files`), its log lines on stdout (which ``flwr log`` streams back)."""
+    out_dir = Path(exp.out_dir)
+    files = RunFiles(out_dir)
+    _log_to_stdout()
+    try:
+        run_server(grid, exp, out_dir, progress=files.progress, stop=StopFile(files.stop))
+    except RunStopped:
+        files.write_status("stopped")
+        return
+    except UserError as err:  # said in one line by simulations.run
+        files.write_status("failed", str(err))
+        return
+    except BaseException as err:
+        files.write_status("failed", f"{type(err).__name__}: {err}")
+        raise
+    files.write_status("done")
+
+
+def _log_to_stdout() -> None:
+    """This process's log records (but Flower's, which it prints itself) on stdout, as a Hydra run shows them."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    handler.addFilter(lambda record: not record.name.startswith("flwr"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Flower's requests to its SuperLink, one a second

@@ -1,4 +1,4 @@
-"""Hydra entry point: one Eco-FL simulation on Flower's simulation engine.
+"""Hydra entry point: one Eco-FL simulation on Flower's Simulation Runtime (the way ``flwr run`` runs it).
 
     python -m simulations.run strategy=ecofl dataset=fashion_mnist homes=300
     python -m simulations.run +experiment=smoke
@@ -9,6 +9,9 @@ Each run writes ``metrics.csv``, ``metrics.json``, ``summary.json`` (final
 and best accuracy, virtual time to the target accuracy, updates applied,
 homes dropped), checkpoints if asked, and ``accuracy.png`` into Hydra's
 output directory; a multirun also overlays its runs (``simulations.plot``).
+Hydra configures, sweeps and names the runs; each run is submitted to a
+SuperLink of its own in simulation mode (``simulations/submit.py``), as
+Flower recommends.
 """
 
 from __future__ import annotations
@@ -19,19 +22,16 @@ import shutil
 import signal
 import sys
 import threading
-import time
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
 import torch
-from flwr.simulation import run_simulation
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from client.client_app import app as client_app
 from ecofl.accelerator import device_label, resolve_device
 from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.data.partition import check_partition
@@ -41,24 +41,19 @@ from ecofl.fl.stop_rules import STOPPED
 from ecofl.fl.transport import RunStopped
 from ecofl.interrupt import INTERRUPTED_EXIT
 from server.config import Experiment, SimulationSettings, experiment
-from server.linkstate_index import index_messages_by_node
-from server.server_app import make_server_app
 from simulations.log_flood import once_per_message
 from simulations.overrides import check_overrides
 from simulations.plot import plot_run
 from simulations.ray_cluster import check_reachable
+from simulations.submit import run_on_superlink
 
 log = logging.getLogger(__name__)
 
 
 @contextmanager
 def stop_on_interrupt(stop: threading.Event) -> Iterator[None]:
-    """The first Ctrl-C sets ``stop`` (the run ends at its next wait for homes, outputs written); a second aborts.
-
-    Without it, Ctrl-C kills the simulated homes (Ray's workers share the
-    terminal's process group) while the ServerApp thread waits for their
-    replies until ``server.reply_timeout_s``, and Flower waits for that thread.
-    """
+    """The first Ctrl-C sets ``stop`` (the run ends at its next wait for homes, outputs written); a second aborts
+    (and the SuperLink with everything it started is stopped)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -77,33 +72,30 @@ def stop_on_interrupt(stop: threading.Event) -> Iterator[None]:
 
 
 def simulate(exp: Experiment, out_dir: Path, progress: bool = True) -> dict:
-    """Run ``exp`` with Flower's simulation engine; returns ``summary.json``.
+    """Run ``exp`` on Flower's Simulation Runtime (:func:`simulations.submit.run_on_superlink`); returns
+    ``summary.json``.
 
     The device is resolved, the dataset loaded and the partition checked
     here first, and a Ray cluster to join (``simulation.address``) must
-    answer, so these are clear errors before Ray starts
+    answer, so these are clear errors before anything starts
     (``simulation.device=cuda`` without a GPU is one of them). The actors'
     resources follow from where the homes train
-    (:meth:`~server.config.SimulationSettings.actor_layout`). A private Ray instance is shut down by Flower
-    when the run ends, also when the ServerApp fails (whose exception
-    ``run_simulation`` re-raises) or is stopped by Ctrl-C
-    (:func:`stop_on_interrupt`); a joined cluster keeps running.
+    (:meth:`~server.config.SimulationSettings.actor_layout`). A private Ray
+    instance ends with the run's SuperLink, also when the ServerApp fails or
+    is stopped by Ctrl-C (:func:`stop_on_interrupt`); a joined cluster keeps
+    running.
     """
-    started_at = time.monotonic()
     simulation = actor_layout(exp)
     dataset = load_dataset(**exp.setup.dataset, options=CONFIG_OPTIONS)
     check_partition(len(dataset.train), exp.setup.num_homes, exp.setup.partition)
     if exp.simulation.address:
         check_reachable(exp.simulation.address)
-    index_messages_by_node()  # before the engine starts its sweep (server/linkstate_index.py)
+    out_dir = out_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    submitted = replace(exp, out_dir=str(out_dir), simulation=simulation)
     stop = threading.Event()
-    with stop_on_interrupt(stop), once_per_message(_log_file()), _quiet_ray_tip():
-        run_simulation(
-            server_app=make_server_app(exp, out_dir, progress, stop, started_at),
-            client_app=client_app,
-            num_supernodes=exp.setup.num_homes,
-            backend_config=simulation.backend_config(),
-        )
+    with stop_on_interrupt(stop), once_per_message(_log_file()):
+        run_on_superlink(submitted, simulation, progress, stop)
     return json.loads((out_dir / "summary.json").read_text())
 
 
@@ -111,15 +103,6 @@ def _log_file() -> str | None:
     """The file Hydra's job logging writes (None outside Hydra)."""
     files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     return files[0] if files else None
-
-
-@contextmanager
-def _quiet_ray_tip() -> Iterator[None]:
-    """Ray's FutureWarning that it will stop hiding GPUs from actors that reserve none: the actors' GPUs are set by
-    :meth:`~server.config.SimulationSettings.actor_layout`, and Ray's present behaviour is the one relied on."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
-        yield
 
 
 def discard_if_nothing_ran(out_dir: Path) -> None:

@@ -240,7 +240,7 @@ def test_the_lambda_table_cuts_runs_at_a_virtual_second_and_keeps_the_seeds_aske
 
 
 def test_claims_set_two_conditions_side_by_side_cut_to_one_horizon(sweep, tmp_path, capsys):
-    """simulations.claims: per condition and strategy, time to target (x Eco-FL), late accuracy over seeds, stragglers."""
+    """simulations.claims: per condition and strategy, time to target (x Eco-FL), late accuracy, stragglers."""
     from simulations.claims import condition_rows, main as claims_main
 
     runs = [Run.load(path.parent) for path in sorted(sweep.glob("*/metrics.json"))]

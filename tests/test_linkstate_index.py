@@ -112,26 +112,30 @@ def test_the_engine_sweep_delivers_every_message_of_the_nodes_it_serves_once_in_
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.xdist_group("flower")  # a Ray instance of its own: one at a time with the other simulations
 def test_on_a_flower_with_other_internals_nothing_is_patched_and_the_simulation_runs_on_flowers_code(tmp_path):
     """Simulated: the fingerprints of the tested releases do not match this Flower's, so the index refuses to
-    patch, says so in one line, and a Hydra simulation still completes on Flower's own sweep."""
+    patch, says so in one line, and a simulation (the engine in the ServerApp's process, as in flwr-simulation)
+    still completes on Flower's own sweep."""
     import subprocess
     import sys
     from pathlib import Path
 
     script = "\n".join([
         "import sys",
+        "from pathlib import Path",
         "import server.linkstate_index as index",
         "index.KNOWN_FLOWER_INTERNALS = {'0.0.0': 'the fingerprint of a Flower with other internals'}",
         "from flwr.server.superlink.fleet.vce import vce_api",
         "flowers_sweep = vce_api.add_messages_to_queue",
-        "import runpy",  # as `python -m simulations.run` runs it
-        "sys.argv = ['run', '+experiment=smoke', 'homes=12', 'loop.max_updates=2', 'plot=false', "
-        f"'hydra.run.dir={tmp_path}']",
-        "try:",
-        "    runpy.run_module('simulations.run', run_name='__main__', alter_sys=True)",
-        "except SystemExit as stop:",
-        "    assert not stop.code, stop.code",
+        "from flwr.simulation import run_simulation",  # the engine in this process, as flwr-simulation runs it
+        "from client.client_app import app as client_app",
+        "from server.config import experiment",
+        "from server.server_app import make_server_app",
+        "exp = experiment({'homes': 12, 'dataset': {'name': 'digits'}, 'latency': {'kind': 'paper'},",
+        "                  'train': {'epochs': 1}, 'loop': {'max_updates': 2}, 'server': {'eval_samples': None}})",
+        f"run_simulation(server_app=make_server_app(exp, Path({str(tmp_path)!r}), progress=False),",
+        "               client_app=client_app, num_supernodes=12, backend_config=exp.simulation.backend_config())",
         "from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState",
         "assert InMemoryLinkState.get_message_ins is index.FLOWER_GET_MESSAGE_INS",
         "assert vce_api.add_messages_to_queue is flowers_sweep",

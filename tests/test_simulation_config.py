@@ -57,6 +57,7 @@ def test_pyproject_run_config_equals_the_hydra_defaults():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     run_config = flat(pyproject["tool"]["flwr"]["app"]["config"])
     assert run_config.pop("out_dir")
+    assert run_config.pop("experiment_file") == ""  # only simulations.run sets it
     assert run_config == hydra_defaults
     settings = composed()
     assert tuple(settings["latency"].pop("degrees")) == PAPER_DEGREES  # what flwr run gets by default

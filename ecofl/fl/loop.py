@@ -96,7 +96,7 @@ class EventLoop:
     def __init__(
         self, config: LoopConfig, transport: Transport, homes: Sequence[int], initial_weights: Weights,
         evaluate: Callable[[Weights], tuple[float, float]], clock: Clock | None = None,
-        out_dir: str | Path | None = None, progress: bool = True, state: LoopState | None = None,
+        out_dir: str | Path | None = None, progress: bool | Path = True, state: LoopState | None = None,
         placement: Callable[[], dict] | None = None, failures: HomeFailures | None = None,
     ):
         if not homes:
@@ -143,7 +143,8 @@ class EventLoop:
         # on a wall clock the run's wall time is the clock's time (which may have started earlier)
         spent = self.state.wall_offset if self.clock.virtual else self.clock.now()
         self._wall_origin = time.monotonic() - spent
-        progress = Progress(self.config, self.state.version, self.clock.now(), enabled=self.progress)
+        progress = Progress(self.config, self.state.version, self.clock.now(), enabled=self.progress is True,
+                            file=self.progress if isinstance(self.progress, Path) else None)
         try:
             if self.state.grouping is None:
                 self.profile()

@@ -6,20 +6,31 @@ otherwise updates against ``max_updates``. Whatever the bar counts, the
 other quantities stand beside it, and the estimate of the time left is
 tqdm's, made toward that limit (for accuracy, which rises ever more slowly,
 it is an early guess). ``max_updates`` still ends a run that reaches it first.
+
+With a ``file`` instead of a terminal (a ServerApp in a process of its own,
+``server/run_files.py``) every update is written there as JSON, and the
+process that submitted the run draws the bar from it (:func:`show_from`).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from tqdm import tqdm
 
 from ecofl.fl.loop_config import LoopConfig
+from ecofl.fl.metrics import write_json
 
 
 class Progress:
     """A tqdm bar for one run (or nothing when ``enabled`` is False)."""
 
-    def __init__(self, config: LoopConfig, updates: int, now: float, enabled: bool = True):
+    def __init__(self, config: LoopConfig, updates: int, now: float, enabled: bool = True, file: Path | None = None):
         self.config = config
+        self.file = file
+        if file is not None:
+            enabled = False
         self.by = "updates"
         if config.stop_at_target and config.target_accuracy is not None:
             self.by = "accuracy"
@@ -41,6 +52,8 @@ class Progress:
             self.bar = tqdm(total=config.max_updates, initial=updates, desc=desc, unit="update")
 
     def show(self, updates: int, now: float, accuracy: float | None, best: float | None = None) -> None:
+        if self.file is not None:
+            write_json(self.file, {"updates": updates, "now": now, "accuracy": accuracy, "best": best})
         if self.bar is None:
             return
         shown = "-" if accuracy is None else f"{accuracy:.3f}"
@@ -61,3 +74,12 @@ class Progress:
         if reached_time_limit and self.by == "time":
             self.bar.update(self.bar.total - self.bar.n)  # the next round would complete past the limit
         self.bar.close()
+
+
+def show_from(bar: Progress, file: Path) -> None:
+    """Draw on ``bar`` the progress another process wrote to ``file`` (nothing before its first update)."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return
+    bar.show(data["updates"], data["now"], data["accuracy"], data["best"])

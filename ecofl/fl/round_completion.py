@@ -10,8 +10,9 @@ before the deadline.
 the home from the task's virtual time, so every reply is known when
 ``Transport.train`` returns and the rule gives the completion at once (a
 round without a deadline with a home that never answered closes at its
-group's latency centre, or at its last reply if that is later). Rounds are applied in exact virtual-time order, however the
-transport schedules the real training.
+group's latency centre, or at its last reply if that is later). Rounds are
+applied in exact virtual-time order, however the transport schedules the
+real training.
 
 **Wall clock** (:class:`WallRounds`): rounds are ``submit``-ted and replies
 ``collect``-ed as they arrive; the rule closes a round the moment its last
