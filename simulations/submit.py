@@ -36,7 +36,7 @@ from simulations.local_superlink import LocalSuperLink
 FLOWER_CHATTER = re.compile(
     r"logstream for run_id|Starting Flower Simulation|default simulated SuperNodes changed|Federation `@|"
     r"To change federation size|flwr federation simulation-config|Successfully installed|Using SuperLink|^\s*$|"
-    r"INFO\s*(\x1b\[0m)?:\s*$"
+    r"INFO\s*(\x1b\[0m)?:\s*$|Manually terminating ClientAppActor"
 )
 _DIGITS = re.compile(r"\d+")
 
