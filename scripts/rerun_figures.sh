@@ -4,6 +4,7 @@
 # left off; a run with a failed or missing home, or that stopped before its time limit, is tried once more and never
 # archived.
 #   bash scripts/rerun_figures.sh [paper7] [paper8] [paper9] [fig7] [fig8] [fig9] [fedat_weights]
+#   bash scripts/rerun_figures.sh paper7_sync paper8 paper9 paper7_fedasync   # the long FedAsync runs last
 # paper7-9 (the default): the paper's conditions, synchronous rounds that wait for every home (conf/experiment's
 # defaults), Fig. 7 to 600 virtual s and Figs. 8-9 to 300 s, into <figure>_paper_conditions. fig7-9: the deadline
 # variant as archived in <figure>_<time>_closing_rule (rounds close at centre + RT). fedat_weights: the FedAT
@@ -39,14 +40,16 @@ run() {  # archive run-name overrides...
   done
 }
 
-figure7() {  # archive, then overrides for every run
-  local archive=$1
-  shift
+FIG7_STRATEGIES=(fedavg fedasync fedat ecofl ecofl_wo_dg)  # a run's number is its strategy's index here
+
+figure7() {  # archive, the strategies to run (default all), then overrides for every run
+  local archive=$1 strategies=${2:-${FIG7_STRATEGIES[*]}}
+  shift 2
   for seed in 0 1 2; do
-    local i=0
-    for strategy in fedavg fedasync fedat ecofl ecofl_wo_dg; do
+    for i in "${!FIG7_STRATEGIES[@]}"; do
+      local strategy=${FIG7_STRATEGIES[$i]}
+      [[ " $strategies " == *" $strategy "* ]] || continue
       run "$archive" "$seed${i}_seed=$seed,strategy=$strategy" +experiment=fig7 seed=$seed strategy=$strategy "$@"
-      i=$((i + 1))
     done
   done
 }
@@ -79,10 +82,14 @@ figure9() {
   done
 }
 
-paper7() { figure7 fig7_paper_conditions; }
+paper7() { figure7 fig7_paper_conditions "${FIG7_STRATEGIES[*]}"; }
+# The synchronous strategies first (the waiting rounds change them), FedAsync after (no rounds: the paper's
+# conditions leave it as the deadline variant has it; at 600 s a run takes about two hours here)
+paper7_sync() { figure7 fig7_paper_conditions "fedavg fedat ecofl ecofl_wo_dg"; }
+paper7_fedasync() { figure7 fig7_paper_conditions "fedasync"; }
 paper8() { figure8 fig8_paper_conditions; }
 paper9() { figure9 fig9_paper_conditions; }
-fig7() { figure7 fig7_300s_closing_rule +variant=deadline loop.max_virtual_time_s=300; }
+fig7() { figure7 fig7_300s_closing_rule "${FIG7_STRATEGIES[*]}" +variant=deadline loop.max_virtual_time_s=300; }
 fig8() { figure8 fig8_200s_closing_rule +variant=deadline loop.max_virtual_time_s=200; }
 fig9() { figure9 fig9_200s_closing_rule +variant=deadline loop.max_virtual_time_s=200; }
 
@@ -97,8 +104,9 @@ fedat_weights() {  # the ablation beside Fig. 8 on RLG-IID: FedAT with every tie
 mkdir -p "$SCRATCH"
 for figure in ${@:-paper7 paper8 paper9}; do
   case $figure in
-    paper7 | paper8 | paper9 | fig7 | fig8 | fig9 | fedat_weights) "$figure" ;;
-    *) echo "unknown figure: $figure (paper7, paper8, paper9, fig7, fig8, fig9 or fedat_weights)" >&2; exit 2 ;;
+    paper7 | paper7_sync | paper7_fedasync | paper8 | paper9 | fig7 | fig8 | fig9 | fedat_weights) "$figure" ;;
+    *) echo "unknown figure: $figure (paper7[_sync|_fedasync], paper8, paper9, fig7, fig8, fig9 or fedat_weights)" >&2
+       exit 2 ;;
   esac
 done
 echo "$(date +%T) done"
