@@ -39,7 +39,8 @@ from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.data import load_dataset
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import SyncRoundCost
-from ecofl.pipeline.plan import Plan, ScheduleKind
+from ecofl.pipeline.modes import mode_of
+from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import check_planner, make_plan
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
@@ -163,7 +164,7 @@ def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,
     micro-batches (pass / ``rounds``) stands in for one, measured and predicted alike.
     """
     emulation = Emulation.parse(emulation)
-    per_pass = rounds if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B else 1
+    per_pass = mode_of(plan).rounds_per_pass(rounds)
     measured = statistics.median(result.final_plan_round_s) / per_pass
     stages = []
     for s, stage in enumerate(plan.stages):

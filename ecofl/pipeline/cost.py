@@ -63,9 +63,9 @@ import numpy as np
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pipeline.event_simulation import DispatchRule, Fifo, ProcessorSharing, Worker, run
 from ecofl.pipeline.memory_model import peak_memory
+from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import (
     Plan,
-    ScheduleKind,
     StagePlan,
     check_plan,
     plan_schedule,
@@ -158,7 +158,7 @@ def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: Ho
         f, b = stage_compute_s(profile, pool.devices[device], stage.layers, hi - lo)
         overhead = overhead_s / pool.devices[device].speed
         worker = Worker(device, index, len(workers), lo, hi, f + overhead, b + overhead, plan.num_micro_batches)
-        if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
+        if mode_of(plan).steps_after_every_backward:
             worker.step_s = _step_s(profile, stage.layers) / pool.devices[device].speed
         workers.append(worker)
     return workers
@@ -220,7 +220,7 @@ def _flush(
     for s, stage in enumerate(plan.stages):
         finished = {w.device: w.free for w in workers[s]}
         start = max(finished.values())
-        if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
+        if mode_of(plan).steps_after_every_backward:
             ends.append(start)
             durations.append(0.0)
             continue

@@ -14,9 +14,10 @@ beside it. A stream (inference) plan's memory is
 
 from __future__ import annotations
 
-from ecofl.pipeline.plan import Plan, ScheduleKind, require_training
+from ecofl.pipeline.modes import mode_of
+from ecofl.pipeline.plan import Plan, require_training
 from ecofl.pipeline.profile import ModelProfile
-from ecofl.pipeline.schedule import ActionKind, Schedule, warmup_forwards
+from ecofl.pipeline.schedule import ActionKind, Schedule
 
 
 def stage_memory_bytes(profile: ModelProfile, layers: tuple[int, int], samples: int, resident: int) -> int:
@@ -33,11 +34,7 @@ def resident_forwards(plan: Plan, stage: int) -> int:
     """Forward tasks a stage holds at most: min(K_0..K_s, M) under 1F1B-Sync, M under GPipe, min(S - s, M)
     under asynchronous 1F1B."""
     require_training(plan)
-    if plan.schedule == ScheduleKind.GPIPE:
-        return plan.num_micro_batches
-    if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
-        return min(len(plan.stages) - stage, plan.num_micro_batches)
-    return warmup_forwards([st.in_flight for st in plan.stages], stage, plan.num_micro_batches)
+    return mode_of(plan).resident_forwards(plan, stage)
 
 
 def memory_per_stage(plan: Plan, profile: ModelProfile) -> list[int]:
@@ -52,10 +49,9 @@ def memory_per_stage(plan: Plan, profile: ModelProfile) -> list[int]:
 def weight_versions_bytes(plan: Plan, profile: ModelProfile, stage: int) -> int:
     """Asynchronous 1F1B's extra weights on a stage: its S - s in-flight versions (weight stashing) and its
     last S - s versions (FTPipeHD's aggregation averages them); 0 for the synchronous schedules."""
-    if plan.schedule != ScheduleKind.ASYNC_ONE_F_ONE_B:
-        return 0
     first, last = plan.stages[stage].layers
-    return 2 * (len(plan.stages) - stage) * int(profile.weight_bytes[first : last + 1].sum())
+    window = mode_of(plan).version_window(len(plan.stages), stage)  # stashed, and again the recent to average
+    return 2 * window * int(profile.weight_bytes[first : last + 1].sum())
 
 
 def peak_memory(plan: Plan, profile: ModelProfile, schedule: Schedule) -> tuple[list[int], dict[int, int]]:

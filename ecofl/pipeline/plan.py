@@ -32,35 +32,15 @@ holds the member) says how the stages run and so what the plan is for:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from ecofl import names
 from ecofl.devices import HomePool
-from ecofl.pipeline.schedule import Schedule, async_one_f_one_b, gpipe, one_f_one_b
+from ecofl.pipeline.modes import mode_of
+from ecofl.pipeline.schedule import Schedule, ScheduleKind  # ScheduleKind: a plan's field, imported from here
 
 if TYPE_CHECKING:  # a type hint only: a plan is plain data, and a worker need not load the profiler
     from ecofl.pipeline.profile import ModelProfile
 
-
-class ScheduleKind(StrEnum):
-    """How a plan's stages run. ``str(kind)`` is the form configs, the CLI and plan JSON use."""
-
-    ONE_F_ONE_B = "1f1b"  # 1F1B-Sync (Eco-FL §4.3): K_s forwards in flight, weights update at the flush
-    GPIPE = "gpipe"  # backward after forward (GPipe's BAF-Sync)
-    ASYNC_ONE_F_ONE_B = "async-1f1b"  # PipeDream's 1F1B as FTPipeHD runs it: a step after every backward
-    STREAM = "stream"  # inference (PipeEdge): forward only, no flush
-
-    @classmethod
-    def from_str(cls, text: str) -> ScheduleKind:
-        """The kind ``text`` names; ValueError naming the valid ones."""
-        try:
-            return cls(text)
-        except ValueError:
-            raise ValueError(f"unknown schedule {text!r}; valid: {', '.join(cls)}") from None
-
-
-TRAINING_SCHEDULES: tuple[ScheduleKind, ...] = tuple(ScheduleKind(kind) for kind in names.TRAINING_SCHEDULES)
 
 #: Micro-batches a stage of a stream (inference) plan holds when memory allows:
 #: one arriving, one in its forward, one being sent on, so that receiving,
@@ -107,13 +87,12 @@ class Plan:
             if sum(stage.shares) != self.micro_batch:
                 raise ValueError(f"stage shares {stage.shares} do not sum to {self.micro_batch}")
         object.__setattr__(self, "schedule", ScheduleKind.from_str(self.schedule))
-        if self.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B and any(len(stage.devices) > 1 for stage in self.stages):
-            raise ValueError("asynchronous 1F1B runs one device per stage (no data-parallel stages)")
+        mode_of(self).check(self)
 
     @property
     def objective(self) -> str:
         """``"inference"`` for a stream plan, else ``"training"``."""
-        return "inference" if self.schedule == ScheduleKind.STREAM else "training"
+        return mode_of(self).objective
 
     @property
     def batch_size(self) -> int:
@@ -137,13 +116,9 @@ def require_training(plan: Plan) -> None:
 
 
 def plan_schedule(plan: Plan) -> Schedule:
-    """The action lists a plan runs: 1F1B-Sync with each stage's K_s, GPipe, or asynchronous 1F1B (K_s = S - s)."""
+    """The action lists a training plan runs (its mode's: :mod:`ecofl.pipeline.modes`)."""
     require_training(plan)
-    if plan.schedule == ScheduleKind.GPIPE:
-        return gpipe(len(plan.stages), plan.num_micro_batches)
-    if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
-        return async_one_f_one_b(len(plan.stages), plan.num_micro_batches)
-    return one_f_one_b(len(plan.stages), plan.num_micro_batches, [st.in_flight for st in plan.stages])
+    return mode_of(plan).actions(plan)
 
 
 def check_plan(plan: Plan, profile: ModelProfile, pool: HomePool) -> None:

@@ -52,6 +52,24 @@ class ActionKind(StrEnum):
             raise ValueError(f"unknown action kind {text!r}; valid: {', '.join(cls)}") from None
 
 
+class ScheduleKind(StrEnum):
+    """How a plan's stages run: the key of its mode (:mod:`ecofl.pipeline.modes`). ``str(kind)`` is the form
+    configs, the CLI and plan JSON use."""
+
+    ONE_F_ONE_B = "1f1b"  # 1F1B-Sync (Eco-FL §4.3): K_s forwards in flight, weights update at the flush
+    GPIPE = "gpipe"  # backward after forward (GPipe's BAF-Sync)
+    ASYNC_ONE_F_ONE_B = "async-1f1b"  # PipeDream's 1F1B as FTPipeHD runs it: a step after every backward
+    STREAM = "stream"  # inference (PipeEdge): forward only, no flush
+
+    @classmethod
+    def from_str(cls, text: str) -> ScheduleKind:
+        """The kind ``text`` names; ValueError naming the valid ones."""
+        try:
+            return cls(text)
+        except ValueError:
+            raise ValueError(f"unknown schedule {text!r}; valid: {', '.join(cls)}") from None
+
+
 #: The kinds a schedule's actions have: the model's passes.
 PASSES: tuple[ActionKind, ...] = (ActionKind.FORWARD, ActionKind.BACKWARD)
 

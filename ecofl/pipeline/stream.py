@@ -53,7 +53,8 @@ import numpy as np
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.cost import stage_compute_s
-from ecofl.pipeline.plan import Plan, ScheduleKind, check_plan, sample_ranges
+from ecofl.pipeline.modes import mode_of
+from ecofl.pipeline.plan import Plan, check_plan, sample_ranges
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import ActionKind
 from ecofl.pipeline.timeline import TimelineEvent
@@ -217,7 +218,7 @@ def simulate_stream(
 
 
 def _check_stream(plan: Plan) -> None:
-    if plan.schedule != ScheduleKind.STREAM:
+    if mode_of(plan).objective != "inference":
         raise ValueError(
             f"a '{plan.schedule}' plan is for training: plan with objective='inference' to stream it "
             "(ecofl.pipeline.cost.simulate predicts its sync-round)"

@@ -46,11 +46,10 @@ import torch
 
 from ecofl.devices import HomePool
 from ecofl.interrupt import interrupts_deferred
-from ecofl.pipeline.cost import simulate
-from ecofl.pipeline.plan import Plan, ScheduleKind
+from ecofl.pipeline.modes import mode_of
+from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import with_speeds
-from ecofl.pipeline.stream import simulate_stream
 from ecofl.cgroups import DeviceLimits
 from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
@@ -219,9 +218,7 @@ MAX_CALIBRATIONS = 3
 def seconds_per_sample(plan: Plan, profile: ModelProfile, pool: HomePool) -> float:
     """The cost model's time per sample of ``plan`` on ``pool``: its sync-round over its mini-batch (Eco-FL
     eqs. 1-2), or, streaming, its inverse throughput (PipeEdge §III-B)."""
-    if plan.schedule == ScheduleKind.STREAM:
-        return 1.0 / simulate_stream(plan, profile, pool).throughput
-    return simulate(plan, profile, pool).sync_round_s / plan.batch_size
+    return mode_of(plan).seconds_per_sample(plan, profile, pool)
 
 
 def plan_on_measured_speeds(plan_for: Callable[[HomePool], Plan], profile: ModelProfile, presets: HomePool,

@@ -16,11 +16,12 @@ from typing import Iterable
 from torch import nn
 
 from ecofl.devices import HomePool
-from ecofl.pipeline.plan import Plan, ScheduleKind, plan_schedule
+from ecofl.pipeline.modes import mode_of
+from ecofl.pipeline.plan import Plan, plan_schedule
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime.control_messages import Epoch
 from ecofl.pipeline.runtime.model_spec import layer_state_keys
-from ecofl.pipeline.runtime.topology import PER_CALL_PROGRAMS, worker_roles
+from ecofl.pipeline.runtime.topology import worker_roles
 from ecofl.pipeline.schedule import validate
 
 
@@ -47,11 +48,10 @@ class PipelineLayout:
     def use_plan(self, plan: Plan) -> None:
         """Make ``plan`` the one the workers run (a training schedule is validated first: a bad one is refused;
         an inference plan's stream program follows from each call's length)."""
-        schedule = None
-        if plan.schedule not in PER_CALL_PROGRAMS:
+        schedule, mode = None, mode_of(plan)
+        if not mode.programs_per_call:
             schedule = plan_schedule(plan)
-            validate(schedule, plan.num_micro_batches, [s.in_flight for s in plan.stages]
-                     if plan.schedule == ScheduleKind.ONE_F_ONE_B else None)
+            validate(schedule, plan.num_micro_batches, mode.validated_in_flight(plan))
         self.plan = plan
         self.roles = worker_roles(plan, self.pool, self.profile, self.emulate, pace_links=self.pace_links,
                                   schedule=schedule, aggregate_every=self.aggregate_every)

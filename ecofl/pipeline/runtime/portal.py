@@ -30,7 +30,8 @@ import torch
 
 from ecofl.cgroups import DeviceLimits
 from ecofl.devices import HomePool
-from ecofl.pipeline.plan import Plan, ScheduleKind
+from ecofl.pipeline.modes import mode_of
+from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.net.auth import new_secret
 from ecofl.pipeline.runtime.control_messages import Config, Entered
@@ -45,7 +46,6 @@ from ecofl.net.netns import HomeNetwork
 from ecofl.pipeline.runtime.pipelined_inference import stream_inference
 from ecofl.pipeline.runtime.stage import Optimization
 from ecofl.pipeline.runtime.statistics import InferenceResult, PipelineResult
-from ecofl.pipeline.runtime.sync_training import train_async, train_sync_rounds
 from ecofl.weights import Weights, get_weights
 
 
@@ -233,19 +233,14 @@ class HomePipeline:
             raise ValueError(f"sync_rounds must be at least 1, got {sync_rounds}")
         if inject and self.fault_tolerance is None:
             raise ValueError("injected events need fault tolerance on")
-        asynchronous = self.plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B
-        if asynchronous and self.fault_tolerance is not None:
-            raise ValueError("asynchronous 1F1B has no sync-rounds to replay: run it without fault tolerance")
+        mode = mode_of(self.plan)
+        mode.check_training(fault_tolerance=self.fault_tolerance is not None)
         keys = self.layout.keys
         start = dict(zip(keys, self._checked(self.weights if weights is None else weights)))
         ref = dict(zip(keys, self._checked(reference))) if reference is not None else start
         optimization = Optimization(lr=lr, momentum=momentum, weight_decay=weight_decay, mu=mu)
         try:  # from here on a failure leaves the workers in an unknown state: stop them all
-            if asynchronous:
-                result = train_async(self.control, self.layout, start, ref, x, y, sync_rounds, optimization)
-            else:
-                result = train_sync_rounds(self.control, self.layout, self.fault_tolerance, self.worker_config(),
-                                           start, ref, x, y, sync_rounds, optimization, progress, inject)
+            result = mode.train(self, start, ref, x, y, sync_rounds, optimization, progress, inject)
         except BaseException:
             self.close()
             raise
@@ -276,7 +271,7 @@ class HomePipeline:
     def _check_running(self, what: str, training: bool) -> None:
         if not self.control.running:
             raise HomePipelineError("the home pipeline is not running (use it as a context manager)")
-        if (self.plan.schedule == ScheduleKind.STREAM) == training:
+        if mode_of(self.plan).objective != ("training" if training else "inference"):
             kind = "an inference" if training else "a training"
             raise ValueError(f"cannot {what} with {kind} plan ('{self.plan.schedule}'); plan with "
                              f"objective={'training' if training else 'inference'!r}")

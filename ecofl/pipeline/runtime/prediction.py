@@ -16,7 +16,8 @@ import dataclasses
 
 from ecofl.devices import HomePool, host_cores, host_pool
 from ecofl.pipeline.cost import SyncRoundCost, simulate
-from ecofl.pipeline.plan import Plan, ScheduleKind
+from ecofl.pipeline.modes import mode_of
+from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.host_overhead import runtime_overheads
@@ -27,8 +28,8 @@ def predict_sync_round(plan: Plan, profile: ModelProfile, pool: HomePool, emulat
     """The cost model's sync-round of ``plan``: on the pool (confined: at the speeds its devices measured), or
     on its devices as processes of this machine (``emulation`` none). An asynchronous 1F1B plan runs a call's
     ``rounds`` x M micro-batches as one pass: that pass is predicted."""
-    if plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
-        plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * rounds)
+    per_pass = mode_of(plan).rounds_per_pass(rounds)
+    plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * per_pass)
     emulation = Emulation.parse(emulation)
     overheads = runtime_overheads(emulation, cache_dir)
     if emulation != Emulation.NONE:  # each device its own cores; confined, the runtime's work at its speed too

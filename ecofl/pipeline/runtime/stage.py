@@ -48,7 +48,7 @@ from ecofl.pipeline.instructions import (
     SendActivation,
     SendGrad,
 )
-from ecofl.pipeline.plan import ScheduleKind
+from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.emulation import MemoryLedger, dilate, saved_bytes
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.weight_stash import WeightVersions
@@ -100,8 +100,8 @@ class StageExecutor:
         # not inside the first sync-round.
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
         self.reference: list[torch.Tensor] = []
-        asynchronous = role.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B
-        self.versions = WeightVersions(module, role.num_stages - role.stage) if asynchronous else None
+        window = mode_of(role).version_window(role.num_stages, role.stage)
+        self.versions = WeightVersions(module, window) if window else None
 
     def configure(self, settings: Optimization, reference: list[torch.Tensor],
                   momentum_buffers: list[torch.Tensor | None] | None = None) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ecofl.pipeline.plan import ScheduleKind
+from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.control_messages import Collect, Config, Done, Ok, Round, Setup, Weights
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.errors import DevicesLost
@@ -133,7 +133,6 @@ def send_round(control: ControlPlane, layout: PipelineLayout, r: int, x_np: np.n
     index = (r * plan.batch_size + np.arange(m_count * micro)) % len(x_np)
     xb = x_np[index].reshape(m_count, micro, *x_np.shape[1:])
     yb = y_np[index].reshape(m_count, micro)
-    asynchronous = plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B
     last = len(plan.stages) - 1
     for role in layout.roles:
         arrays = {}
@@ -141,6 +140,6 @@ def send_round(control: ControlPlane, layout: PipelineLayout, r: int, x_np: np.n
             arrays["inputs"] = xb[:, role.lo : role.hi]
         if role.stage == last:
             arrays["labels"] = yb[:, role.lo : role.hi]
-        request = Round(version=r, batch_size=micro if asynchronous else plan.batch_size, num_micro_batches=m_count,
+        request = Round(version=r, batch_size=mode_of(plan).request_batch_size(plan), num_micro_batches=m_count,
                         slowdown=slowdowns.get(role.device, 1.0), keep=tuple(keep))
         control.send(role.device, request, arrays)

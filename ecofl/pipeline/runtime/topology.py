@@ -14,9 +14,10 @@ object, torch.distributed.pipelining's action lists):
 - **program**: the device's typed instructions (:mod:`ecofl.pipeline.instructions`),
   derived from its stage's action list of :mod:`ecofl.pipeline.schedule` and
   checked when a role is made (also from JSON: a worker runs only a
-  well-formed program); an inference plan (``ScheduleKind.STREAM``) and an
-  asynchronous 1F1B plan have none: each call's program follows from its
-  number of micro-batches (the worker builds and checks it), and for a
+  well-formed program); where the plan's mode builds programs per call (an
+  inference stream, an asynchronous 1F1B pass: :mod:`ecofl.pipeline.modes`) it
+  has none: each call's program follows from its number of micro-batches (the
+  worker builds and checks it), and for a
   stream ``resident_bound`` / ``next_hold`` are the micro-batches a device
   of this / the next stage holds at most (back-pressure, :mod:`.stream_stage`);
 - **emulation targets**: what each operation must take on the emulated device
@@ -30,14 +31,8 @@ from typing import Any
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.cost import stage_compute_s
-from ecofl.pipeline.instructions import (
-    Backward,
-    Forward,
-    Program,
-    check_program,
-    device_program,
-    program_from_json,
-)
+from ecofl.pipeline.instructions import Program, check_program, program_from_json
+from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan, ScheduleKind, plan_schedule
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import Schedule
@@ -89,7 +84,7 @@ class WorkerRole:
     aggregate_every: int = 1  # asynchronous 1F1B: average the last S - s weight versions every this x (S - s) steps
 
     def __post_init__(self) -> None:
-        if self.schedule not in PER_CALL_PROGRAMS:
+        if not mode_of(self).programs_per_call:
             check_program(self.program, self.stage, self.num_stages, replicated=len(self.replicas) > 1)
 
     @property
@@ -113,11 +108,6 @@ class WorkerRole:
         return cls(**data)
 
 
-#: Schedules whose device programs follow from each call's number of micro-batches (built by the worker:
-#: :func:`ecofl.pipeline.instructions.stream_program`, :func:`~ecofl.pipeline.instructions.async_program`).
-PER_CALL_PROGRAMS = (ScheduleKind.STREAM, ScheduleKind.ASYNC_ONE_F_ONE_B)
-
-
 def worker_roles(
     plan: Plan, pool: HomePool, profile: ModelProfile | None, emulate: bool, pace_links: bool | None = None,
     schedule: Schedule | None = None, aggregate_every: int = 1,
@@ -139,8 +129,9 @@ def worker_roles(
         raise ValueError(f"plan covers {plan.num_layers} layers, profile {profile.model!r} has {profile.num_layers}")
     rank_of = {d: r for r, d in enumerate(used)}
     ranges = [_ranges(stage.devices, stage.shares) for stage in plan.stages]
-    stream = plan.schedule == ScheduleKind.STREAM
-    if plan.schedule not in PER_CALL_PROGRAMS:
+    mode = mode_of(plan)
+    stream = mode.objective == "inference"
+    if not mode.programs_per_call:
         schedule = plan_schedule(plan) if schedule is None else schedule
 
     def link(a: int, b: int) -> float | None:
@@ -150,13 +141,7 @@ def worker_roles(
     roles = []
     for s, stage in enumerate(plan.stages):
         last_stage = s == len(plan.stages) - 1
-        if stream:
-            program, bound = (), stage.in_flight
-        elif plan.schedule == ScheduleKind.ASYNC_ONE_F_ONE_B:
-            program, bound = (), len(plan.stages) - s
-        else:
-            program = device_program(schedule[s], s, len(plan.stages), replicated=len(stage.devices) > 1)
-            bound = _resident_bound(program)
+        program, bound = mode.stage_program(plan, schedule, s)
         for device, (lo, hi) in ranges[s].items():
             spec = pool.devices[device]
             forward = backward = step = None
@@ -221,14 +206,6 @@ def _peers(ranges: dict[int, tuple[int, int]], lo: int, hi: int, rank_of: dict[i
         if first < last:
             peers.append(Peer(rank_of[device], device, first, last, link(device)))
     return tuple(peers)
-
-
-def _resident_bound(program: Program) -> int:
-    resident = most = 0
-    for instruction in program:
-        resident += {Forward: 1, Backward: -1}.get(type(instruction), 0)
-        most = max(most, resident)
-    return most
 
 
 def _slowest_link(pool: HomePool, devices: tuple[int, ...]) -> float:

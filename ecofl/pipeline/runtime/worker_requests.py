@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from ecofl.net.schema import encode
-from ecofl.pipeline.plan import ScheduleKind
-from ecofl.pipeline.instructions import Program, async_program, check_program
+from ecofl.pipeline.instructions import Program
+from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.confinement import worker_threads
 from ecofl.pipeline.runtime.control_messages import (
     REQUESTS,
@@ -83,7 +83,6 @@ from ecofl.pipeline.runtime.stream_stage import StreamExecutor
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.traps import Trap, Traps
 from ecofl.net.wire import recv_message, send_message
-from ecofl.pipeline.schedule import async_one_f_one_b
 
 Arrays = dict[str, np.ndarray]
 
@@ -138,10 +137,11 @@ class Worker:
         self.stage_keys = self.state.keys(self.stage_layers)
         self.parameter_keys = [k for k in self.stage_keys if k in self.state.parameter_keys]
         module = stage_module(self.layers, first, last)
-        if self.role.schedule == ScheduleKind.STREAM:
-            self.stream = StreamExecutor(self.role, module, self.mesh, self.timeout_s)
+        mode = mode_of(self.role)
+        if mode.objective == "inference":
+            self.stream = mode.executor(self.role, module, self.mesh, self.timeout_s)
             return
-        self.executor = StageExecutor(self.role, module, self.mesh, self.timeout_s)
+        self.executor = mode.executor(self.role, module, self.mesh, self.timeout_s)
         self.executor.reached = self.traps.reached
         if [id(p) for p in self.executor.params] != [id(self.state.tensors[k]) for k in self.parameter_keys]:
             raise RuntimeError("stage parameters are not in state_dict order")
@@ -267,13 +267,7 @@ class Worker:
 
     def _pass_program(self, count: int) -> Program | None:
         """An asynchronous pass's program for ``count`` micro-batches, built here and checked (None: the role's)."""
-        role = self.role
-        if role.schedule != ScheduleKind.ASYNC_ONE_F_ONE_B:
-            return None
-        actions = async_one_f_one_b(role.num_stages, count)[role.stage]
-        program = async_program(actions, role.stage, role.num_stages, role.aggregate_every)
-        check_program(program, role.stage, role.num_stages, replicated=False, asynchronous=True)
-        return program
+        return mode_of(self.role).pass_program(self.role, count)
 
     def _infer(self, request: Infer, arrays: Arrays) -> None:
         """Stream the call's micro-batches through my stage (pipelined inference)."""
