@@ -36,7 +36,7 @@ from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.fl.checkpoint import GLOBAL_MODEL
 from ecofl.fl.clock import VirtualClock, WallClock
 from ecofl.fl.home_failures import HomeFailures
-from ecofl.fl.loop import EventLoop
+from ecofl.fl.loop import EventLoop, resume_loop
 from ecofl.fl.metrics import write_json
 from ecofl.models import build_model
 from ecofl.weights import save_weights
@@ -82,7 +82,7 @@ def run_server(
     try:
         transport.connect(exp.server.connect_timeout_s)
         if exp.resume:
-            loop = EventLoop.resume(exp.resume, transport, evaluator, out_dir=out_dir, progress=progress,
+            loop = resume_loop(exp.resume, transport, evaluator, out_dir=out_dir, progress=progress,
                                     placement=placement, failures=transport.failures)
         else:
             clock = VirtualClock() if exp.setup.latency else WallClock()

@@ -13,7 +13,7 @@ from ecofl.fl.inprocess import InProcessTransport
 from ecofl.fl.clock import WallClock
 from ecofl.fl.latency import FixedLatency, PaperLatency
 from ecofl.fl.group_round import GroupRound
-from ecofl.fl.loop import EventLoop
+from ecofl.fl.loop import EventLoop, resume_loop
 from ecofl.fl.loop_config import LoopConfig
 from ecofl.fl.stop_rules import STOPPED
 from ecofl.fl.transport import RunStopped, TrainTask
@@ -136,7 +136,7 @@ def test_resuming_from_a_checkpoint_gives_the_same_metrics_as_not_stopping(tmp_p
     assert (tmp_path / "full" / "metrics.csv").is_file() and (tmp_path / "full" / "summary.json").is_file()
     latency = PaperLatency(HOMES, mean_s=10.0, std_s=3.0, seed=0, change_prob=0.3)
     transport = InProcessTransport(make_model, X, Y, two_class_parts(), latency, shuffle_replies_seed=4)
-    resumed = EventLoop.resume(checkpoint, transport, evaluate, out_dir=tmp_path / "resumed", progress=False)
+    resumed = resume_loop(checkpoint, transport, evaluate, out_dir=tmp_path / "resumed", progress=False)
     assert resumed.version == 8 and len(resumed.in_flight) == 3
     assert without_wall_time(resumed.run()) == without_wall_time(rows)
     for a, b in zip(resumed.global_weights, full.global_weights):
@@ -382,15 +382,16 @@ def test_the_wall_clock_closes_a_round_at_its_deadline_without_a_silent_home():
     config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=2, round_deadline="factor",
                         round_deadline_factor=25.0,
                         train=TRAIN)
-    loop, _ = wall_loop(config, [0.02] * HOMES, reply_timeout_s=5.0)
+    loop, _ = wall_loop(config, [0.02] * HOMES, reply_timeout_s=30.0)  # well past the deadline, however loaded
     loop.profile()  # home 5 answers the query, then falls silent
     loop.transport.silent_homes = {5}
     loop.dispatch()
     rows = loop.run()
-    # the silent home stays busy until the transport gives up on it (5 s): the second round goes on without it
+    # the silent home stays busy until the transport gives up on it (30 s): the second round goes on without it
     assert [r["stragglers"] for r in rows] == [1, 0] and [r["homes"] for r in rows] == [HOMES - 1] * 2
     deadline = 25.0 * loop.grouping.centres[0]
-    assert deadline <= rows[0]["virtual_time"] < deadline + 1.0  # not the silent home's 5 s timeout
+    # closed at its deadline (later on a loaded machine, whose homes train slowly), not at the silent home's timeout
+    assert deadline <= rows[0]["virtual_time"] < 30.0
 
 
 def test_no_round_is_dispatched_after_the_last_update():

@@ -39,7 +39,7 @@ generator, each task carries its own seed, and ties break by group id: the
 metrics do not depend on the order a transport returns replies in.
 Checkpoints store the global model, every in-flight round with the model it
 was sent, the groups' latest models where the policy keeps them, the
-grouping, clock, generator state and metrics; :meth:`EventLoop.resume`
+grouping, clock, generator state and metrics; :func:`resume_loop`
 sends the in-flight rounds again and continues exactly as if never stopped.
 """
 
@@ -62,7 +62,8 @@ from ecofl.fl.home_failures import HomeFailures
 from ecofl.fl.grouping import derive_rt
 from ecofl.fl.loop_config import LoopConfig
 from ecofl.fl.loop_state import LoopState
-from ecofl.fl.metrics import group_stats, write_metrics
+from ecofl.fl.loop_records import run_summary, update_row
+from ecofl.fl.metrics import write_metrics
 from ecofl.fl.progress import Progress
 from ecofl.fl.round_completion import round_completion
 from ecofl.fl.stop_rules import (
@@ -111,7 +112,7 @@ class EventLoop:
         self.evaluate = evaluate
         self.clock = clock or VirtualClock()
         self.state = state or LoopState(rng=np.random.default_rng(config.seed), rt=config.rt)
-        self.rounds = round_completion(self.clock, transport, lambda group: self.state.grouping.centres[group],
+        self.completion = round_completion(self.clock, transport, lambda group: self.state.grouping.centres[group],
                                        self.state.busy_until)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
@@ -173,26 +174,26 @@ class EventLoop:
 
     def _step(self, progress: Progress) -> None:
         state = self.state
-        busy = self.rounds.busy_homes(self.in_flight)
+        busy = self.completion.busy_homes(self.in_flight)
         self.stop_reason = stop_before_next(state, self.config, len(self.in_flight), len(busy))
         if self.stop_reason is not None:
             return
         if not self.in_flight:  # every home a round could sample is still busy with a closed round's task
-            free_at = self.rounds.wait_for_a_home(self.in_flight, state.latencies)
+            free_at = self.completion.wait_for_a_home(self.in_flight, state.latencies)
             if past_time_limit(self.config, free_at):
                 self.stop_reason = MAX_VIRTUAL_TIME
                 return
             self.clock.advance_to(free_at)
             self.dispatch()
             return
-        current = self.rounds.next_completed(self.in_flight, state.latencies)
+        current = self.completion.next_completed(self.in_flight, state.latencies)
         if past_time_limit(self.config, current.completion):
             self.stop_reason = MAX_VIRTUAL_TIME
             return
         self.clock.advance_to(current.completion)
         del self.in_flight[current.group]
         row = self._apply(current)
-        self.rounds.applied(current, state.latencies)
+        self.completion.applied(current, state.latencies)
         if row is not None:
             state.rows.append(row)
             progress.show(state.version, self.clock.now(), state.last_eval[1], state.best_accuracy)
@@ -219,9 +220,7 @@ class EventLoop:
         if state.rt is None:
             derived = derive_rt([state.latencies[h] for h in answered], self.config.num_groups, self.config.seed)
             state.rt = self.config.rt_scale * derived
-        state.grouping = self.policy.group(answered, state.latencies, state.hists, state.rt)
-        state.group_rounds = [0] * len(state.grouping.groups)
-        state.updates_per_group = [0] * len(state.grouping.groups)
+        state.start_grouping(self.policy.group(answered, state.latencies, state.hists, state.rt))
         log.info(
             "%s: %d homes in %d groups (sizes %s), %d waiting, RT=%.3gs",
             self.config.strategy, len(answered), len(state.grouping.groups),
@@ -236,19 +235,15 @@ class EventLoop:
 
     # ------------------------------------------------------------------ dispatch
 
-    def _deadline(self, group: int) -> float | None:
-        if not self.policy.synchronous_rounds:
-            return None
-        return self.config.round_deadline_s(self.state.grouping.centres[group], self.state.rt, self.clock.virtual)
-
     def dispatch(self) -> None:
         """Start a round in every idle group while at most ``max_concurrent`` homes train; a busy home (still on an
         earlier task) is never sampled."""
         state = self.state
-        busy = self.rounds.busy_homes(self.in_flight)
+        busy = self.completion.busy_homes(self.in_flight)
         budget = self.config.max_concurrent - len(busy)
         idle = [g for g, members in enumerate(state.grouping.groups) if g not in self.in_flight and set(members) - busy]
         started: list[GroupRound] = []
+        synchronous = self.policy.synchronous_rounds  # a round with a deadline (loop.round_deadline), or none
         for group in state.rng.permutation(idle) if len(idle) > 1 else idle:
             group = int(group)
             available = sorted(set(state.grouping.groups[group]) - busy)
@@ -260,22 +255,24 @@ class EventLoop:
                 GroupRound(
                     group=group, round=state.group_rounds[group], dispatch=state.dispatched,
                     start=self.clock.now(), version=state.version, homes=chosen,
-                    deadline=self._deadline(group), weights=self.global_weights,
+                    weights=self.global_weights, deadline=self.config.round_deadline_s(
+                        state.grouping.centres[group], state.rt, self.clock.virtual) if synchronous else None,
                 )
             )
             state.group_rounds[group] += 1
             state.dispatched += 1
             budget -= k
             busy.update(chosen)
-        self._send(started)
+        self.send(started)
 
     def task(self, r: GroupRound, home: int) -> TrainTask:
         """What home ``home`` of round ``r`` is sent."""
         return r.task(home, self.config.train, self.config.seed)
 
-    def _send(self, rounds: Sequence[GroupRound]) -> None:
+    def send(self, rounds: Sequence[GroupRound]) -> None:
+        """Send the rounds' tasks to their homes (they are in flight from now)."""
         if rounds:
-            self.rounds.send(rounds, [self.task(r, h) for r in rounds for h in r.homes], self.in_flight)
+            self.completion.send(rounds, [self.task(r, h) for r in rounds for h in r.homes], self.in_flight)
 
     # ------------------------------------------------------------------ applying
 
@@ -294,41 +291,19 @@ class EventLoop:
         state.empty_rounds = 0
         group_model = weighted_mean([x.weights for x in valid], [x.num_samples for x in valid])
         stale = staleness(state.version, r.version, self.config.fresh_staleness)
-        busy = len(self.rounds.busy_homes(self.in_flight))
+        busy = len(self.completion.busy_homes(self.in_flight))
         state.updates_per_group[r.group] += 1
         if self.policy.keeps_group_models:
             self.group_models[r.group] = group_model
         self.global_weights, alpha_t = self.policy.aggregate(
             self.global_weights, r.group, group_model, stale, state.updates_per_group, self.group_models)
         state.version += 1
+        evaluation = (None, None)
         if evaluation_due(state, self.config, r.completion):
             self._evaluate(r.completion)
-            loss, accuracy = state.last_eval
-        else:
-            loss, accuracy = None, None
-        return {
-            "update": state.version,
-            "virtual_time": r.completion,
-            "round_started_s": r.start,  # clock times (virtual or run seconds): when it closed, against its rule
-            "round_closed_s": r.completion,
-            "deadline_s": None if r.deadline is None else r.start + r.deadline,
-            "wall_time": self._wall(),
-            "accuracy": accuracy,
-            "loss": loss,
-            "group": r.group,
-            "group_round": r.round,
-            "homes": len(valid),
-            "stragglers": screened.stragglers,
-            "failed": screened.failed,
-            "rejected": screened.rejected,
-            "rejected_total": state.totals["rejected"],
-            "staleness": stale,
-            "alpha": alpha_t,
-            "train_loss": float(np.average([x.loss for x in valid], weights=[x.num_samples for x in valid])),
-            "busy_homes": busy, "idle_homes": len(state.latencies) - busy,  # training now, and the others
-            "home_failures": self.failures.compact(),
-            **group_stats(state.grouping, state.hists, state.latencies, self.policy.round_size()),
-        }
+            evaluation = state.last_eval
+        return update_row(state, r, screened, evaluation, stale, alpha_t, busy, self._wall(), self.failures,
+                          self.policy.round_size())
 
     def _evaluate(self, at: float) -> None:
         loss, accuracy = self.evaluate(self.global_weights)
@@ -337,30 +312,9 @@ class EventLoop:
     # ------------------------------------------------------------------ outputs
 
     def summary(self) -> dict:
-        state = self.state
-        loss, accuracy = state.last_eval
-        reached = state.target_reached or {}
-        return {
-            "strategy": self.config.strategy,
-            "updates": state.version,
-            "final_accuracy": accuracy,
-            "final_loss": loss,
-            "best_accuracy": state.best_accuracy,
-            "target_accuracy": self.config.target_accuracy,
-            "time_to_target_s": reached.get("virtual_time"),
-            "updates_to_target": reached.get("update"),
-            "virtual_time_s": self.clock.now(),
-            "wall_time_s": state.wall_offset,
-            "num_homes": len(self.homes),
-            "homes_answered": len(state.latencies),  # homes that answered a profiling query (the others never trained)
-            "waiting_homes": len(state.grouping.waiting) if state.grouping else None,
-            "rt_s": state.rt,
-            **{f"{k}_total": v for k, v in state.totals.items()},
-            "stop_reason": self.stop_reason,
-            **self.placement(),
-            "home_failures": self.failures.report(), "home_trainings": self.failures.trained,
-            "config": asdict(self.config),
-        }
+        """summary.json (:func:`~ecofl.fl.loop_records.run_summary`)."""
+        return run_summary(self.config, self.state, len(self.homes), self.clock.now(), self.stop_reason,
+                           self.placement(), self.failures)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -377,23 +331,23 @@ class EventLoop:
         log.info("checkpoint %s", path)
         return path
 
-    @classmethod
-    def resume(
-        cls, checkpoint: str | Path, transport: Transport, evaluate: Callable[[Weights], tuple[float, float]],
-        out_dir: str | Path | None = None, **options,
-    ) -> "EventLoop":
-        """A loop continuing from ``checkpoint``: its in-flight rounds are sent again, as they were; ``options``:
-        the constructor's ``progress``, ``placement`` and ``failures``."""
-        saved = load_loop(checkpoint)
-        loop = cls(
-            LoopConfig(**saved.config), transport, saved.homes, saved.global_weights, evaluate,
-            clock=clock_from_state(saved.clock), out_dir=out_dir or Path(checkpoint).parent.parent,
-            state=LoopState.from_json(saved.state), **options,
-        )
-        if not loop.clock.virtual:  # sent again now, a wall-clock round starts now; older tasks are gone
-            loop.state.busy_until.clear()
-            for r in saved.in_flight:
-                r.start = loop.clock.now()
-        loop.group_models = dict(saved.group_models)
-        loop._send(saved.in_flight)
-        return loop
+
+def resume_loop(
+    checkpoint: str | Path, transport: Transport, evaluate: Callable[[Weights], tuple[float, float]],
+    out_dir: str | Path | None = None, **options,
+) -> EventLoop:
+    """A loop continuing from ``checkpoint``: its in-flight rounds are sent again, as they were; ``options``:
+    the constructor's ``progress``, ``placement`` and ``failures``."""
+    saved = load_loop(checkpoint)
+    loop = EventLoop(
+        LoopConfig(**saved.config), transport, saved.homes, saved.global_weights, evaluate,
+        clock=clock_from_state(saved.clock), out_dir=out_dir or Path(checkpoint).parent.parent,
+        state=LoopState.from_json(saved.state), **options,
+    )
+    if not loop.clock.virtual:  # sent again now, a wall-clock round starts now; older tasks are gone
+        loop.state.busy_until.clear()
+        for r in saved.in_flight:
+            r.start = loop.clock.now()
+    loop.group_models = dict(saved.group_models)
+    loop.send(saved.in_flight)
+    return loop

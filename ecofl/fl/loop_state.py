@@ -42,6 +42,12 @@ class LoopState:
     wall_offset: float = 0.0  # wall seconds spent before the latest resume
     home_failures: dict = field(default_factory=dict)  # ecofl.fl.home_failures.HomeFailures.to_json() at a checkpoint
 
+    def start_grouping(self, grouping: Grouping) -> None:
+        """The first grouping (§5.2): every group has sent and applied nothing yet."""
+        self.grouping = grouping
+        self.group_rounds = [0] * len(grouping.groups)
+        self.updates_per_group = [0] * len(grouping.groups)
+
     def to_json(self) -> dict:
         return {f.name: _codec(f.name)[0](getattr(self, f.name)) for f in fields(self)}
 

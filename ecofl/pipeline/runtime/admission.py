@@ -79,7 +79,7 @@ def admit_devices(
     On any failure the channels admitted so far are closed.
     """
     connections: dict[int, SealedSocket] = {}
-    deadline = time.time() + timeout_s
+    deadline = time.monotonic() + timeout_s
     bound = f"within {timeout_s:.0f} s"
     try:
         while len(connections) < len(expected):
@@ -87,7 +87,7 @@ def admit_devices(
             try:
                 outcome = arrivals.queue.get(timeout=0.05)
             except queue.Empty:
-                if time.time() > deadline:
+                if time.monotonic() > deadline:
                     missing = sorted(set(expected) - set(connections))
                     raise DeviceUnreachable(
                         f"device(s) {', '.join(f'{d} ({expected[d]})' for d in missing)} did not join the home "
@@ -99,8 +99,8 @@ def admit_devices(
                 channel.close()
                 raise HomePipelineError(f"device {device} joined but is not expected by the plan (or twice)")
             connections[device] = channel
-            if then_s is not None and local <= set(connections) and time.time() + then_s < deadline:
-                deadline, bound = time.time() + then_s, f"within {then_s:.0f} s of the devices started here"
+            if then_s is not None and local <= set(connections) and time.monotonic() + then_s < deadline:
+                deadline, bound = time.monotonic() + then_s, f"within {then_s:.0f} s of the devices started here"
     except BaseException:
         for channel in connections.values():
             channel.close()

@@ -26,22 +26,19 @@ it is about to be found); a worker whose trap fires says ``Trapped`` first
 
 from __future__ import annotations
 
-import selectors
 import time
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
-from ecofl.net.errors import ChannelClosed
 from ecofl.net.heartbeat import HeartbeatMonitor
 from ecofl.net.liveness import LivenessSettings
 from ecofl.net.netns import HomeNetwork
 from ecofl.net.schema import encode
 from ecofl.net.sealed import SealedSocket
-from ecofl.net.wire import recv_message, send_message
+from ecofl.net.wire import send_message
 from ecofl.pipeline.runtime.admission import Arrivals, admit_devices
 from ecofl.pipeline.runtime.control_messages import (
-    REPLIES,
     Abort,
     Config,
     Error,
@@ -56,6 +53,7 @@ from ecofl.pipeline.runtime.errors import DeviceOutOfMemory, DevicesLost, Worker
 from ecofl.pipeline.runtime.failures import root_cause
 from ecofl.pipeline.runtime.confinement import Confinement
 from ecofl.pipeline.runtime.launch import LocalDevices
+from ecofl.pipeline.runtime.reply_wait import ChannelSelector, next_reply
 
 R = TypeVar("R")
 Arrays = dict[str, np.ndarray]
@@ -64,12 +62,10 @@ Arrays = dict[str, np.ndarray]
 class ControlPlane:
     """The workers of one home pipeline and the portal's control channels to them.
 
-    ``names`` maps every device of the pool to its name (for messages).
-    ``heartbeat`` (fault tolerance) starts a heartbeat monitor; then a lost
-    device is recoverable (:class:`DevicesLost`), else a failure is fatal and
-    named by its root cause. ``network``: workers start in their device's
-    namespace. ``departed()`` names remote devices known to have left.
-    ``confinement``: the local workers run in cgroups of their own.
+    ``names`` maps every device of the pool to its name (for messages). ``heartbeat`` (fault tolerance) starts a
+    heartbeat monitor; then a lost device is recoverable (:class:`DevicesLost`), else a failure is fatal and named
+    by its root cause. ``network``: workers start in their device's namespace. ``departed()`` names remote devices
+    known to have left. ``confinement``: the local workers run in cgroups of their own.
     """
 
     def __init__(self, names: Sequence[str], secret: bytes, timeout_s: float, *, host: str = "127.0.0.1",
@@ -206,34 +202,26 @@ class ControlPlane:
                            ) -> dict[int, tuple[R, Arrays]]:
         """:meth:`gather`, with the arrays each reply carried."""
         during = f"waiting for {expected.TYPE!r}"
-        waiting = set(self.connections if devices is None else devices)
         replies: dict[int, tuple[R, Arrays]] = {}
         interrupted: dict[int, str] = {}  # device -> why its request stopped (a peer was lost)
-        deadline = time.time() + self.timeout_s
-        with selectors.DefaultSelector() as selector:
-            for device in waiting:
-                selector.register(self.connections[device], selectors.EVENT_READ, device)
-            while waiting - set(replies):
+        deadline = time.monotonic() + self.timeout_s
+        with ChannelSelector(self.connections, set(self.connections if devices is None else devices)) as channels:
+            while channels.waiting or interrupted:  # an interrupted device waits for the lost one to be named
                 self.check_lost(during)
-                if time.time() > deadline:
-                    late = ", ".join(f"{d} ({self.name(d)})"
-                                     for d in sorted(waiting - set(replies) - set(interrupted)))
+                if time.monotonic() > deadline:
+                    late = ", ".join(f"{d} ({self.name(d)})" for d in sorted(channels.waiting))
                     why = "".join(f"; device {d} stopped: {reason}" for d, reason in sorted(interrupted.items()))
                     raise WorkerTimeout(f"device(s) {late or 'none'} did not answer {expected.TYPE!r} within "
                                         f"{self.timeout_s:.0f} s{why}")
-                for key, _ in selector.select(timeout=0.05):
-                    device = key.data
-                    received = self._next_reply(device, deadline)
-                    if received is None:
-                        raise self.failure(device, None, during)
-                    reply, arrays = received
+                for device in channels.ready():
+                    reply, arrays = self._next_reply(device, deadline) or (None, {})
                     if isinstance(reply, Trapped):
                         continue
-                    if isinstance(reply, Error):
+                    if reply is None or isinstance(reply, Error):
                         raise self.failure(device, reply, during)
-                    selector.unregister(self.connections[device])
+                    channels.done(device)
                     if isinstance(reply, Interrupted):
-                        interrupted[device] = reply.reason  # waits for the lost device to be named
+                        interrupted[device] = reply.reason
                     elif isinstance(reply, expected):
                         replies[device] = (reply, arrays)
                     else:
@@ -251,22 +239,16 @@ class ControlPlane:
                 send_message(self.connections[device], encode(Abort(token)))
             except OSError:
                 unreachable.add(device)
-        waiting = set(devices) - unreachable
         replies: dict[int, Interrupted] = {}
-        deadline = time.time() + self.timeout_s
-        with selectors.DefaultSelector() as selector:
-            for device in waiting:
-                selector.register(self.connections[device], selectors.EVENT_READ, device)
-            while waiting:
-                gone = set(self.lost()) | (waiting if time.time() > deadline else set())
-                for device in gone & waiting:
-                    selector.unregister(self.connections[device])
-                    waiting.discard(device)
+        deadline = time.monotonic() + self.timeout_s
+        with ChannelSelector(self.connections, set(devices) - unreachable) as channels:
+            while channels.waiting:
+                for device in (set(self.lost()) | (channels.waiting if time.monotonic() > deadline else set())
+                               ) & channels.waiting:
+                    channels.done(device)
                     unreachable.add(device)
-                for key, _ in selector.select(timeout=0.05) if waiting else ():
-                    device = key.data
-                    received = self._next_reply(device, deadline)
-                    reply = None if received is None else received[0]
+                for device in channels.ready():
+                    reply = (self._next_reply(device, deadline) or (None, {}))[0]
                     if isinstance(reply, Trapped):
                         continue
                     if reply is None or isinstance(reply, Error):
@@ -275,28 +257,16 @@ class ControlPlane:
                         replies[device] = reply
                     else:
                         continue  # an answer to a request from before the abort
-                    selector.unregister(self.connections[device])
-                    waiting.discard(device)
+                    channels.done(device)
         return replies, unreachable
 
     def _next_reply(self, device: int, deadline: float) -> tuple[Reply, Arrays] | None:
-        """The next reply on ``device``'s channel (None: the channel closed); a trap's notice is noted in
-        :attr:`trapped`. A malformed reply is the worker's failure (:class:`WorkerFailed`)."""
-        sock = self.connections[device]
-        sock.settimeout(max(1.0, deadline - time.time()))
-        try:
-            header, arrays = recv_message(sock)
-        except (ChannelClosed, OSError):
-            return None
-        finally:
-            sock.settimeout(None)
-        try:
-            reply = REPLIES.decode(header)
-        except ValueError as error:
-            raise WorkerFailed(f"device {device} ({self.name(device)}) sent a malformed reply: {error}") from None
-        if isinstance(reply, Trapped):
-            self.trapped[device] = reply.time
-        return reply, arrays
+        """The next reply on ``device``'s channel (:func:`.reply_wait.next_reply`); a trap's notice is noted in
+        :attr:`trapped`."""
+        received = next_reply(self.connections[device], deadline, f"device {device} ({self.name(device)})")
+        if received is not None and isinstance(received[0], Trapped):
+            self.trapped[device] = received[0].time
+        return received
 
     # -- losses and failures -------------------------------------------------------------
 

@@ -88,11 +88,11 @@ class LocalDevices:
         """Wait up to ``grace_s`` for the workers to exit, then kill the rest; reap all; remove their cgroups.
 
         A second Ctrl-C while waiting ends the grace, not the clean-up: the rest are killed and reaped."""
-        deadline = time.time() + grace_s
+        deadline = time.monotonic() + grace_s
         try:
             for process in self.processes.values():
                 try:
-                    process.wait(timeout=max(0.0, deadline - time.time()))
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     process.kill()
         finally:

@@ -59,3 +59,11 @@ def pace(nbytes: int, rate_bps: float | None) -> None:
     """Take as long as ``nbytes`` need on an emulated link of ``rate_bps`` (no link: return at once)."""
     if rate_bps:
         TokenBucket(rate_bps, burst_bytes=0).consume(nbytes)
+
+
+def exchange_layer_states(mesh: EpochMesh, sends: list[tuple[int, dict[str, torch.Tensor]]],
+                          receives: list[tuple[int, dict[str, torch.Tensor]]], tag: int, rate_bps: float | None,
+                          abort: AbortCheck, posted: Callable[[], None]) -> int:
+    """:func:`exchange_states` of states by key (to or from a rank): their tensors in key order at both ends."""
+    return exchange_states(mesh, [(rank, [s[k] for k in sorted(s)]) for rank, s in sends],
+                           [(rank, [b[k] for k in sorted(b)]) for rank, b in receives], tag, rate_bps, abort, posted)

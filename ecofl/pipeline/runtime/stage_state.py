@@ -87,18 +87,19 @@ class StageState:
         for version in set(self.copies) - versions:
             del self.copies[version]
 
-    def layer_state(self, layer: int, version: int) -> State:
-        """Layer ``layer``'s committed state at ``version``; RuntimeError if this worker does not hold it."""
+    def layers_state(self, layers: Iterable[int], version: int) -> State:
+        """The committed state of ``layers`` at ``version``; RuntimeError if this worker does not hold it."""
         held = self.copies.get(version, {})
-        keys = self.keys([layer])
+        layers = list(layers)
+        keys = self.keys(layers)
         if not all(k in held for k in keys):
-            raise RuntimeError(f"layer {layer} at version {version} is not held here (held: {self.holdings()})")
+            raise RuntimeError(f"layers {layers} at version {version} are not held here (held: {self.holdings()})")
         return {k: v for k, v in held.items() if k in keys or (k.startswith(MOMENTUM) and k[len(MOMENTUM):] in keys)}
 
-    def empty_like_layer(self, layer: int, with_momentum: bool) -> State:
-        """Receive buffers for layer ``layer``'s state (shapes and dtypes from the model)."""
+    def empty_like_layers(self, layers: Iterable[int], with_momentum: bool) -> State:
+        """Receive buffers for the state of ``layers`` (shapes and dtypes from the model)."""
         state = {}
-        for key in self.keys([layer]):
+        for key in self.keys(layers):
             state[key] = torch.empty_like(self.tensors[key].detach())
             if with_momentum and key in self.parameter_keys:
                 state[MOMENTUM + key] = torch.empty_like(self.tensors[key].detach())

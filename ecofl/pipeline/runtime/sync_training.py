@@ -76,8 +76,7 @@ def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTo
     """Sync-rounds 0 .. sync_rounds - 1, then the weights; a device lost at any moment of it (setting up, a
     round, replication, the global copy, a re-plan, collecting) is recovered from, and the rounds since the
     version restored are replayed."""
-    recovery = Recovery(control, layout, ft, config, ref if optimization.mu > 0 else {}, inject, optimization)
-    recovery.global_copy = (0, {k: np.asarray(v) for k, v in start.items()})  # the portal has version 0
+    recovery = Recovery(control, layout, ft, config, start, ref if optimization.mu > 0 else {}, inject, optimization)
     try:
         set_up_stages(control, layout, start, ref, optimization)
     except DevicesLost as lost:
@@ -112,7 +111,7 @@ def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTo
     plan = layout.plan
     return pipeline_result(
         weights, plan.batch_size, len(plan.stages), [rounds[i] for i in ordered],
-        [round_s[i] for i in ordered], origin, tuple(e.to_dict() for e in recovery.finish(round_s)),
+        [round_s[i] for i in ordered], origin, tuple(e.to_dict() for e in recovery.finish()),
         recovery.lost_rounds, tuple(epochs[i] for i in ordered),
     )
 

@@ -40,14 +40,14 @@ from ecofl.net.wire import recv_message, send_message
 
 def connect(portal: tuple[str, int], timeout_s: float) -> socket.socket:
     """Connect to the portal, retrying until ``timeout_s`` (it may still be starting)."""
-    deadline = time.time() + timeout_s
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             sock = socket.create_connection(portal, timeout=timeout_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock
         except OSError:
-            if time.time() > deadline:
+            if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
 

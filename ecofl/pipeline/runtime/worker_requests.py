@@ -32,13 +32,10 @@ The process around it (joining, sessions) is :mod:`.worker`.
 
 from __future__ import annotations
 
-import selectors
 import time
 import numpy as np
 import torch
 
-from ecofl.net.schema import encode
-from ecofl.pipeline.instructions import Program
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.confinement import worker_threads
 from ecofl.pipeline.runtime.control_messages import (
@@ -54,7 +51,6 @@ from ecofl.pipeline.runtime.control_messages import (
     GetState,
     Infer,
     Inferred,
-    Interrupted,
     Load,
     Loaded,
     Ok,
@@ -62,7 +58,6 @@ from ecofl.pipeline.runtime.control_messages import (
     Reconfigured,
     Replicate,
     Replicated,
-    Reply,
     Round,
     Setup,
     State,
@@ -72,7 +67,7 @@ from ecofl.pipeline.runtime.control_messages import (
 from ecofl.net.heartbeat import HeartbeatSender
 from ecofl.net.links import MIGRATION_TAG, REPLICA_TAG, PeerLost, RoundAborted
 from ecofl.net.mesh import DataListener, EpochMesh
-from ecofl.pipeline.runtime.migration_io import exchange_states, pace
+from ecofl.pipeline.runtime.migration_io import exchange_layer_states, pace
 from ecofl.pipeline.runtime.model_spec import spec_from_json, stage_module
 from ecofl.pipeline.runtime.process_memory import peak_rss_bytes, reset_peak
 from ecofl.net.sealed import SealedSocket
@@ -82,7 +77,8 @@ from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.stream_stage import StreamExecutor
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.traps import Trap, Traps
-from ecofl.net.wire import recv_message, send_message
+from ecofl.net.wire import recv_message
+from ecofl.pipeline.runtime.worker_channel import WorkerChannel
 
 Arrays = dict[str, np.ndarray]
 
@@ -95,7 +91,7 @@ class Worker:
 
     def __init__(self, sock: SealedSocket, device: int, config: Config, secret: bytes, listener: DataListener,
                  baseline_rss: int | None = None):
-        self.sock, self.secret, self.listener = sock, secret, listener
+        self.channel, self.secret, self.listener = WorkerChannel(sock), secret, listener
         self.baseline_rss = baseline_rss  # the process's resident set before any model was built
         self.device = device
         self.timeout_s = config.timeout_s
@@ -108,15 +104,11 @@ class Worker:
         self.reference: dict[str, torch.Tensor] = {}
         self.version = 0  # committed sync-rounds of the live tensors
         self.clean = True  # False: an interrupted round or re-configuration left the live tensors half updated
-        self.traps = Traps(self._reply)
+        self.traps = Traps(self.channel.reply)
         self.executor: StageExecutor | None = None  # a training role's
         self.stream: StreamExecutor | None = None  # an inference role's
-        self.heartbeat = None
-        if config.heartbeat is not None:
-            beat_host, beat_port, period = config.heartbeat
-            self.heartbeat = HeartbeatSender((beat_host, beat_port), secret, self.device, period)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(sock, selectors.EVENT_READ)
+        beat = config.heartbeat  # the portal's monitor (host, port, period), with fault tolerance on
+        self.heartbeat = HeartbeatSender(tuple(beat[:2]), secret, device, beat[2]) if beat is not None else None
         self.mesh: EpochMesh | None = None
 
     # -- epochs ----------------------------------------------------------------------
@@ -127,7 +119,7 @@ class Worker:
             self.mesh.close()  # its waits on a lost peer end here
             self.mesh = None
         self.mesh = EpochMesh(self.listener, self.secret, entry.epoch, entry.rank, list(entry.addresses),
-                              self.timeout_s, self._abort_check)
+                              self.timeout_s, self.channel.abort_check)
         self.executor, self.stream, self.role = None, None, None
         if entry.role is None:
             return
@@ -147,9 +139,8 @@ class Worker:
             raise RuntimeError("stage parameters are not in state_dict order")
 
     def _momentum(self) -> dict[str, torch.Tensor]:
-        if self.executor is None:
-            return {}
-        return {k: b for k, b in zip(self.parameter_keys, self.executor.momentum_buffers()) if b is not None}
+        buffers = self.executor.momentum_buffers() if self.executor is not None else []
+        return {k: b for k, b in zip(self.parameter_keys, buffers) if b is not None}
 
     def _with_momentum(self) -> bool:
         return bool(self.settings and self.settings.momentum > 0)
@@ -170,15 +161,6 @@ class Worker:
         if not self.clean:
             raise RuntimeError(f"asked to {what} while the live state is half updated (roll back first)")
 
-    def _interrupted(self, error: BaseException) -> None:
-        """Answer that the current request cannot finish: why, the abort's token, what I hold committed."""
-        token = error.args[0] if isinstance(error, RoundAborted) and error.args else None
-        holdings = {str(version): layers for version, layers in self.state.holdings().items()}
-        self._reply(Interrupted(f"{type(error).__name__}: {error}", token, holdings))
-
-    def _reply(self, reply: Reply, arrays: dict[str, np.ndarray] | None = None) -> None:
-        send_message(self.sock, encode(reply), arrays)
-
     # -- serving ---------------------------------------------------------------------
 
     def serve(self) -> None:
@@ -189,7 +171,7 @@ class Worker:
             Reconfigure: self._reconfigure, Arm: self._arm, Abort: self._abort,
         }
         while True:
-            header, arrays = recv_message(self.sock)
+            header, arrays = recv_message(self.channel.sock)
             request = REQUESTS.decode(header)
             if isinstance(request, Stop):
                 return
@@ -197,27 +179,18 @@ class Worker:
 
     def _epoch(self, request: Epoch, _arrays: Arrays) -> None:
         self._enter_epoch(request)
-        self._reply(Entered())
+        self.channel.reply(Entered())
 
     def _arm(self, request: Arm, _arrays: Arrays) -> None:
         self.traps.arm(Trap(request.signal, request.phase, request.count))
-        self._reply(Armed())
+        self.channel.reply(Armed())
 
     def _abort(self, request: Abort, _arrays: Arrays) -> None:
-        self._interrupted(RoundAborted(request.token, "aborted while idle"))
-
-    def _abort_check(self) -> None:
-        """Raise :class:`RoundAborted` if the portal sent :class:`Abort` (checked while a round waits)."""
-        if self.sock.pending() or self._selector.select(timeout=0):
-            header, _ = recv_message(self.sock)
-            request = REQUESTS.decode(header)
-            if not isinstance(request, Abort):
-                raise ValueError(f"unexpected {request.TYPE!r} during a sync-round")
-            raise RoundAborted(request.token)
+        self.channel.interrupted(RoundAborted(request.token, "aborted while idle"), self.state.holdings())
 
     def _load(self, _request: Load, arrays: Arrays) -> None:
         self._load_weights(arrays)
-        self._reply(Loaded())
+        self.channel.reply(Loaded())
 
     def _load_weights(self, arrays: Arrays) -> None:
         with torch.no_grad():
@@ -232,7 +205,7 @@ class Worker:
         self.state.copies.clear()
         self._configure({})
         self._commit(0)
-        self._reply(Ok())
+        self.channel.reply(Ok())
 
     def _round(self, request: Round, arrays: Arrays) -> None:
         """Sync-round ``version``: from the committed state of that version; commits ``version + 1``.
@@ -252,34 +225,30 @@ class Worker:
         reset_peak()
         self.clean = False
         try:
-            stats = executor.run_round(inputs, labels, request.batch_size, self._abort_check,
-                                       self._pass_program(request.num_micro_batches))
+            program = mode_of(self.role).pass_program(self.role, request.num_micro_batches)  # None: the role's
+            stats = executor.run_round(inputs, labels, request.batch_size, self.channel.abort_check, program)
         except INTERRUPTIONS as error:
-            self._interrupted(error)
+            self.channel.interrupted(error, self.state.holdings())
             return
         self._commit(version + 1)
-        self._reply(Done(
+        self.channel.reply(Done(
             events=stats.events, loss_sum=float(stats.loss_sum), peak_resident=stats.peak_resident,
             peak_activation_bytes=stats.peak_activation_bytes, fixed_bytes=stats.fixed_bytes,
             peak_rss_bytes=peak_rss_bytes(),  # measured: the process's peak during this sync-round
             baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions,
         ))
 
-    def _pass_program(self, count: int) -> Program | None:
-        """An asynchronous pass's program for ``count`` micro-batches, built here and checked (None: the role's)."""
-        return mode_of(self.role).pass_program(self.role, count)
-
     def _infer(self, request: Infer, arrays: Arrays) -> None:
         """Stream the call's micro-batches through my stage (pipelined inference)."""
         inputs = torch.from_numpy(arrays["inputs"]) if "inputs" in arrays else None
         reset_peak()
         try:
-            stats = self.stream.run(inputs, request.num_micro_batches, self._abort_check)
+            stats = self.stream.run(inputs, request.num_micro_batches, self.channel.abort_check)
         except INTERRUPTIONS as error:
-            self._interrupted(error)
+            self.channel.interrupted(error, self.state.holdings())
             return
         outputs = {} if stats.outputs is None else {"outputs": stats.outputs.numpy()}
-        self._reply(Inferred(stats.events, stats.peak_held, peak_rss_bytes(), self.baseline_rss), outputs)
+        self.channel.reply(Inferred(stats.events, stats.peak_held, peak_rss_bytes(), self.baseline_rss), outputs)
 
     def _replicate(self, request: Replicate, _arrays: Arrays) -> None:
         """Send my stage at ``version`` to my backup; keep the stages my peers send me (Asteroid §3.4).
@@ -291,38 +260,27 @@ class Worker:
         self._require_clean("replicate")
         if version != self.version:
             raise RuntimeError(f"asked to replicate version {version}, but my state is at version {self.version}")
-        with_momentum = self._with_momentum()
-        sends = []
-        if request.to is not None:
-            state = {k: v for layer in self.stage_layers for k, v in self.state.layer_state(layer, version).items()}
-            sends = [(request.to, [state[k] for k in sorted(state)])]
-        receives = []
-        for _source, rank, first, last in request.sources:
-            buffers = {}
-            for layer in range(first, last + 1):
-                buffers.update(self.state.empty_like_layer(layer, with_momentum))
-            receives.append((rank, buffers))
+        sends = [] if request.to is None else [(request.to, self.state.layers_state(self.stage_layers, version))]
+        receives = [(rank, self.state.empty_like_layers(range(first, last + 1), self._with_momentum()))
+                    for _source, rank, first, last in request.sources]
         started = time.time()
         try:
-            received = exchange_states(self.mesh, sends, [(rank, [b[k] for k in sorted(b)]) for rank, b in receives],
-                                       tag=REPLICA_TAG, rate_bps=request.link_bps, abort=self._abort_check,
-                                       posted=lambda: self.traps.reached("replicate"))
+            received = exchange_layer_states(self.mesh, sends, receives, REPLICA_TAG, request.link_bps,
+                                             self.channel.abort_check, lambda: self.traps.reached("replicate"))
         except INTERRUPTIONS as error:
-            self._interrupted(error)
+            self.channel.interrupted(error, self.state.holdings())
             return
         for _, buffers in receives:
             self.state.hold(version, buffers)
-        self._reply(Replicated(received, time.time() - started))
+        self.channel.reply(Replicated(received, time.time() - started))
 
     def _collect(self, request: Collect, _arrays: Arrays) -> None:
         """My stage's live weights (+ momentum), from the first replica of a stage only."""
         self.traps.reached("global-copy")
         self._require_clean("send my weights")
         first_replica = self.role is not None and self.role.rank == self.role.replicas[0]
-        state = {}
-        if first_replica:
-            state = as_arrays(self.state.capture(self.stage_layers, self._momentum(), request.momentum))
-        self._reply(Weights(self.version), state)
+        state = self.state.capture(self.stage_layers, self._momentum(), request.momentum) if first_replica else {}
+        self.channel.reply(Weights(self.version), as_arrays(state))
 
     def _reconfigure(self, request: Reconfigure, arrays: Arrays) -> None:
         """Enter a new epoch at committed version ``restore``: roll back, take the new role, migrate the layers.
@@ -346,40 +304,32 @@ class Worker:
         from_portal = {k: v for k, v in arrays.items() if not k.startswith("reference/")}
         try:
             self._enter_epoch(request)
-            sends, receives = [], []
-            with_momentum = self._with_momentum()
-            for layer, source_rank, target_rank in request.moves:
-                if source_rank == target_rank:
-                    continue  # restored from my own copy above
-                if source_rank == self.mesh.rank:
-                    state = self.state.layer_state(layer, version)
-                    sends.append((target_rank, [state[k] for k in sorted(state)]))
-                elif target_rank == self.mesh.rank:
-                    receives.append((source_rank, self.state.empty_like_layer(layer, with_momentum)))
-            received = exchange_states(self.mesh, sends, [(rank, [b[k] for k in sorted(b)]) for rank, b in receives],
-                                       tag=MIGRATION_TAG, rate_bps=request.link_bps, abort=self._abort_check,
-                                       posted=lambda: self.traps.reached("migrate"))
+            me = self.mesh.rank  # a layer that stays with its rank was restored from my own copy above
+            sends = [(to, self.state.layers_state([layer], version)) for layer, source, to in request.moves
+                     if source == me != to]
+            receives = [(source, self.state.empty_like_layers([layer], self._with_momentum()))
+                        for layer, source, to in request.moves if to == me != source]
+            received = exchange_layer_states(self.mesh, sends, receives, MIGRATION_TAG, request.link_bps,
+                                             self.channel.abort_check, lambda: self.traps.reached("migrate"))
         except INTERRUPTIONS as error:
-            self._interrupted(error)
+            self.channel.interrupted(error, self.state.holdings())
             return
         for _, buffers in receives:
             momentum.update(self.state.restore(buffers))
         momentum.update(self.state.restore(from_arrays(from_portal)))
         self._configure(momentum)
         self._commit(version)
-        self._reply(Reconfigured(received, time.time() - started))
+        self.channel.reply(Reconfigured(received, time.time() - started))
 
     def _send_state(self, request: GetState, _arrays: Arrays) -> None:
         """Layers' committed state at a version, from my copies (heavy rescheduling's gather)."""
-        state = {}
-        for layer in request.layers:
-            state.update(self.state.layer_state(layer, request.version))
-        arrays = as_arrays(state)
+        arrays = as_arrays(self.state.layers_state(request.layers, request.version))
         pace(sum(a.nbytes for a in arrays.values()), request.link_bps)
-        self._reply(State(), arrays)
+        self.channel.reply(State(), arrays)
 
     def close(self) -> None:
         if self.mesh is not None:
             self.mesh.close()
         if self.heartbeat is not None:
             self.heartbeat.close()
+        self.channel.close()

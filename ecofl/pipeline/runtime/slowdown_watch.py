@@ -1,0 +1,56 @@
+"""Eco-FL §4.4's monitor of device speeds: a device whose compute time per micro-batch stays above what is
+expected of it for ``slowdown_rounds`` sync-rounds is slow, and its speed is re-estimated (FTPipeHD eqs. 1-3)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ecofl.pipeline.cost import stage_compute_s
+from ecofl.pipeline.replan import with_speeds
+from ecofl.pipeline.runtime.control_messages import Done
+from ecofl.pipeline.runtime.faults import FaultTolerance
+from ecofl.pipeline.runtime.layout import PipelineLayout
+from ecofl.pipeline.schedule import PASSES, ActionKind
+
+
+class SlowdownWatch:
+    """Each device's pace in the current plan and how many sync-rounds in a row it has been slow."""
+
+    def __init__(self, ft: FaultTolerance):
+        self.ft = ft
+        self._slow: dict[int, int] = {}
+        self._pace: dict[int, float] = {}  # each device's best seconds per micro-batch in the current plan
+        self._pace_epoch = 0
+
+    def slow_devices(self, layout: PipelineLayout, speeds: dict[int, float], replies: dict[int, Done],
+                     epoch: int) -> tuple[list[int], dict[int, float]]:
+        """The devices slow for long enough after a sync-round's ``replies`` (then the count starts afresh),
+        and every device's measured seconds per micro-batch.
+
+        A device deviates when its seconds per micro-batch exceed ``slowdown_ratio`` times the larger of the
+        cost model's and its own best pace in the current plan (``epoch``): the model alone would flag a
+        device the model underestimates (the runtime's overhead on a stage of next to no compute, a confined
+        device's measured speed a little off) as slow from its first round."""
+        if self._pace_epoch != epoch:
+            self._pace, self._pace_epoch = {}, epoch
+        pool = with_speeds(layout.pool, speeds)
+        measured: dict[int, float] = {}
+        slow = []
+        for role in layout.roles:
+            times = [end - start for kind, _, start, end in replies[role.device].events
+                     if ActionKind.from_str(kind) in PASSES]
+            if not times or role.samples == 0:
+                continue
+            per_micro_batch = 2 * float(np.mean(times))  # one forward and one backward
+            expected = sum(stage_compute_s(layout.profile, pool.devices[role.device], role.layers, role.samples))
+            measured[role.device] = per_micro_batch
+            pace = self._pace[role.device] = min(self._pace.get(role.device, per_micro_batch), per_micro_batch)
+            if per_micro_batch > self.ft.slowdown_ratio * max(expected, pace):
+                self._slow[role.device] = self._slow.get(role.device, 0) + 1
+                if self._slow[role.device] >= self.ft.slowdown_rounds:
+                    slow.append(role.device)
+            else:
+                self._slow.pop(role.device, None)
+        if slow:
+            self._slow.clear()
+        return slow, measured
