@@ -134,6 +134,30 @@ def instances(seed: int, count: int, layers=(4, 8), devices=(2, 5)):
 
 # -- a fault-tolerant run that must be exact (the recovery tests) -------------------------------------
 
+T_F, T_B = 0.01, 0.02  # host seconds per sample of every layer of a synthetic profile
+
+
+def synthetic_profile(layers: int, activation: float = 0.0, weight: float = 1e6, step: float = 0.0) -> ModelProfile:
+    """Every layer costs the same; times linear in batch size."""
+    sizes = (1, 64)
+    per_size = np.array(sizes, dtype=float)
+    return ModelProfile(
+        model="synthetic",
+        layer_names=tuple(f"layer{i}" for i in range(layers)),
+        batch_sizes=sizes,
+        forward_s=np.outer(np.full(layers, T_F), per_size),
+        backward_s=np.outer(np.full(layers, T_B), per_size),
+        activation_bytes=np.full(layers, activation),
+        gradient_bytes=np.full(layers, activation),
+        stash_bytes=np.full(layers, 1000.0),
+        weight_bytes=np.full(layers, weight),
+        optimizer_bytes=np.full(layers, weight),
+        flops=np.full(layers, 1e6),
+        input_bytes=int(activation),
+        optimizer_step_s=np.full(layers, step),
+    )
+
+
 PROFILE = random_profile(np.random.default_rng(0), 5)
 THREE_STAGES = Plan("hand", (StagePlan((0, 1), (0,), (4,), 5), StagePlan((2, 3), (1,), (4,), 3),
                              StagePlan((4, 4), (2,), (4,), 1)), micro_batch=4, num_micro_batches=6)

@@ -12,7 +12,7 @@ import pytest
 from ecofl.awake_cores import AwakeCores
 from ecofl.cgroups import DeviceLimits
 from ecofl.pipeline.runtime.confinement import Confinement
-from test_confined_devices import needs_cgroups
+from helpers import needs_cgroups
 
 pytestmark = pytest.mark.timeout(120)
 

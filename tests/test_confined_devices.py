@@ -45,16 +45,14 @@ from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.errors import DeviceOutOfMemory
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.portal import HomePipeline
-from pipeline_kit import FAST_HEARTBEAT, THREE_STAGES, assert_gone
+from helpers import CGROUPS as FOUND, needs_cgroups
+from pipeline_kit import FAST_HEARTBEAT, THREE_STAGES, assert_gone, synthetic_profile
 from processes import worker_processes
-from test_cost import synthetic_profile
 
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[1]
-FOUND = find_hierarchy()
 MIB = 1 << 20
-needs_cgroups = pytest.mark.skipif(isinstance(FOUND, str), reason=f"cgroups not writable here: {FOUND}")
 
 
 def convolutions(side: int) -> LayerList:

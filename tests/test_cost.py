@@ -1,37 +1,13 @@
 """The sync-round cost model: trapezoid, bubbles, memory, links, flush."""
 
-import numpy as np
 import pytest
 
 from ecofl.devices import MBPS, DeviceSpec, HomePool
 from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.memory_model import memory_per_stage, stage_memory_bytes
 from ecofl.pipeline.plan import Plan, StagePlan
-from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.schedule import default_in_flight
-
-T_F, T_B = 0.01, 0.02  # host seconds per sample of every layer
-
-
-def synthetic_profile(layers: int, activation: float = 0.0, weight: float = 1e6, step: float = 0.0) -> ModelProfile:
-    """Every layer costs the same; times linear in batch size."""
-    sizes = (1, 64)
-    per_size = np.array(sizes, dtype=float)
-    return ModelProfile(
-        model="synthetic",
-        layer_names=tuple(f"layer{i}" for i in range(layers)),
-        batch_sizes=sizes,
-        forward_s=np.outer(np.full(layers, T_F), per_size),
-        backward_s=np.outer(np.full(layers, T_B), per_size),
-        activation_bytes=np.full(layers, activation),
-        gradient_bytes=np.full(layers, activation),
-        stash_bytes=np.full(layers, 1000.0),
-        weight_bytes=np.full(layers, weight),
-        optimizer_bytes=np.full(layers, weight),
-        flops=np.full(layers, 1e6),
-        input_bytes=int(activation),
-        optimizer_step_s=np.full(layers, step),
-    )
+from pipeline_kit import T_B, T_F, synthetic_profile
 
 
 def uniform_pool(n: int, mbps: float = 100.0, speed: float = 1.0) -> HomePool:

@@ -22,10 +22,10 @@ from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
 from ecofl.net.wire import recv_message, send_message
+from helpers import SECRET
 
 pytestmark = pytest.mark.timeout(180)
 
-SECRET = bytes(range(32))
 
 
 def sealed_pair() -> tuple[SealedSocket, SealedSocket, socket.socket]:

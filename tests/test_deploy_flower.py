@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from server.config import experiment_from_run_config
+from helpers import free_ports
 from server.server_app import measured_latency
 
 # Deployments run one at a time (one xdist worker), beside the simulations: a deployment's SuperLink, SuperNodes
@@ -68,10 +69,6 @@ def gen_certs(out_dir: Path, supernodes: int, *extra: str) -> None:
     subprocess.run(["bash", str(ROOT / "scripts" / "gen_certs.sh"), str(out_dir), "--supernodes", str(supernodes),
                     *extra],
                    check=True, capture_output=True, text=True, timeout=120)
-
-
-def free_ports(count: int) -> list[int]:
-    return flower_tools.free_ports(count)
 
 
 # --- processes -----------------------------------------------------------------------------

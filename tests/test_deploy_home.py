@@ -29,8 +29,10 @@ from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.model_spec import ZooModel
 from ecofl.train import TrainConfig, train_local
 from ecofl.weights import get_weights, set_weights
+from helpers import SECRET, wait_for
 
-SECRET = bytes(range(32))
+LOADED_S = 180.0  # how long to wait for a daemon: generous, the machine may be loaded
+
 MODEL = ZooModel("cnn", (1, 8, 8), 10)
 CONFIG = TrainConfig(epochs=1, batch_size=16, lr=0.05, seed=3)
 # The service, its daemons, their workers and other test processes share two cores: a live worker can go
@@ -63,13 +65,6 @@ def stop(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
-def wait_for(condition, timeout_s: float = 180.0) -> None:  # generous: the machine may be loaded
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.1)
-
-
 def expected_weights(start, x, y) -> list[np.ndarray]:
     model = build_model("cnn", (1, 8, 8), 10)
     set_weights(model, start)
@@ -88,7 +83,7 @@ def test_daemons_join_and_the_home_trains_the_same_update_as_one_process(start_w
     with HomeService(SECRET, "test-home", timeout_s=180, heartbeat=SHARED_HOST) as service:
         daemons = [start_daemon(service.port, f"d{i}") for i in range(2)]
         try:
-            wait_for(lambda: len(service.present()) == 2)
+            wait_for(lambda: len(service.present()) == 2, timeout_s=LOADED_S)
             status = home_status(service.address, SECRET)
             assert sorted(d["name"] for d in status["devices"]) == ["d0", "d1"]  # in joining order
             trained = train_at_home(service.address, SECRET, MODEL, start_weights, x, y, CONFIG)
@@ -124,7 +119,7 @@ def test_a_daemon_with_the_wrong_secret_is_refused_and_never_gets_data(start_wei
             assert answer == {"type": "rejected"} and not arrays
             with pytest.raises(ChannelClosed):
                 recv_message(sock)
-        wait_for(lambda: service.refused == 2)
+        wait_for(lambda: service.refused == 2, timeout_s=LOADED_S)
         assert service.present() == [] and service.rounds == 0
 
 
@@ -133,7 +128,7 @@ def test_killing_a_daemon_during_a_round_is_recovered_and_the_home_trains_on(sta
     with HomeService(SECRET, "test-home", timeout_s=180, heartbeat=SHARED_HOST) as service:
         daemons = [start_daemon(service.port, f"d{i}") for i in range(3)]
         try:
-            wait_for(lambda: len(service.present()) == 3)
+            wait_for(lambda: len(service.present()) == 3, timeout_s=LOADED_S)
             killer = _kill_when_training(service, daemons[1])
             trained = train_at_home(service.address, SECRET, MODEL, start_weights, x, y, CONFIG)
             killer.join()
@@ -141,7 +136,7 @@ def test_killing_a_daemon_during_a_round_is_recovered_and_the_home_trains_on(sta
             assert trained.metrics["pipeline_failures_recovered"] == 1  # the runtime recovered, no re-planned start
             for got, want in zip(trained.weights, expected_weights(start_weights, x, y)):
                 np.testing.assert_allclose(got, want, atol=1e-5)
-            wait_for(lambda: len(service.present()) == 2)  # the killed daemon left the registry
+            wait_for(lambda: len(service.present()) == 2, timeout_s=LOADED_S)  # the killed daemon left the registry
             after = train_at_home(service.address, SECRET, MODEL, start_weights, x, y, CONFIG)
             assert sorted(after.devices) == ["d0", "d2"]
         finally:
@@ -173,10 +168,10 @@ def test_daemons_reconnect_to_a_restarted_home_service(start_weights):
         with HomeService(SECRET, "test-home", timeout_s=180, heartbeat=SHARED_HOST) as first:
             port = first.port
             daemons += [start_daemon(port, f"d{i}") for i in range(2)]
-            wait_for(lambda: len(first.present()) == 2)
+            wait_for(lambda: len(first.present()) == 2, timeout_s=LOADED_S)
         time.sleep(1.0)  # the daemons back off and retry
         with HomeService(SECRET, "test-home", port=port, timeout_s=180, heartbeat=SHARED_HOST) as second:
-            wait_for(lambda: len(second.present()) == 2)
+            wait_for(lambda: len(second.present()) == 2, timeout_s=LOADED_S)
             trained = train_at_home(second.address, SECRET, MODEL, start_weights, x, y, CONFIG)
             assert sorted(trained.devices) == ["d0", "d1"]
     finally:

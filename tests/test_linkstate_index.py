@@ -22,10 +22,6 @@ from flwr.superlink.federation import NoOpFederationManager
 
 from server.linkstate_index import FLOWER_GET_MESSAGE_INS, index_messages_by_node, sweep_nodes_with_messages
 
-# Flower simulations and Ray clusters run one at a time (one xdist worker): each is several processes, and
-# Ray's ports and sessions are shared machine-wide.
-pytestmark = pytest.mark.xdist_group("flower")
-
 RUN_ID = 7
 TASK_ID = 3
 
@@ -112,7 +108,7 @@ def test_the_engine_sweep_delivers_every_message_of_the_nodes_it_serves_once_in_
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.xdist_group("flower")  # a Ray instance of its own: one at a time with the other simulations
+@pytest.mark.xdist_group("flower_b")  # a Ray instance of its own (tests/test_simulation.py: the groups)
 def test_on_a_flower_with_other_internals_nothing_is_patched_and_the_simulation_runs_on_flowers_code(tmp_path):
     """Simulated: the fingerprints of the tested releases do not match this Flower's, so the index refuses to
     patch, says so in one line, and a simulation (the engine in the ServerApp's process, as in flwr-simulation)

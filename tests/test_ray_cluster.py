@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,24 +24,14 @@ import pytest
 from ecofl.errors import UserError
 from simulations.ray_cluster import check_reachable
 from processes import processes_matching
+from helpers import free_ports
 
-# Flower simulations and Ray clusters run one at a time (one xdist worker): each is several processes, and
-# Ray's ports and sessions are shared machine-wide.
-pytestmark = pytest.mark.xdist_group("flower")
+# A Ray cluster of its own on free ports, beside the private instances of the simulations in group "flower"
+# (tests/test_simulation.py: the groups).
+pytestmark = pytest.mark.xdist_group("flower_b")
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = Path(sys.executable).with_name("ray")
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def processes_naming(text: str) -> list[int]:

@@ -28,6 +28,7 @@ from ecofl.pipeline.runtime import (
     WorkerDied,
 )
 from ecofl.pipeline.runtime.launch import LocalDevices
+from helpers import free_ports
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -52,12 +53,6 @@ def assert_gone(pids) -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_worker_killed_mid_round_is_reported_and_everything_stops():
@@ -87,7 +82,7 @@ def test_device_that_never_joins_is_unreachable():
 
 def test_peer_without_the_home_secret_is_refused():
     """An impostor claiming device 2 is turned away; the real device 2 never comes: the error names both."""
-    port = free_port()
+    (port,) = free_ports(1)
     impostor = LocalDevices()
     impostor.start(2, ("127.0.0.1", port), b"not the home secret")
     home = HomePipeline(MLP, pool(), PLAN, timeout_s=90, port=port, local_devices=[0, 1], join_timeout_s=10)
@@ -104,7 +99,7 @@ def test_peer_without_the_home_secret_is_refused():
 
 def test_strangers_at_the_control_port_disturb_nothing():
     """Silent, garbage-sending and wrong-secret peers are refused while the real devices join and train."""
-    port = free_port()
+    (port,) = free_ports(1)
     impostor, real = LocalDevices(), LocalDevices()
     impostor.start(1, ("127.0.0.1", port), b"not the home secret")
     home = HomePipeline(MLP, pool(), PLAN, timeout_s=120, port=port, local_devices=[0, 2])

@@ -27,10 +27,11 @@ from server.config import experiment
 from server.evaluation import GlobalEvaluator
 from simulations.local_superlink import marked_processes
 from simulations.run import simulate
+from helpers import wait_for
 from processes import processes_matching
 
-# Flower simulations and Ray clusters run one at a time (one xdist worker): each is several processes, and
-# Ray's ports and sessions are shared machine-wide.
+# Simulations run in two xdist groups, "flower" and "flower_b", one at a time within each: every one is a
+# SuperLink, a private Ray instance (RAY_ADDRESS=local) and its workers, so at most two share the machine.
 pytestmark = pytest.mark.xdist_group("flower")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,8 +137,8 @@ def test_flwr_run_uses_pyproject_defaults_and_fails_visibly(tmp_path):
     failed = flwr_run(tmp_path / "bad", "homes=5", "dataset.name=no_such_dataset")
     assert failed.returncode != 0
     assert "finished:failed" in failed.stdout
-    time.sleep(1)
-    assert not processes_matching("--port 39191", "127.0.0.1:39191")
+    wait_for(lambda: not processes_matching("--port 39191", "127.0.0.1:39191"), timeout_s=30,
+             what="flwr_run.sh's SuperLink gone")
 
 
 def hydra_run(tmp_path: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -146,6 +147,7 @@ def hydra_run(tmp_path: Path, *overrides: str, timeout: float = 300) -> subproce
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("flower_b")
 def test_homes_batched_or_one_at_a_time_give_the_same_run(tmp_path):
     """The smoke experiment with batch_homes=on through Flower (CPU) against the same experiment's loop with
     every home trained alone (off; the loop's numbers are Flower's: the first test): same groups, update times
@@ -194,6 +196,7 @@ def test_cuda_without_a_gpu_is_one_line_and_nothing_starts(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("flower_b")
 def test_homes_that_fail_are_counted_by_kind_and_shown_once_per_kind(tmp_path):
     """The Hydra smoke experiment, in which 16 of 50 homes train through a pipeline on a pool their model cannot
     fit: every round they are in fails. summary.json counts the failures by kind, the terminal shows the kind in

@@ -17,10 +17,6 @@ from ecofl.fl.latency import PAPER_DEGREES
 from server.config import experiment, experiment_from_run_config, with_pipeline_rounds
 from simulations.plot import Run, accuracy_panels, plot_run, plot_sweep, seed_summary
 
-# Flower simulations and Ray clusters run one at a time (one xdist worker): each is several processes, and
-# Ray's ports and sessions are shared machine-wide.
-pytestmark = pytest.mark.xdist_group("flower")
-
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 

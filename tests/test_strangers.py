@@ -27,7 +27,6 @@ import logging
 import os
 import random
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -43,7 +42,6 @@ from ecofl.deploy.service_messages import DAEMON
 from ecofl.deploy.service_messages import DaemonBeat
 from ecofl.net.auth import CONTROL, HELLO, join_home
 from ecofl.net.door import Door, DoorLimits
-from ecofl.net.errors import ChannelClosed
 from ecofl.net.heartbeat import HEARTBEAT, HeartbeatMonitor
 from ecofl.net.liveness import LivenessSettings
 from ecofl.net.mesh import DataListener, data_purpose
@@ -52,130 +50,18 @@ from ecofl.net.preauth import parse_bounded, read_preauth
 from ecofl.net.schema import MalformedMessage, encode
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.admission import Arrivals
+from attacker import MALFORMED, Attacker, attack_every_port, connect_from, hello, legit_join, stranger
+from helpers import SECRET, wait_for
 from pipeline_kit import pool
 
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = bytes(range(32))
 LEGIT = "127.0.0.1"  # where the home's own processes connect from
 NETNS = unavailable_reason()
-
-
-def stranger(n: int) -> str:
-    """The n-th attacker address (1 -> 127.0.0.2): loopback, but not the home's own."""
-    return f"127.0.{n // 250}.{n % 250 + 2}"
-
-
-def connect_from(address: tuple[str, int], source: str, timeout: float = 5.0) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(timeout)
-        sock.bind((source, 0))
-        sock.connect(address)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def frame(body: bytes) -> bytes:
-    return struct.pack(">Q", len(body)) + body
-
-
-def hello(**fields) -> bytes:
-    claim = {"type": "hello", "device": 1, "purpose": CONTROL, "nonce": "00" * 32, "mac": "00" * 32, **fields}
-    return frame(json.dumps(claim).encode())
-
-
-MALFORMED = {
-    "device 1e400": frame(b'{"type": "hello", "device": 1e400, "purpose": "control", "nonce": "' + b"0" * 64
-                          + b'", "mac": "' + b"0" * 64 + b'"}'),
-    "2000 nested brackets": frame(b"[" * 2000),
-    "negative device": hello(device=-1),
-    "huge device": hello(device=10**30),
-    "device NaN": frame(b'{"type": "hello", "device": NaN}'),
-    "device as text": hello(device="1"),
-    "length prefix 2**63": struct.pack(">Q", 2**63),
-    "oversized header": frame(b" " * 5000),
-    "not UTF-8": frame(b'{"type": "\xff\xfe"}'),
-    "garbage": b"\xff" * 64,
-}
-
-
-def send_malformed(address: tuple[str, int], source: str, payload: bytes) -> object:
-    """Read the challenge, send ``payload``: what the door answers ("closed" when it hangs up without a word)."""
-    with connect_from(address, source, timeout=15) as sock:
-        challenge, _ = recv_message(sock)
-        assert set(challenge) == {"type", "nonce"}
-        try:
-            sock.sendall(payload)
-            return recv_message(sock)[0]
-        except (ChannelClosed, ConnectionResetError, BrokenPipeError):
-            return "closed"
-
-
-def legit_join(address: tuple[str, int], purpose: str, device: int = 9, source: str | None = None) -> float:
-    """Seconds a peer with the secret (from ``source``) takes to be admitted at ``address`` (it then leaves)."""
-    start = time.monotonic()
-    with socket.create_connection(address, timeout=10, source_address=(source, 0) if source else None) as sock:
-        join_home(sock, SECRET, device, purpose).close()
-    return time.monotonic() - start
-
-
-# -- attacks -------------------------------------------------------------------------------
-
-
-class Attacker:
-    """The attacks, each for ``seconds`` against one address; every socket closed when it ends."""
-
-    def __init__(self, first_source: int = 1, only_from: str | None = None):
-        self.next_source, self.only_from = first_source, only_from
-
-    def sources(self, count: int) -> list[str]:
-        """``count`` addresses of the attacker's own (all the same one for an attacker ``only_from`` one)."""
-        if self.only_from is not None:
-            return [self.only_from] * count
-        sources = [stranger(self.next_source + i) for i in range(count)]
-        self.next_source += count
-        return sources
-
-    def trickle(self, address, seconds: float, connections: int = 1, sources: int = 1) -> None:
-        """``connections`` handshakes from ``sources`` addresses, each sending a byte every half second."""
-        addresses = self.sources(sources)
-        with ExitStack() as stack:
-            socks = []
-            for i in range(connections):
-                try:
-                    socks.append(stack.enter_context(connect_from(address, addresses[i % sources], timeout=2)))
-                except OSError:
-                    pass  # a full backlog: the flood goes on with the connections it has
-            payload = hello(purpose="x" * 3000)
-            end, offset = time.monotonic() + seconds, 0
-            while time.monotonic() < end:
-                for sock in list(socks):
-                    try:
-                        sock.send(payload[offset % len(payload):offset % len(payload) + 1])
-                    except OSError:
-                        socks.remove(sock)  # the door hung up (its deadline, or beyond its bounds)
-                offset += 1
-                time.sleep(0.5)
-
-    def silent(self, address, seconds: float, connections: int = 100) -> None:
-        """``connections`` connections from one address that say nothing."""
-        [source] = self.sources(1)
-        with ExitStack() as stack:
-            for _ in range(connections):
-                try:
-                    stack.enter_context(connect_from(address, source, timeout=2))
-                except OSError:
-                    pass
-            time.sleep(seconds)
-
-    def malformed(self, address) -> dict[str, object]:
-        """Every malformed hello, each from an address of its own: the answers."""
-        return {what: send_malformed(address, source, payload)
-                for (what, payload), source in zip(MALFORMED.items(), self.sources(len(MALFORMED)))}
+#: A peer with the secret is admitted at once, attack or not: well under the 10 s a stranger's handshake may
+#: last, which is what a peer queued behind strangers would wait (generous: a loaded machine is slow).
+ADMITTED_AT_ONCE_S = 5.0
 
 
 # -- the parser ----------------------------------------------------------------------------
@@ -283,7 +169,7 @@ def test_trickling_and_silent_strangers_are_cut_off_at_the_deadline_and_never_ho
             stop.set()
             trickler.join()
         wait_for(lambda: len(admitted) == 3)  # the door hands a peer on just after welcoming it
-        assert admitted == [0, 1, 2]
+        assert admitted == [0, 1, 2] and max(joins) < ADMITTED_AT_ONCE_S, joins
         assert hung_up, "the trickler was never cut off"
         assert d.turned_away >= 50 - 4  # one address holds at most per_source handshakes
         print(f"\nlegit handshakes under attack: {', '.join(f'{t * 1e3:.0f} ms' for t in joins)}; "
@@ -330,20 +216,13 @@ def test_malformed_hellos_are_one_log_line_each_and_no_thread_dies(kind, caplog,
         assert len(lines) == len(MALFORMED), lines  # one line per source
         assert all("refused" in line for line in lines)
         wait_for(lambda: threading.active_count() == serving)  # the handshake threads ended, none else
-        assert legit_join(address, purpose) < 5
+        assert legit_join(address, purpose) < ADMITTED_AT_ONCE_S
         if kind == "heartbeat":
             assert monitor._thread.is_alive()
     assert not died
     wait_for(lambda: threading.active_count() == threads_before)
     print(f"\n{kind}: threads {threads_before} before, {serving} serving, {threading.active_count()} after; "
           + "; ".join(lines[:3]))
-
-
-def wait_for(condition, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 DOOR_AT_THE_FILE_LIMIT = """
@@ -383,6 +262,7 @@ def test_a_door_at_the_open_file_limit_pauses_says_so_once_and_goes_on():
         with socket.create_connection(address, timeout=10) as sock:
             join_home(sock, SECRET, 3).close()
         admitted_after = time.monotonic() - start
+        assert admitted_after < ADMITTED_AT_ONCE_S
         assert child.stdout.readline().strip() == "admitted 3"
         child.stdin.write("\n")
         child.stdin.flush()
@@ -411,33 +291,6 @@ def test_an_accept_loop_that_cannot_go_on_says_why(caplog):
 # -- a home training under attack --------------------------------------------------------------
 
 
-def attack_every_port(ports: dict[str, tuple[tuple[str, int], str]], heartbeat_s: float, other_s: float,
-                      attacker: Attacker, legit_from: str | None = None) -> list[str]:
-    """Each attack against each port in turn; during and after each, a peer with the secret (from
-    ``legit_from``) is admitted: the figures."""
-    figures = []
-    for name, (address, purpose) in ports.items():
-        seconds = heartbeat_s if name == "heartbeat" else other_s
-        attacks = {
-            "trickle": lambda: attacker.trickle(address, seconds),
-            "100 silent": lambda: attacker.silent(address, seconds),
-            "malformed": lambda: attacker.malformed(address),
-            "flood of 200 trickling": lambda: attacker.trickle(address, seconds, connections=200, sources=10),
-        }
-        for attack, run in attacks.items():
-            attacking = threading.Thread(target=run)
-            attacking.start()
-            try:
-                time.sleep(0.5)  # under way (a peer that joins now once waited for a trickler to finish)
-                during_s = legit_join(address, purpose, source=legit_from)
-            finally:
-                attacking.join()
-            after_s = legit_join(address, purpose, source=legit_from)
-            figures.append(f"{name}, {attack}: admitted in {during_s * 1e3:.0f} ms during, "
-                           f"{after_s * 1e3:.0f} ms after")
-    return figures
-
-
 def train_while(attack, devices: int = 3, network=None) -> None:
     """Rounds of 10 sync-rounds (3 devices, fault tolerance on) until ``attack(ports, detection_bound_s)``, on a
     thread, is over: every sync-round completes, none is lost, no device is declared failed."""
@@ -446,7 +299,7 @@ def train_while(attack, devices: int = 3, network=None) -> None:
     from pipeline_kit import FAST_HEARTBEAT, PROFILE, THREE_STAGES, WITHOUT_BATCH_NORM, data
 
     x, y = data()
-    figures: list[str] = []
+    admissions: list[dict] = []
     failed: list[BaseException] = []
     results = []
     with HomePipeline(WITHOUT_BATCH_NORM, pool(devices), THREE_STAGES, profile=PROFILE, emulate=False,
@@ -458,7 +311,7 @@ def train_while(attack, devices: int = 3, network=None) -> None:
 
         def run() -> None:
             try:
-                figures.extend(attack(ports, FAST_HEARTBEAT.detection_bound_s))
+                admissions.extend(attack(ports, FAST_HEARTBEAT.detection_bound_s))
             except BaseException as error:  # noqa: BLE001 - reported by the test
                 failed.append(error)
 
@@ -476,8 +329,11 @@ def train_while(attack, devices: int = 3, network=None) -> None:
     assert all(r.rounds_completed == 10 and not r.events and r.lost_rounds == 0 for r in results)
     assert failures == {}
     assert refused >= len(MALFORMED)
+    slow = [a for a in admissions if max(a["during_s"], a["after_s"]) > ADMITTED_AT_ONCE_S]
+    assert len(admissions) == 4 * len(ports) and not slow, slow  # every attack on every port, every peer at once
     print(f"\n{len(results)} x 10 sync-rounds in {time.monotonic() - started:.0f} s under attack, none lost; "
-          + "; ".join(figures))
+          + "; ".join(f"{a['port']}, {a['attack']}: admitted in {a['during_s'] * 1e3:.0f} ms during, "
+                      f"{a['after_s'] * 1e3:.0f} ms after" for a in admissions))
 
 
 @pytest.mark.slow
@@ -489,7 +345,7 @@ def test_a_home_trains_every_sync_round_while_a_stranger_attacks_every_port():
 
 ATTACK_FROM_A_NAMESPACE = """
 import json, sys
-from test_strangers import Attacker, attack_every_port
+from attacker import Attacker, attack_every_port
 ports = {name: (tuple(address), purpose) for name, (address, purpose) in json.loads(sys.argv[1]).items()}
 print(json.dumps(attack_every_port(ports, float(sys.argv[2]), float(sys.argv[3]), Attacker(only_from=sys.argv[4]),
                                    legit_from=sys.argv[5])))
@@ -513,7 +369,7 @@ def test_a_home_on_its_own_network_trains_while_a_stranger_on_that_network_attac
                 capture_output=True, text=True, timeout=240, cwd=ROOT,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
             assert done.returncode == 0, done.stderr[-3000:]
-            return [f"from {network.address(3)}"] + json.loads(done.stdout.splitlines()[-1])
+            return json.loads(done.stdout.splitlines()[-1])
 
         train_while(attack, devices=4, network=network)
 

@@ -19,9 +19,9 @@ from ecofl.net.netns import HomeNetwork, unavailable_reason
 from ecofl.pipeline.runtime.launch import LocalDevices
 from ecofl.pipeline.runtime.worker_forks import WORKER_NAME, worker_forks
 from processes import fork_servers, worker_processes
+from helpers import SECRET
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = bytes(range(32))
 NETNS_REASON = unavailable_reason()
 
 
