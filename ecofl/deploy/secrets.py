@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 from ecofl.errors import UserError
+from ecofl.net.auth import SECRET_ENV
 
 SECRET_FILE_ENV = "ECOFL_HOME_SECRET_FILE"
-SECRET_ENV = "ECOFL_HOME_SECRET"  # hex, as the pipeline runtime's workers read it
 
 
 def read_secret(path: str | None = None) -> bytes:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-from ecofl.deploy.secrets import SECRET_ENV
+from ecofl.net.auth import SECRET_ENV
 from ecofl.pipeline.runtime.worker_environment import PORTAL_PID_ENV
 
 

@@ -14,8 +14,9 @@ from ecofl.fl.loop_state import LoopState
 from ecofl.fl.metrics import group_stats
 
 
-def update_row(state: LoopState, r: GroupRound, screened: ScreenedReplies, evaluation: tuple[float | None, float | None],
-               stale: int, alpha: float, busy: int, wall_s: float, failures: HomeFailures, round_size: int) -> dict:
+def update_row(state: LoopState, r: GroupRound, screened: ScreenedReplies,
+               evaluation: tuple[float | None, float | None], stale: int, alpha: float, busy: int, wall_s: float,
+               failures: HomeFailures, round_size: int) -> dict:
     """The row of the update round ``r`` just made (``state.version`` already counts it): when its round
     started and closed against its rule, its replies, the mix (staleness, alpha), the busy and idle homes, and
     the groups' statistics."""

@@ -44,6 +44,7 @@ NONCE_BYTES = 32
 CONTROL = "control"  # the purpose of a worker's control channel to its portal
 MAX_DEVICE = 4095  # the largest device number (or rank) a peer may claim
 HANDSHAKE_DEADLINE_S = 10.0  # a whole handshake, from the challenge to the welcome
+SECRET_ENV = "ECOFL_HOME_SECRET"  # the home's secret (hex) in a process's environment, never on a command line
 
 Hex32 = Annotated[str, Matches(f"[0-9a-f]{{{2 * NONCE_BYTES}}}")]  # a nonce or a MAC
 

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from ecofl.devices import HomePool
 from ecofl.interrupt import interrupts_deferred
@@ -140,6 +141,9 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
     devices = sorted(confinement.limits)
     work = dict(whole_model(devices, workload) if isinstance(workload, int) else workload)
     processes: dict[int, subprocess.Popen] = {}
+    # on a terminal only: each device builds its work in its cgroup, then all time it together for min_seconds
+    bar = tqdm(total=2 * len(devices), desc=f"calibrating {len(devices)} devices in their cgroups ({objective} "
+               f"steps, {min_seconds:.0f} s together)", unit="step", disable=None, leave=False)
     try:
         for device in devices:
             command = [sys.executable, "-m", "ecofl.pipeline.runtime.calibration", "--model", json.dumps(
@@ -155,6 +159,8 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             if not said.startswith(READY):
                 raise RuntimeError(f"device {device} could not calibrate: {said or 'it exited'}")
             confinement.throttle(device)
+            bar.update()
+        bar.set_postfix_str("timing", refresh=False)
         for process in processes.values():
             process.stdin.write(GO + "\n")
             process.stdin.flush()
@@ -165,7 +171,9 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
                 why = "out of memory" if confinement.out_of_memory(device) else f"exit code {process.wait()}"
                 raise RuntimeError(f"device {device} could not calibrate: {why}")
             measured[device] = json.loads(said)["seconds_per_step"]
+            bar.update()
     finally:
+        bar.close()
         with interrupts_deferred():  # a second Ctrl-C must not leave a cgroup or a process behind
             for process in processes.values():
                 process.kill()

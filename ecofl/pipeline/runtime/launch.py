@@ -21,7 +21,8 @@ import time
 
 from ecofl.interrupt import interrupts_deferred
 from ecofl.pipeline.runtime.confinement import Confinement
-from ecofl.pipeline.runtime.worker_environment import PORTAL_PID_ENV, SECRET_ENV, worker_environment
+from ecofl.net.auth import SECRET_ENV
+from ecofl.pipeline.runtime.worker_environment import PORTAL_PID_ENV, worker_environment
 from ecofl.pipeline.runtime.worker_forks import WORKER_NAME, ForkedWorker, worker_forks
 
 

@@ -30,7 +30,8 @@ from ecofl.net.schema import encode
 from ecofl.net.auth import join_home
 from ecofl.pipeline.runtime.control_messages import REQUESTS, Config, Error, Ready
 from ecofl.net.errors import AuthenticationFailed
-from ecofl.pipeline.runtime.worker_environment import SECRET_ENV, die_with_portal
+from ecofl.net.auth import SECRET_ENV
+from ecofl.pipeline.runtime.worker_environment import die_with_portal
 from ecofl.net.mesh import DataListener
 from ecofl.pipeline.runtime.process_memory import rss_bytes
 from ecofl.pipeline.runtime.worker_requests import Worker

@@ -15,7 +15,7 @@ import sys
 
 from ecofl.pipeline.runtime.confinement import THREADS_ENV
 
-SECRET_ENV = "ECOFL_HOME_SECRET"  # the home's secret, hex
+PR_SET_PDEATHSIG = 1
 PORTAL_PID_ENV = "ECOFL_PORTAL_PID"  # the portal that started a worker (or the fork server that forks them)
 
 
@@ -27,10 +27,13 @@ def worker_environment(extra: dict[str, str]) -> dict[str, str]:
 def die_with_portal() -> None:
     """In a worker: be killed when the portal that started it dies (Linux), or exit if it already has."""
     parent = os.environ.pop(PORTAL_PID_ENV, None)
-    if parent is None:
-        return  # started by hand on a real device, or forked by a fork server (which sees to it)
+    if parent is not None:  # else started by hand on a real device, or forked by a fork server (which sees to it)
+        die_with(int(parent))
+
+
+def die_with(parent: int) -> None:
+    """Be killed when ``parent`` dies (Linux's PR_SET_PDEATHSIG), or exit at once if it already has."""
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != int(parent):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
         os._exit(1)

@@ -35,9 +35,11 @@ import threading
 import traceback
 from collections.abc import Sequence
 
+from ecofl.pipeline.runtime.worker_environment import die_with
+
 WORKER_NAME = "ecofl-device"  # a child's process name (comm) is this and its device: `ps` tells them apart
 START_TIMEOUT_S = 120.0  # the server's imports, on a loaded machine
-_PR_SET_PDEATHSIG, _PR_SET_NAME, _CLONE_NEWNET = 1, 15, 0x40000000
+_PR_SET_NAME, _CLONE_NEWNET = 15, 0x40000000
 
 
 class ForkedWorker:
@@ -241,10 +243,8 @@ def _run_child(request: dict, main, server: int, server_fds: tuple[int, int]) ->
             os.close(fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        die_with(server)
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != server:
-            os._exit(1)  # the server died before the line above
         libc.prctl(_PR_SET_NAME, request["name"].encode()[:15])
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)  # from here on, errors go to the worker's log
         null = os.open(os.devnull, os.O_RDONLY)
