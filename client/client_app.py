@@ -48,6 +48,7 @@ from ecofl.deploy.secrets import read_secret
 from ecofl.errors import UserError
 from ecofl.fl.federation_setup import PipelineHomeSettings
 from ecofl.fl.transport import HomeReport, TrainReply
+from ecofl.net.schema import MalformedMessage, checked
 from ecofl.pipeline.runtime import ZooModel
 from ecofl.train import TrainConfig, evaluate, train_local
 from ecofl.weights import get_weights, set_weights
@@ -219,25 +220,13 @@ def evaluate_home(message: Message, context: Context) -> Message:
 
 
 def train_config(record: ConfigRecord) -> TrainConfig:
-    """The :class:`TrainConfig` in ``record``: TrainConfig's fields, type-checked; others ignored.
-
-    Missing fields keep TrainConfig's defaults; a value of the wrong type, a
-    non-finite number or an out-of-range value is a :class:`MalformedRequest`.
-    """
-    values: dict[str, object] = {}
-    for spec in fields(TrainConfig):
-        if spec.name not in record:
-            continue
-        value = record[spec.name]
-        if isinstance(spec.default, int):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise MalformedRequest(f"train config {spec.name} must be an integer, got {value!r}")
-            values[spec.name] = value
-        else:
-            values[spec.name] = _number(record, spec.name, spec.default)
+    """The :class:`TrainConfig` in ``record``, its fields checked by the schema that checks every message
+    (:func:`ecofl.net.schema.checked`); other fields ignored, missing ones TrainConfig's defaults. A value of the
+    wrong type, a non-finite number or an out-of-range value is a :class:`MalformedRequest`."""
+    known = {spec.name for spec in fields(TrainConfig)}
     try:
-        return TrainConfig(**values)
-    except UserError as err:
+        return checked({key: record[key] for key in known if key in record}, TrainConfig, "train config")
+    except MalformedMessage as err:
         raise MalformedRequest(str(err)) from err
 
 

@@ -67,7 +67,7 @@ def test_without_a_latency_model_query_reports_a_probed_round_time():
                                       context(3)))
     assert 0 < report.latency_s < 60 and report.home == 3
     bad = app(request(protocol.query_content(measured, 0.0, {"epochs": "three"}), MessageType.QUERY), context(3))
-    assert bad.has_error() and "epochs must be an integer" in bad.error.reason
+    assert bad.has_error() and "train config.epochs: expected an integer" in bad.error.reason
 
 
 def test_train_returns_new_weights_samples_loss_and_latency_at_virtual_time():
@@ -86,9 +86,9 @@ def test_train_returns_new_weights_samples_loss_and_latency_at_virtual_time():
 @pytest.mark.parametrize(
     "config, reason",
     [
-        ({"epochs": "three"}, "epochs must be an integer"),
+        ({"epochs": "three"}, "train config.epochs: expected an integer"),
         ({"lr": -1.0}, "lr must be positive"),
-        ({"lr": float("nan")}, "lr must be a finite number"),
+        ({"lr": float("nan")}, "train config.lr: expected a finite number"),
         ({"batch_size": 0}, "invalid training config"),
         ({"virtual_time": "soon"}, "virtual_time must be a finite number"),
     ],

@@ -184,7 +184,7 @@ def test_silent_home_is_a_straggler_and_errors_come_back_as_errors(weights):
     replies = {r.home: r for r in transport.train(tasks)}
     assert set(replies) == {1, 3, 4}
     assert replies[1].error is None and replies[1].num_samples > 0
-    assert "epochs must be an integer" in replies[4].error
+    assert "train config.epochs: expected an integer" in replies[4].error
     reports = transport.query([1, 2, 3], 30.0)
     assert sorted(r.home for r in reports) == [1, 3]
 
