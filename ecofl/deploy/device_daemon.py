@@ -100,7 +100,7 @@ class DeviceDaemon:
                 header, _ = recv_message(sock)
                 message = TO_DAEMON.decode(header)
                 if isinstance(message, Session):
-                    self.workers.run({"portal": list(message.portal), "device": message.device})
+                    self.workers.run(message)
                     self.sessions += 1
                 elif isinstance(message, Bye):
                     raise ChannelClosed("the home service is stopping")

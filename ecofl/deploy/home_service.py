@@ -322,7 +322,7 @@ class HomeService:
                     raise DevicesLost({d: "its device left the home" for d in departed()})
                 for device in devices:
                     if device == 0:
-                        self.portal_workers.run({"portal": list(address), "device": 0})
+                        self.portal_workers.run(Session(address, 0))
                         continue
                     try:
                         members[device - 1].send(Session(address, device))

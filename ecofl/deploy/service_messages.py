@@ -13,6 +13,7 @@ so a malformed one is refused naming its type and field::
 from __future__ import annotations
 
 from ecofl.net.schema import JsonObject, MessageSet, message
+from ecofl.pipeline.runtime.pipe_messages import Session  # the same message a daemon hands its warm worker
 from ecofl.train_config import TrainConfig
 
 DAEMON = "device daemon"  # the purpose a device daemon's handshake proves
@@ -38,12 +39,6 @@ class Registered:
 @message("beat")
 class DaemonBeat:
     sessions: int
-
-
-@message("session")
-class Session:
-    portal: tuple[str, int]
-    device: int
 
 
 @message("bye")

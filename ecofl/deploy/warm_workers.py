@@ -8,13 +8,13 @@ should not wait for.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import threading
 
 from ecofl.net.auth import SECRET_ENV
+from ecofl.pipeline.runtime.pipe_messages import SESSION_REPLIES, Session, SessionFree, read_line, write_line
 from ecofl.pipeline.runtime.worker_environment import PORTAL_PID_ENV
 
 
@@ -49,8 +49,10 @@ class WarmWorkers:
 
     def _follow(self, process: subprocess.Popen) -> None:
         for line in process.stdout:
+            if not isinstance(read_line(line, SESSION_REPLIES), SessionFree):
+                continue
             with self._lock:
-                if (line.strip(), self._state.get(process)) in (("ready", "starting"), ("done", "busy")):
+                if self._state.get(process) in ("starting", "busy"):
                     self._state[process] = "idle"
         process.wait()
         with self._lock:
@@ -64,8 +66,8 @@ class WarmWorkers:
             for _ in range(0 if self._stopped else self.spares - spare):
                 self._start()
 
-    def run(self, session: dict) -> None:
-        """Hand ``session`` ({"portal": [host, port], "device": d}) to the readiest worker, or to a new one."""
+    def run(self, session: Session) -> None:
+        """Hand ``session`` to the readiest worker, or to a new one."""
         while True:
             with self._lock:
                 ranked = sorted((p for p, state in self._state.items() if state != "busy" and p.poll() is None),
@@ -73,8 +75,7 @@ class WarmWorkers:
                 process = ranked[0] if ranked else self._start()
                 self._state[process] = "busy"
             try:
-                process.stdin.write(json.dumps(session) + "\n")
-                process.stdin.flush()
+                write_line(process.stdin, session)
                 break
             except OSError:  # it died just now: try the next
                 with self._lock:

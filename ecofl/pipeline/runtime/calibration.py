@@ -56,8 +56,10 @@ from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
 from ecofl.pipeline.runtime.worker_environment import worker_environment
 from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
+from ecofl.net.schema import MalformedMessage
+from ecofl.pipeline.runtime.pipe_messages import (CALIBRATION_REPLIES, CALIBRATION_REQUESTS, Go, Timed, read_line,
+                                                   write_line)
 
-READY, GO = "ready", "go"
 OBJECTIVES = ("training", "inference")  # what a device times: the steps it will run
 #: Seconds of timed steps per device. Asteroid Env B's five devices at 4 samples, calibrated 6 times each:
 #: 2 s varied by 4.5-7.4% (coefficient of variation; up to 1.24x between two runs), 6 s by 2.0-6.2%.
@@ -155,22 +157,23 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
                                                  text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         for device, process in processes.items():
-            said = _line(process, timeout_s)
-            if not said.startswith(READY):
-                raise RuntimeError(f"device {device} could not calibrate: {said or 'it exited'}")
+            if _timed(device, _line(process, timeout_s) or "it exited") is not None:
+                raise RuntimeError(f"device {device} could not calibrate: it timed before it was told to")
             confinement.throttle(device)
             bar.update()
         bar.set_postfix_str("timing", refresh=False)
         for process in processes.values():
-            process.stdin.write(GO + "\n")
-            process.stdin.flush()
+            write_line(process.stdin, Go())
         measured = {}
         for device, process in processes.items():
             said = _line(process, timeout_s)
             if not said:
                 why = "out of memory" if confinement.out_of_memory(device) else f"exit code {process.wait()}"
                 raise RuntimeError(f"device {device} could not calibrate: {why}")
-            measured[device] = json.loads(said)["seconds_per_step"]
+            timed = _timed(device, said)
+            if timed is None:
+                raise RuntimeError(f"device {device} could not calibrate: it said it was ready twice")
+            measured[device] = timed
             bar.update()
     finally:
         bar.close()
@@ -263,6 +266,14 @@ def plan_on_measured_speeds(plan_for: Callable[[HomePool], Plan], profile: Model
     return confined, plan
 
 
+def _timed(device: int, said: str) -> float | None:
+    """What a calibrating device said: its seconds per step (None: ready to time); RuntimeError otherwise."""
+    try:
+        return read_line(said, CALIBRATION_REPLIES).seconds_per_step
+    except MalformedMessage:
+        raise RuntimeError(f"device {device} could not calibrate: {said}") from None
+
+
 def _line(process: subprocess.Popen, timeout_s: float) -> str:
     """The next line ``process`` prints ("" if it exits first), within ``timeout_s``."""
     with selectors.DefaultSelector() as selector:
@@ -317,10 +328,9 @@ def main() -> int:
 
     step = train if args.objective == "training" else infer
     step()  # allocations and first-call work, not measured
-    print(READY, flush=True)
-    if sys.stdin.readline().strip() != GO:
-        return 1
-    print(json.dumps({"seconds_per_step": seconds_per_call(step, args.seconds)}), flush=True)
+    write_line(sys.stdout, Timed(None))  # ready
+    read_line(sys.stdin.readline(), CALIBRATION_REQUESTS)  # Go, or MalformedMessage
+    write_line(sys.stdout, Timed(seconds_per_call(step, args.seconds)))
     return 0
 
 

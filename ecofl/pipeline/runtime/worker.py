@@ -18,7 +18,6 @@ fork server (:mod:`.worker_forks`) for the same reason.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -31,6 +30,7 @@ from ecofl.net.auth import join_home
 from ecofl.pipeline.runtime.control_messages import REQUESTS, Config, Error, Ready
 from ecofl.net.errors import AuthenticationFailed
 from ecofl.net.auth import SECRET_ENV
+from ecofl.pipeline.runtime.pipe_messages import SESSION_REQUESTS, SessionFree, read_line, write_line
 from ecofl.pipeline.runtime.worker_environment import die_with_portal
 from ecofl.net.mesh import DataListener
 from ecofl.pipeline.runtime.process_memory import rss_bytes
@@ -102,25 +102,24 @@ def serve_session(portal: tuple[str, int], device: int, secret: bytes, connect_t
 def serve_sessions(secret: bytes, connect_timeout_s: float, baseline_rss: int | None) -> int:
     """A warm worker (a device daemon's): one session per line of standard input, one after another.
 
-    Each line is ``{"portal": [host, port], "device": d}``; the worker prints
-    ``ready`` once its imports are done and ``done`` after each session, so
-    the daemon knows when it is free. A session that fails ends the process
-    (it may hold broken state; the daemon starts another).
+    Each line is a :class:`~.pipe_messages.Session`; the worker says
+    :class:`~.pipe_messages.SessionFree` once its imports are done and after
+    each session, so the daemon knows when it is free. A session that fails
+    ends the process (it may hold broken state; the daemon starts another).
     """
-    print("ready", flush=True)
+    write_line(sys.stdout, SessionFree())
     for line in sys.stdin:
-        session = json.loads(line)
-        host, port = session["portal"]
+        session = read_line(line, SESSION_REQUESTS)
+        host, port = session.portal
         try:
             # The portal listens before it invites: a refused connection is a session that is over already.
-            served = serve_session((str(host), int(port)), int(session["device"]), secret,
-                                   min(connect_timeout_s, 5.0), stopped=lambda: print("done", flush=True),
-                                   baseline_rss=baseline_rss)
+            served = serve_session((host, port), session.device, secret, min(connect_timeout_s, 5.0),
+                                   stopped=lambda: write_line(sys.stdout, SessionFree()), baseline_rss=baseline_rss)
         except (OSError, AuthenticationFailed) as error:  # never joined: nothing of the session is held
             print(f"worker: session at {host}:{port} not joined: {error}", file=sys.stderr)
             served = False
         if not served:
-            print("done", flush=True)
+            write_line(sys.stdout, SessionFree())
     return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import json
 import os
 import select
 import signal
@@ -35,6 +34,8 @@ import threading
 import traceback
 from collections.abc import Sequence
 
+from ecofl.pipeline.runtime.pipe_messages import (FORK_REPLIES, FORK_REQUESTS, Exited, Fork, Forked, ForkFailed,
+                                                   line_of, read_line, write_line)
 from ecofl.pipeline.runtime.worker_environment import die_with
 
 WORKER_NAME = "ecofl-device"  # a child's process name (comm) is this and its device: `ps` tells them apart
@@ -93,10 +94,9 @@ class WorkerForks:
         """A worker running ``worker.main(argv)`` with ``env``; raises RuntimeError if the server cannot fork it."""
         with self._lock:
             request_id, self._next_id = self._next_id, self._next_id + 1
-            request = {"id": request_id, "argv": list(argv), "env": env, "log": log_path, "name": name,
-                       "cgroup_procs": list(cgroup_procs), "namespace": namespace}
+            request = Fork(request_id, list(argv), dict(env), log_path, name, list(cgroup_procs), namespace)
             try:
-                self.process.stdin.write(json.dumps(request).encode() + b"\n")
+                self.process.stdin.write(line_of(request).encode())
                 self.process.stdin.flush()
             except OSError as error:
                 raise RuntimeError(f"the worker fork server is gone: {error}") from None
@@ -127,17 +127,16 @@ class WorkerForks:
 
     def _read_replies(self) -> None:
         for line in self.process.stdout:
-            reply = json.loads(line)
+            reply = read_line(line, FORK_REPLIES)
             with self._lock:
-                if "exited" in reply:
-                    worker = self._workers.pop(reply["exited"], None)
+                if isinstance(reply, Exited):
+                    worker = self._workers.pop(reply.pid, None)
                     if worker is not None:
-                        worker._exit(int(reply["code"]))
-                    continue
-                if "pid" in reply:
-                    self._workers[reply["pid"]] = self._started[reply["id"]] = ForkedWorker(reply["pid"])
+                        worker._exit(reply.code)
+                elif isinstance(reply, Forked):
+                    self._workers[reply.pid] = self._started[reply.id] = ForkedWorker(reply.pid)
                 else:
-                    self._started[reply["id"]] = str(reply["error"])
+                    self._started[reply.id] = reply.error
                 self._replied.notify_all()
         with self._lock:  # the server is gone, and its children with it (PR_SET_PDEATHSIG)
             self._gone = True
@@ -193,16 +192,16 @@ def serve() -> None:
             break  # the portal is done or dead
         *lines, pending = (pending + chunk).split(b"\n")
         for line in lines:
-            request = json.loads(line)
+            request = read_line(line, FORK_REQUESTS)
             try:
                 pid = os.fork()
             except OSError as error:
-                _reply({"id": request["id"], "error": str(error)})
+                _reply(ForkFailed(request.id, str(error)))
                 continue
             if pid == 0:
                 _run_child(request, worker.main, server, (wake_r, wake_w))
             children.add(pid)
-            _reply({"id": request["id"], "pid": pid})
+            _reply(Forked(request.id, pid))
     for pid in children:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -225,15 +224,14 @@ def _reap(children: set[int]) -> None:
         if pid == 0:
             return
         children.discard(pid)
-        _reply({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        _reply(Exited(pid, os.waitstatus_to_exitcode(status)))
 
 
-def _reply(message: dict) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+def _reply(message: Forked | ForkFailed | Exited) -> None:
+    write_line(sys.stdout, message)
 
 
-def _run_child(request: dict, main, server: int, server_fds: tuple[int, int]) -> None:
+def _run_child(request: Fork, main, server: int, server_fds: tuple[int, int]) -> None:
     """In the forked child of ``server``: become the worker the request describes; never return to the
     server's loop."""
     code = 1
@@ -245,24 +243,24 @@ def _run_child(request: dict, main, server: int, server_fds: tuple[int, int]) ->
         signal.signal(signal.SIGINT, signal.default_int_handler)
         die_with(server)
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, request["name"].encode()[:15])
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)  # from here on, errors go to the worker's log
+        libc.prctl(_PR_SET_NAME, request.name.encode()[:15])
+        log = os.open(request.log, os.O_WRONLY | os.O_APPEND)  # from here on, errors go to the worker's log
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
-        for procs in request["cgroup_procs"]:  # before the worker allocates: its cgroup is charged for it
+        for procs in request.cgroup_procs:  # before the worker allocates: its cgroup is charged for it
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
-        if request["namespace"]:
-            with open(f"/run/netns/{request['namespace']}") as f:
+        if request.namespace:
+            with open(f"/run/netns/{request.namespace}") as f:
                 if libc.setns(f.fileno(), _CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns into {request['namespace']}")
+                    raise OSError(ctypes.get_errno(), f"setns into {request.namespace}")
         os.environ.clear()
-        os.environ.update(request["env"])
-        code = main(request["argv"])
+        os.environ.update(request.env)
+        code = main(request.argv)
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else 1
     except BaseException:  # noqa: BLE001 - the child must never return into the server
