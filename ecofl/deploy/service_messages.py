@@ -13,7 +13,6 @@ so a malformed one is refused naming its type and field::
 from __future__ import annotations
 
 from ecofl.net.schema import JsonObject, MessageSet, message
-from ecofl.pipeline.runtime.pipe_messages import Session  # the same message a daemon hands its warm worker
 from ecofl.train_config import TrainConfig
 
 DAEMON = "device daemon"  # the purpose a device daemon's handshake proves
@@ -39,6 +38,15 @@ class Registered:
 @message("beat")
 class DaemonBeat:
     sessions: int
+
+
+@message("session")
+class Session:
+    """Join the portal at ``portal`` as ``device`` (the service tells a daemon so, and the daemon hands it on to
+    its warm worker: :mod:`ecofl.pipeline.runtime.pipe_messages`)."""
+
+    portal: tuple[str, int]
+    device: int
 
 
 @message("bye")

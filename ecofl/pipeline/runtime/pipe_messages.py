@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import IO, Any
 
+from ecofl.deploy.service_messages import Session  # the service's message, handed on by a daemon to its worker
 from ecofl.net.schema import MalformedMessage, MessageSet, encode, message
 
 
@@ -44,15 +45,6 @@ class ForkFailed:
 class Exited:
     pid: int
     code: int
-
-
-@message("session")
-class Session:
-    """Join the portal at ``portal`` as ``device`` (a home service tells a daemon so, and the daemon its warm
-    worker: :mod:`ecofl.deploy.service_messages`)."""
-
-    portal: tuple[str, int]
-    device: int
 
 
 @message("free")
