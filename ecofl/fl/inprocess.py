@@ -97,7 +97,7 @@ class InProcessTransport:
         return self._ordered(replies)
 
     def placement(self) -> dict:
-        """Where the homes trained, for summary.json (see ``GridTransport``'s ``TransportTimes.placement``)."""
+        """Where the homes trained, for summary.json (see ``server.transport_times.TransportTimes.placement``)."""
         return {"device": device_label(self.device), "batch_homes": self.batched_run > 0}
 
     def _train_batches(self, tasks: Sequence[TrainTask]) -> dict[int, HomeTrained]:
