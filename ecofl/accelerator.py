@@ -8,6 +8,11 @@ GPUs this process sees (under Ray, an actor sees only the ones Ray gave it).
 
 :func:`check_device_spec` checks the spelling without importing torch, so
 configuration readers stay light; :func:`resolve_device` asks torch.
+
+On a GPU, training runs in full float32: TF32 (cuDNN's default for
+convolutions on Ampere and later) is turned off, so a home trained with its
+dispatch's other homes (a vmapped, grouped convolution) and the same home
+trained alone agree to rounding, as on the CPU (``tests/test_batched_training.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ def resolve_device(spec: str, setting: str = "device"):
     if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if spec == "auto":
+        _full_float32()
         return torch.device("cuda", torch.cuda.current_device())
     if not torch.cuda.is_available():
         raise UserError(f"{setting}={spec}: no CUDA device is available to this process "
@@ -45,7 +51,16 @@ def resolve_device(spec: str, setting: str = "device"):
     if index >= torch.cuda.device_count():
         raise UserError(f"{setting}={spec}: this process sees {torch.cuda.device_count()} CUDA device(s) "
                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    _full_float32()
     return torch.device("cuda", index)
+
+
+def _full_float32() -> None:
+    """No TF32 on this process's GPUs: batched and one-at-a-time training agree (module docstring)."""
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def device_label(device) -> str:
