@@ -63,7 +63,7 @@ def run(schedule: ScheduleKind, emulate: bool, args: argparse.Namespace, data, p
     x, y = data.train.x[: args.samples], data.train.y[: args.samples]
     rounds = args.epochs * args.samples // plan.batch_size
     spec = ZooModel(MODEL, tuple(data.input_shape), data.num_classes)
-    with HomePipeline(spec, pool, plan, profile=profile, emulate=emulate, timeout_s=args.timeout,
+    with HomePipeline(spec, pool, plan, profile=profile, emulate="sleep" if emulate else "none", timeout_s=args.timeout,
                       aggregate_every=args.aggregate_every) as home:
         result = home.train(start, x, y, rounds, lr=args.lr)
     model = build_model(MODEL, tuple(data.input_shape), data.num_classes)

@@ -152,7 +152,7 @@ def run_trial(trial: Trial, profile, x, y, expected: dict[str, list[np.ndarray]]
     began = time.time()
     try:
         ft = FaultTolerance(heartbeat=HEARTBEAT, global_copy_every=2)
-        with HomePipeline(MLP, HomePool("chaos", (HOST,) * 4), plan, profile=profile, emulate=False,
+        with HomePipeline(MLP, HomePool("chaos", (HOST,) * 4), plan, profile=profile, emulate="none",
                           timeout_s=60, fault_tolerance=ft) as home:
             pids = home.worker_pids
             for f in trial.failures:
@@ -296,7 +296,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     expected = {name: failure_free(plan, start, x, y) for name, plan in PLANS.items()}
     train_s = {}
     for name, plan in PLANS.items():  # how long a failure-free run takes: random-time failures land inside it
-        with HomePipeline(MLP, HomePool("chaos", (HOST,) * 4), plan, profile=profile, emulate=False, timeout_s=60,
+        with HomePipeline(MLP, HomePool("chaos", (HOST,) * 4), plan, profile=profile, emulate="none", timeout_s=60,
                           fault_tolerance=FaultTolerance(heartbeat=HEARTBEAT, global_copy_every=2)) as home:
             began = time.time()
             result = home.train(start, x, y, ROUNDS, lr=LR, momentum=MOMENTUM)

@@ -8,12 +8,12 @@ measured under another load is another machine). Then, for each pool of
 Asteroid's Env B with ``hpp``, whose replicated stages add all-reduces), the
 plan the planner makes for the emulated pool is run twice, alternately:
 
-- **host speed** (``emulate=False``): every device is a process of this
+- **host speed** (``emulate="none"``): every device is a process of this
   machine computing at host speed, no time dilation, no link pacing; the
   prediction is :func:`ecofl.pipeline.cost.simulate` on the host pool with
   the devices sharing this machine's cores (``ecofl home train --no-emulate``).
   Nothing forces the two to agree: the difference is the cost model's error.
-- **emulated** (``emulate=True``): every operation sleeps until the cost
+- **emulated** (``emulate="sleep"``): every operation sleeps until the cost
   model's time for its emulated device and links are paced, so measured
   equals predicted *by construction*; only communication and scheduling
   overhead are measured there.

@@ -237,7 +237,7 @@ pool = HomePool("host-3", (host, host, host))
 plan = make_plan("even", profile, pool, batch, micro_batch=batch // 4)
 g = torch.Generator().manual_seed(0)
 x, y = torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
-with HomePipeline(ZooModel("mobilenet_v2", (3, 32, 32), 10, "block"), pool, plan, emulate=False) as home:
+with HomePipeline(ZooModel("mobilenet_v2", (3, 32, 32), 10, "block"), pool, plan, emulate="none") as home:
     result = home.train(None, x, y, rounds, lr=0.01)
 print(json.dumps({"sync_round_s": statistics.median(result.sync_round_s[1:])}))
 """

@@ -173,7 +173,7 @@ def train_exactly(plan: Plan, events: list[str], devices: int = 3, *, spec=WITHO
     completed, no worker left. The result and the final plan."""
     x, y = data()
     ft = FaultTolerance(heartbeat=FAST_HEARTBEAT, **settings)
-    with HomePipeline(spec, pool(devices), plan, profile=profile, emulate=False, timeout_s=120,
+    with HomePipeline(spec, pool(devices), plan, profile=profile, emulate="none", timeout_s=120,
                       fault_tolerance=ft) as home:
         pids = list(home.worker_pids.values())
         start = home.weights

@@ -267,11 +267,11 @@ def test_a_pool_whose_quotas_do_not_fit_this_machine_is_refused():
         check_fits({0: DeviceLimits(0.7, GB), 1: DeviceLimits(0.9, GB)}, cores=2)
 
 
-def test_the_emulation_modes_parse_from_names_and_the_old_flag():
-    assert Emulation.parse(True) == Emulation.SLEEP and Emulation.parse(False) == Emulation.NONE
-    assert Emulation.parse("cgroup") == Emulation.CGROUP
-    with pytest.raises(UserError, match="valid: cgroup, sleep, none"):
-        Emulation.parse("docker")
+def test_the_emulation_modes_parse_from_their_names_only():
+    assert Emulation.parse("cgroup") == Emulation.CGROUP and Emulation.parse(Emulation.NONE) == Emulation.NONE
+    for wrong in ("docker", True, False):  # no flag: True used to mean "sleep"
+        with pytest.raises(UserError, match="valid: cgroup, sleep, none"):
+            Emulation.parse(wrong)
 
 
 # -- real cgroups --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from ecofl.pipeline.runtime.control_messages import (
     Interrupted,
     Reconfigure,
     Replicate,
-    Round,
+    TrainPass,
     Setup,
 )
 from ecofl.pipeline.runtime.errors import WorkerFailed
@@ -33,7 +33,7 @@ EXAMPLES = [
     Config({"kind": "layers"}, 60.0, True, ("127.0.0.1", 5000, 0.1)),
     Epoch(2, None, 1, [("10.0.0.1", 4000), ("10.0.0.2", 4001)]),
     Setup(Optimization(lr=0.1, momentum=0.9)),
-    Round(version=3, batch_size=32, num_micro_batches=4, slowdown=2.0, keep=(1,)),
+    TrainPass(version=3, batch_size=32, num_micro_batches=4, slowdown=2.0, keep=(1,)),
     Replicate(5, None, [(1, 2, 0, 3)], 1e6),
     Reconfigure(3, {"stage": 0}, 0, [("h", 1)], restore=2, moves=[(0, 1, 0)], optimization=Optimization(lr=0.5),
                 link_bps=None, recovery=True),
@@ -52,17 +52,20 @@ def test_every_message_round_trips_through_json(msg):
 
 
 @pytest.mark.parametrize("header, says", [
-    ({"type": "round", "version": "3", "batch_size": 1, "num_micro_batches": 1}, "round.version: expected an integer"),
-    ({"type": "round", "version": True, "batch_size": 1, "num_micro_batches": 1}, "round.version: expected an integer"),
-    ({"type": "round", "batch_size": 1, "num_micro_batches": 1}, "round: missing field 'version'"),
-    ({"type": "round", "version": 1, "batch_size": 1, "num_micro_batches": 1, "extra": 0}, "round: unknown field"),
+    ({"type": "train_pass", "version": "3", "batch_size": 1, "num_micro_batches": 1},
+     "train_pass.version: expected an integer"),
+    ({"type": "train_pass", "version": True, "batch_size": 1, "num_micro_batches": 1},
+     "train_pass.version: expected an integer"),
+    ({"type": "train_pass", "batch_size": 1, "num_micro_batches": 1}, "train_pass: missing field 'version'"),
+    ({"type": "train_pass", "version": 1, "batch_size": 1, "num_micro_batches": 1, "extra": 0},
+     "train_pass: unknown field"),
     ({"type": "setup", "optimization": {"lr": 1e400}}, "setup.optimization.lr: expected a finite number"),
     ({"type": "setup", "optimization": {"lr": 0.1, "beta": 1}}, "setup.optimization: unknown field"),
     ({"type": "replicate", "version": 1, "to": None, "sources": [[1, 2, 3]], "link_bps": None},
      r"replicate.sources\[0\]: expected 4 items"),
     ({"type": "epoch", "epoch": 0, "role": [], "rank": 0, "addresses": []}, "epoch.role: expected"),
     ({"type": "pickle"}, "unknown message type 'pickle'"),
-    (["round"], "must be a JSON object"),
+    (["train_pass"], "must be a JSON object"),
 ])
 def test_a_malformed_request_is_refused_naming_its_type_and_field(header, says):
     with pytest.raises(MalformedMessage, match=says):
@@ -98,10 +101,10 @@ def test_a_field_with_a_default_may_be_left_out_and_a_defined_one_is_checked():
 
 def test_a_worker_refuses_a_malformed_request_and_the_portal_says_which_field():
     plan = Plan("hand", (StagePlan((0, 4), (0,), (4,), 1),), micro_batch=4, num_micro_batches=1)
-    with HomePipeline(WITHOUT_BATCH_NORM, pool(1), plan, emulate=False, timeout_s=60) as home:
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(1), plan, emulate="none", timeout_s=60) as home:
         pid = home.worker_pids[0]
-        send_message(home.control.connections[0], {"type": "round", "version": "0", "batch_size": 4,
+        send_message(home.control.connections[0], {"type": "train_pass", "version": "0", "batch_size": 4,
                                                    "num_micro_batches": 1})
-        with pytest.raises(WorkerFailed, match=r"MalformedMessage: round.version: expected an integer"):
+        with pytest.raises(WorkerFailed, match=r"MalformedMessage: train_pass.version: expected an integer"):
             home.control.gather(Done)
     assert_gone([pid])

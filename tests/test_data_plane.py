@@ -173,9 +173,9 @@ class CountingBucket(TokenBucket):
         super().__init__(1e12)
         self.sent = 0
 
-    def consume(self, nbytes: int) -> None:
+    def consume(self, nbytes: int, abort=None) -> None:
         self.sent += nbytes
-        super().consume(nbytes)
+        super().consume(nbytes, abort)
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -288,7 +288,7 @@ def test_a_stranger_at_a_workers_data_port_learns_nothing_and_disturbs_nothing()
     model, _ = WITHOUT_BATCH_NORM.build()
     start = [p.detach().numpy().copy() for p in model.state_dict().values()]
     seen: list[object] = []
-    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), plan, emulate=False) as home:
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), plan, emulate="none") as home:
         ports = list(home.data_ports.values())
         loiterers = [socket.create_connection(port, timeout=10) for port in ports]
         stop = threading.Event()

@@ -38,7 +38,7 @@ BASE = FederationSetup(
 )
 torch.manual_seed(0)
 WEIGHTS = get_weights(build_model("cnn", (1, 8, 8), 10))  # every request starts from the same model
-PIPELINE = {"homes": [0, 3], "pool": "ecofl-hetero", "emulate": True, "timeout_s": 60}
+PIPELINE = {"homes": [0, 3], "pool": "ecofl-hetero", "emulate": "sleep", "timeout_s": 60}
 
 
 def setup_json(**pipeline: object) -> str:

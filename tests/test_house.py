@@ -1,6 +1,6 @@
 """The package's house rules, checked on the source: no import cycle inside ``ecofl/``, no module over 400 lines
 and no class over 250, no branch on a schedule kind outside the modes, the network layer importing nothing of the
-pipeline, and no line of the repository's Python over 120 characters."""
+pipeline, one connect-and-join routine, and no line of the repository's Python over 120 characters."""
 
 from __future__ import annotations
 
@@ -173,6 +173,25 @@ def test_the_network_layer_imports_nothing_of_the_pipeline():
     leaks = {name: sorted(d for d in deps if d.startswith("ecofl.pipeline"))
              for name, deps in graph.items() if name.startswith("ecofl.net")}
     assert {name: deps for name, deps in leaks.items() if deps} == {}
+
+
+def _connects(tree: ast.Module) -> list[str]:
+    """The calls in ``tree`` that open a connection or answer a home's challenge by hand."""
+    return [ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and ast.unparse(node.func).split(".")[-1] in ("create_connection", "join_home")]
+
+
+def test_every_connector_of_ecofl_dials_through_one_routine():
+    """Connect-and-join, with its one retry policy, is ecofl/net/dial.py's alone (issue 41)."""
+    found = {name: calls for name, path in _modules().items()
+             if name != "ecofl.net.dial" and (calls := _connects(ast.parse(path.read_text())))}
+    assert found == {}
+
+
+def test_the_connect_finder_finds_a_hand_made_connection():
+    assert _connects(ast.parse("s = socket.create_connection(a)\nc = join_home(s, k, 0)")) == [
+        "socket.create_connection", "join_home"]
+    assert _connects(ast.parse("c = dial(a, k, 0)")) == []
 
 
 def test_no_line_of_python_is_over_120_characters():

@@ -58,3 +58,21 @@ def test_next_deadline_and_bad_settings():
     assert live.next_deadline(1.5) == pytest.approx(1.8)
     with pytest.raises(ValueError):
         LivenessSettings(period_s=1.0, suspect_after_s=0.5)
+
+
+def test_devices_that_join_and_leave_later_are_tracked_and_a_silent_one_is_suspected_until_it_beats():
+    """The home service's daemons: they join and leave while it runs; silence leaves one out until it beats."""
+    live = Liveness((), LivenessSettings(period_s=1.0, suspect_after_s=5.0, probe_timeout_s=5.0), now=0.0)
+    live.join(1, now=10.0)
+    live.join(2, now=11.0)
+    live.heard(1, at=14.0)
+    assert live.suspected(now=16.0) == {2}  # silent since 11
+    live.heard(2, at=16.5)
+    assert live.suspected(now=17.0) == set()
+    live.closed(1, at=18.0)
+    assert live.suspected(now=30.0) == {2} and live.alive() == [2]  # a failed device is not "suspected"
+    live.leave(1)
+    live.join(1, now=30.0)  # joined again: a fresh member, no failure on record
+    assert live.alive() == [1, 2] and live.suspected(now=31.0) == {2}
+    live.leave(2)
+    assert live.alive() == [1] and live.suspected(now=40.0) == {1}

@@ -108,7 +108,7 @@ def test_async_1f1b_backward_uses_its_forward_s_weights(aggregate_every):
     model, _ = WITHOUT_BATCH_NORM.build()
     start = [v.detach().numpy().copy() for v in model.state_dict().values()]
     rounds = 3  # 12 micro-batches streamed as one pass, each its own update
-    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), PLAN, emulate=False, aggregate_every=aggregate_every) as home:
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), PLAN, emulate="none", aggregate_every=aggregate_every) as home:
         result = home.train(start, x, y, rounds, lr=LR)
     count = rounds * PLAN.num_micro_batches
     expected = reference(start, x, y, count, aggregate_every, stash=True)
@@ -131,7 +131,7 @@ def test_async_plans_refuse_what_they_cannot_do():
 
     profile = random_profile(np.random.default_rng(0), 5)
     x, y = data(8)
-    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), PLAN, profile=profile, emulate=False,
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), PLAN, profile=profile, emulate="none",
                       fault_tolerance=FaultTolerance()) as home:
         with pytest.raises(ValueError, match="without fault tolerance"):
             home.train(None, x, y, 1, lr=LR)

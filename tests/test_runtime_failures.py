@@ -57,7 +57,7 @@ def assert_gone(pids) -> None:
 
 def test_worker_killed_mid_round_is_reported_and_everything_stops():
     x, y = data()
-    with HomePipeline(MLP, pool(speed=0.002), PLAN, emulate=True, timeout_s=60) as home:
+    with HomePipeline(MLP, pool(speed=0.002), PLAN, emulate="sleep", timeout_s=60) as home:
         pids = home.worker_pids
         killer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGKILL))
         killer.start()

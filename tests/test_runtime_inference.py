@@ -52,7 +52,7 @@ IDLE_DEVICE = Plan("hand", (StagePlan((0, 2), (0,), (4,), 2), StagePlan((3, 6), 
 def test_pipelined_inference_equals_one_process(plan, devices):
     weights = trained_looking_weights()
     x = torch.randn(37, 6, generator=torch.Generator().manual_seed(0))  # not a multiple of the micro-batch
-    with HomePipeline(WITH_BATCH_NORM, pool(devices), plan, emulate=False) as home:
+    with HomePipeline(WITH_BATCH_NORM, pool(devices), plan, emulate="none") as home:
         result = home.infer(weights, x)
         again = home.infer(None, x[:5])  # a second stream on the same workers, the weights kept
     np.testing.assert_allclose(result.logits, single_process_logits(weights, x), atol=1e-5, rtol=0)
@@ -67,10 +67,10 @@ def test_pipelined_inference_equals_one_process(plan, devices):
 def test_a_training_plan_cannot_infer_and_an_inference_plan_cannot_train():
     training = Plan("hand", (StagePlan((0, 6), (0,), (4,), 1),), micro_batch=4, num_micro_batches=2)
     x = torch.randn(8, 6)
-    with HomePipeline(WITH_BATCH_NORM, pool(1), training, emulate=False) as home:
+    with HomePipeline(WITH_BATCH_NORM, pool(1), training, emulate="none") as home:
         with pytest.raises(ValueError, match="objective='inference'"):
             home.infer(None, x)
     stream = Plan("hand", (StagePlan((0, 6), (0,), (4,), 1),), micro_batch=4, num_micro_batches=2, schedule="stream")
-    with HomePipeline(WITH_BATCH_NORM, pool(1), stream, emulate=False) as home:
+    with HomePipeline(WITH_BATCH_NORM, pool(1), stream, emulate="none") as home:
         with pytest.raises(ValueError, match="objective='training'"):
             home.train(None, x, torch.zeros(8, dtype=torch.long), 1, lr=0.1)

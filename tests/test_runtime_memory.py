@@ -68,7 +68,7 @@ def test_1f1b_holds_k_p_micro_batches_per_stage():
     pool = HomePool("home", (host_speed("tx2-maxn"), host_speed("nano-10w"), host_speed("rpi4")))
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(16, 3, 8, 8, generator=generator), torch.randint(0, 4, (16,), generator=generator)
-    with HomePipeline(SMALL_CNN, pool, plan, emulate=True, timeout_s=60) as home:
+    with HomePipeline(SMALL_CNN, pool, plan, emulate="sleep", timeout_s=60) as home:
         result = home.train(None, x, y, 1, lr=0.1)
     assert result.peak_resident == tuple(in_flight)
     model, modules = SMALL_CNN.build()
@@ -90,7 +90,7 @@ def test_4gb_device_runs_out_of_memory_under_gpipe_but_not_1f1b(schedule):
     plan = Plan("hand", (StagePlan((0, 0), (0,), (8,), 3), StagePlan((1, 4), (1,), (8,), 1)), 8, 8, schedule)
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 3, 16, 16, generator=generator), torch.randint(0, 10, (64,), generator=generator)
-    with HomePipeline(WIDE_MAPS, pool, plan, emulate=True, timeout_s=90) as home:
+    with HomePipeline(WIDE_MAPS, pool, plan, emulate="sleep", timeout_s=90) as home:
         pids = list(home.worker_pids.values())
         if schedule == "gpipe":
             with pytest.raises(EmulatedOOM,

@@ -34,7 +34,7 @@ def test_pipeline_over_shaped_links_is_paced_by_the_kernel_and_still_exact():
     x, y = torch.randn(32, 64, generator=generator), torch.randint(0, 5, (32,), generator=generator)
     with HomeNetwork(pool, [0, 1]) as network:
         namespaces = [network.namespace(0), network.namespace(1), network.hub]
-        with HomePipeline(WIDE, pool, plan, emulate=True, network=network, timeout_s=60) as home:
+        with HomePipeline(WIDE, pool, plan, emulate="sleep", network=network, timeout_s=60) as home:
             pids = list(home.worker_pids.values())
             start = home.weights
             result = home.train(None, x, y, 1, lr=0.1)

@@ -68,14 +68,14 @@ def test_the_runtime_refuses_a_schedule_that_validate_rejects(monkeypatch):
     monkeypatch.setattr(layout, "plan_schedule", broken)
     plan = Plan("hand", (StagePlan((0, 2), (0,), (4,), 1), StagePlan((3, 4), (1,), (4,), 1)), 4, 1)
     with pytest.raises(ScheduleError):
-        HomePipeline(WITHOUT_BATCH_NORM, pool(2), plan, emulate=False)
+        HomePipeline(WITHOUT_BATCH_NORM, pool(2), plan, emulate="none")
 
 
 def test_fault_tolerance_needs_a_profile_and_injections_need_fault_tolerance():
     with pytest.raises(ValueError, match="profile"):
-        HomePipeline(WITHOUT_BATCH_NORM, pool(3), THREE_STAGES, emulate=False, fault_tolerance=FaultTolerance())
+        HomePipeline(WITHOUT_BATCH_NORM, pool(3), THREE_STAGES, emulate="none", fault_tolerance=FaultTolerance())
     x, y = data()
-    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), THREE_STAGES, emulate=False, timeout_s=60) as home:
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), THREE_STAGES, emulate="none", timeout_s=60) as home:
         with pytest.raises(ValueError, match="fault tolerance"):
             home.train(None, x, y, 1, lr=0.1, inject=[Injection.parse("kill:1@0")])
 
@@ -95,7 +95,7 @@ def test_a_sustained_slow_down_re_plans_the_slowed_device_to_less_work():
     ft = FaultTolerance(heartbeat=FAST_HEARTBEAT)
     quick = dataclasses.replace(PROFILE, forward_s=PROFILE.forward_s / 4, backward_s=PROFILE.backward_s / 4)
     hosts = HomePool("test", (DeviceSpec("host", 1.0, 1 << 30, 1e9),) * 3)
-    with HomePipeline(WITHOUT_BATCH_NORM, hosts, THREE_STAGES, profile=quick, emulate=True, timeout_s=60,
+    with HomePipeline(WITHOUT_BATCH_NORM, hosts, THREE_STAGES, profile=quick, emulate="sleep", timeout_s=60,
                       fault_tolerance=ft) as home:
         start = home.weights
         result = home.train(None, x, y, 8, lr=0.1, momentum=0.9, inject=[Injection.parse("slow:1*4@2")])

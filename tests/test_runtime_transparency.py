@@ -28,7 +28,7 @@ def test_three_stage_pipeline_equals_gradient_accumulation(schedule):
         schedule=schedule,
     )
     x, y = data()
-    with HomePipeline(WITH_BATCH_NORM, pool(3), plan, emulate=False, timeout_s=60) as home:
+    with HomePipeline(WITH_BATCH_NORM, pool(3), plan, emulate="none", timeout_s=60) as home:
         pids = list(home.worker_pids.values())
         start = home.weights
         first = home.train(None, x, y, 3, lr=0.1, momentum=0.9, mu=0.01)
@@ -54,7 +54,7 @@ def test_hybrid_plan_with_replicated_stage_equals_gradient_accumulation():
         num_micro_batches=3,
     )
     x, y = data()
-    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), plan, emulate=False, timeout_s=60) as home:
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), plan, emulate="none", timeout_s=60) as home:
         pids = list(home.worker_pids.values())
         start = home.weights
         with pytest.raises(ValueError, match="expected 6 weight arrays, got 1"):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ecofl.devices import DeviceSpec, HomePool, host_cores, host_pool
+from ecofl.net.links import RoundAborted
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.cost import simulate
@@ -27,7 +28,7 @@ def test_replicated_stages_exchange_overlapping_sample_ranges():
     """Asteroid Fig. 10 with uneven shares: 5+3 samples feed 2+6 samples."""
     pool = HomePool("p", tuple(DeviceSpec(f"d{i}", 1.0, 1 << 30, 1e6 * (i + 1)) for i in range(4)))
     plan = Plan("hand", (StagePlan((0, 1), (0, 1), (5, 3), 3), StagePlan((2, 2), (2, 3), (2, 6), 1)), 8, 4)
-    roles = {r.device: r for r in worker_roles(plan, pool, None, emulate=True)}
+    roles = {r.device: r for r in worker_roles(plan, pool, None, sleeps=True)}
     assert [roles[d].rank for d in range(4)] == [0, 1, 2, 3]
     assert (roles[0].lo, roles[0].hi, roles[1].lo, roles[1].hi) == (0, 5, 5, 8)
     assert roles[0].destinations == (Peer(2, 2, 0, 2, 1e6), Peer(3, 3, 2, 5, 1e6))
@@ -41,7 +42,7 @@ def test_replicated_stages_exchange_overlapping_sample_ranges():
     assert [i.op for i in expected[-2:]] == ["reduce_grads", "optimizer_step"]
     assert WorkerRole.from_json(roles[3].to_json()) == roles[3]
     assert WorkerRole.from_json(json.loads(json.dumps(roles[3].to_json()))).schedule is ScheduleKind.ONE_F_ONE_B
-    assert all(p.bandwidth_bps is None for r in worker_roles(plan, pool, None, emulate=False) for p in r.destinations)
+    assert all(p.bandwidth_bps is None for r in worker_roles(plan, pool, None, sleeps=False) for p in r.destinations)
 
 
 def test_wire_round_trips_arrays_and_refuses_object_arrays():
@@ -76,6 +77,25 @@ def test_a_slow_link_bursts_no_more_than_ten_milliseconds_of_its_rate():
     for _ in range(3):
         bucket.consume(2_500)
     assert time.time() - start >= 0.28  # 7.5 kB at 25 kB/s less the 250 B burst
+
+
+def test_a_bucket_without_burst_is_a_fifo_link_and_its_wait_can_be_aborted():
+    """The stream's input and result links and layer migrations: n bytes take n / rate each, back to back."""
+    link = TokenBucket(rate_bps=100_000, burst_bytes=0)
+    start = time.monotonic()
+    link.consume(10_000)
+    link.consume(10_000)
+    assert time.monotonic() - start >= 0.19  # 2 x 10 kB at 100 kB/s, never faster
+    checks = []
+
+    def abort() -> None:
+        checks.append(1)
+        if len(checks) == 2:
+            raise RoundAborted("the stream ended")
+
+    with pytest.raises(RoundAborted):
+        TokenBucket(rate_bps=1_000, burst_bytes=0).consume(100_000, abort)  # 100 s unless aborted
+    assert len(checks) == 2
 
 
 def test_memory_ledger_projects_the_schedule_peak_from_measured_forwards():

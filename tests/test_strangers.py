@@ -302,7 +302,7 @@ def train_while(attack, devices: int = 3, network=None) -> None:
     admissions: list[dict] = []
     failed: list[BaseException] = []
     results = []
-    with HomePipeline(WITHOUT_BATCH_NORM, pool(devices), THREE_STAGES, profile=PROFILE, emulate=False,
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(devices), THREE_STAGES, profile=PROFILE, emulate="none",
                       timeout_s=60, secret=SECRET, network=network,
                       fault_tolerance=FaultTolerance(heartbeat=FAST_HEARTBEAT)) as home:
         control = home.control

@@ -21,9 +21,9 @@ import threading
 
 from ecofl.deploy.device_profile import describe_device
 from ecofl.deploy.service_messages import TO_DAEMON, Bye, DaemonBeat, Registered, Session
-from ecofl.deploy.service_messages import DAEMON
+from ecofl.deploy.service_messages import DAEMON, DAEMON_BEAT_S
 from ecofl.deploy.warm_workers import WarmWorkers
-from ecofl.net.auth import join_home
+from ecofl.net.dial import dial
 from ecofl.net.errors import AuthenticationFailed, ChannelClosed
 from ecofl.net.sealed import SealedSocket
 from ecofl.net.schema import encode
@@ -36,7 +36,7 @@ class DeviceDaemon:
     """One device's membership of its home, across service restarts."""
 
     def __init__(self, home: tuple[str, int], secret: bytes, name: str, preset: str | None = None,
-                 bandwidth_mbps: float = 100.0, beat_s: float = 1.0, max_backoff_s: float = 10.0):
+                 bandwidth_mbps: float = 100.0, beat_s: float = DAEMON_BEAT_S, max_backoff_s: float = 10.0):
         self.home, self.secret, self.beat_s, self.max_backoff_s = home, secret, beat_s, max_backoff_s
         self.registration = describe_device(name, preset, bandwidth_mbps)
         self.stop = threading.Event()
@@ -77,12 +77,7 @@ class DeviceDaemon:
                 pass
 
     def _serve_once(self) -> None:
-        raw = socket.create_connection(self.home, timeout=10.0)
-        try:
-            sock = join_home(raw, self.secret, 0, DAEMON)
-        except BaseException:
-            raw.close()
-            raise
+        sock = dial(self.home, self.secret, 0, DAEMON)
         self._sock = sock
         try:
             send_message(sock, encode(self.registration))

@@ -38,6 +38,7 @@ from ecofl.deploy.device_profile import device_spec, workload_seconds
 from ecofl.deploy.service_messages import (
     CLIENT,
     DAEMON,
+    DAEMON_BEAT_S,
     FROM_CLIENT,
     FROM_DAEMON,
     Bye,
@@ -56,7 +57,7 @@ from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
 from ecofl.net.auth import Admitted
 from ecofl.net.door import Door
-from ecofl.net.liveness import LivenessSettings
+from ecofl.net.liveness import Liveness, LivenessSettings
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.sealed import SealedSocket
 from ecofl.net.schema import MalformedMessage, encode
@@ -87,7 +88,6 @@ class Member:
     registration: Register
     sock: SealedSocket
     joined_at: float = field(default_factory=time.time)
-    last_beat: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one writer on the socket at a time
 
     def send(self, message: Registered | Session | Bye) -> None:
@@ -104,7 +104,7 @@ class HomeService:
     """The registry of a home's devices and its trainer; a context manager that owns its threads and sockets."""
 
     def __init__(self, secret: bytes, name: str = "home", host: str = "127.0.0.1", port: int = 0,
-                 portal: DeviceSpec | None = None, emulate: bool | str = True, planner: str = "ecofl",
+                 portal: DeviceSpec | None = None, emulate: str = Emulation.SLEEP, planner: str = "ecofl",
                  timeout_s: float = 120.0, beat_timeout_s: float = 5.0, pace_links: bool = True,
                  heartbeat: LivenessSettings | None = None):
         self.secret, self.name, self.host, self.port = secret, name, host, port
@@ -112,6 +112,8 @@ class HomeService:
         self.planner, self.timeout_s, self.beat_timeout_s = planner, timeout_s, beat_timeout_s
         self.pace_links = pace_links  # False: the devices' links are shaped by the kernel (namespaces + tc)
         self.heartbeat = heartbeat or LivenessSettings()  # how long a pipeline worker may stay silent
+        # The daemons' beats (ecofl.net.liveness): one silent for beat_timeout_s is left out of plans.
+        self.daemons = Liveness((), LivenessSettings(DAEMON_BEAT_S, beat_timeout_s, beat_timeout_s), time.monotonic())
         self.reference_workload_s = workload_seconds()  # this machine profiles the models
         self.portal = portal or DeviceSpec("portal", 1.0, 4 << 30, 100e6 / 8)
         self.members: dict[int, Member] = {}
@@ -200,10 +202,9 @@ class HomeService:
 
     def present(self) -> list[Member]:
         """The devices joined now, in joining order (silent ones past ``beat_timeout_s`` left out)."""
-        now = time.time()
         with self._lock:
-            return [m for m in sorted(self.members.values(), key=lambda m: m.id)
-                    if now - m.last_beat <= self.beat_timeout_s]
+            silent = self.daemons.suspected(time.monotonic())
+            return [m for m in sorted(self.members.values(), key=lambda m: m.id) if m.id not in silent]
 
     def _spawn(self, target, *args) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
@@ -242,6 +243,7 @@ class HomeService:
             member = Member(self._next_id, spec, registration, sock)
             self._next_id += 1
             self.members[member.id] = member
+            self.daemons.join(member.id, time.monotonic())
         member.send(Registered(member.id, spec.speed))
         log.info("device %s joined (id %d, speed %.3g, %.1f GiB)", spec.name, member.id, spec.speed,
                  spec.memory_bytes / 2**30)
@@ -251,10 +253,12 @@ class HomeService:
                 header, _ = recv_message(sock)  # beats: the daemon is alive
                 if not isinstance(FROM_DAEMON.decode(header), DaemonBeat):
                     raise MalformedMessage(f"a registered device daemon sends beats, not {header.get('type')!r}")
-                member.last_beat = time.time()
+                with self._lock:
+                    self.daemons.heard(member.id, time.monotonic())
         finally:
             with self._lock:
                 self.members.pop(member.id, None)
+                self.daemons.leave(member.id)
             log.info("device %s (id %d) left", spec.name, member.id)
 
     def _serve_client(self, sock: SealedSocket) -> None:

@@ -7,10 +7,9 @@ in well under a second, even while the home is under attack (issue 25).
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 from ecofl.deploy.service_messages import CLIENT, TO_CLIENT, HomeStatus, StatusRequest
-from ecofl.net.auth import join_home
+from ecofl.net.dial import dial
 from ecofl.net.schema import encode
 from ecofl.net.sealed import SealedSocket
 from ecofl.net.wire import recv_message, send_message
@@ -18,12 +17,7 @@ from ecofl.net.wire import recv_message, send_message
 
 def connect_to_service(address: tuple[str, int], secret: bytes, timeout_s: float) -> SealedSocket:
     """A sealed channel to the home service at ``address``, as its client (proves the home's secret)."""
-    sock = socket.create_connection(address, timeout=timeout_s)
-    try:
-        return join_home(sock, secret, 0, CLIENT)
-    except BaseException:
-        sock.close()
-        raise
+    return dial(address, secret, 0, CLIENT, timeout_s=timeout_s)
 
 
 def home_status(address: tuple[str, int], secret: bytes, timeout_s: float = 10.0) -> dict:

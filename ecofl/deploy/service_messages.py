@@ -17,6 +17,7 @@ from ecofl.train_config import TrainConfig
 
 DAEMON = "device daemon"  # the purpose a device daemon's handshake proves
 CLIENT = "home client"  # the purpose the home's ClientApp (or `ecofl home status`) proves
+DAEMON_BEAT_S = 1.0  # a device daemon beats this often on its channel to the home service
 
 
 @message("register")

@@ -147,8 +147,6 @@ class PipelineHomeSettings:
         if planner is not None:
             check_planner(planner)
         emulate = values.get("emulate", "auto")
-        if isinstance(emulate, bool):
-            emulate = "sleep" if emulate else "none"
         timeout_s = values.get("timeout_s", 120.0)
         tolerant = values.get("fault_tolerance", True)
         if emulate not in EMULATION_MODES:

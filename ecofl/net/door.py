@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ecofl.net.auth import Admitted, admit_peer
+from ecofl.net.auth import HANDSHAKE_DEADLINE_S, Admitted, admit_peer
 from ecofl.net.errors import AuthenticationFailed
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ _PASSING = {getattr(errno, name) for name in ("ECONNABORTED", "EPROTO", "ENETDOW
 class DoorLimits:
     """How much a door gives peers that have not proved the secret yet."""
 
-    deadline_s: float = 10.0  # for a whole handshake
+    deadline_s: float = HANDSHAKE_DEADLINE_S  # for a whole handshake
     in_flight: int = 64  # handshakes at once
     per_source: int = 16  # handshakes at once from one source address
 

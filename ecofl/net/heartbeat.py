@@ -23,7 +23,8 @@ import socket
 import threading
 import time
 
-from ecofl.net.auth import Admitted, join_home
+from ecofl.net.auth import Admitted
+from ecofl.net.dial import dial
 from ecofl.net.door import Door
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.liveness import Failure, Liveness, LivenessSettings
@@ -172,12 +173,7 @@ class HeartbeatSender:
 
     def __init__(self, address: tuple[str, int], secret: bytes, device: int, period_s: float):
         self.device, self.period_s = device, period_s
-        raw = socket.create_connection(address, timeout=10.0)
-        try:
-            self._sock = join_home(raw, secret, device, HEARTBEAT)
-        except BaseException:
-            raw.close()
-            raise
+        self._sock = dial(address, secret, device, HEARTBEAT)
         self._sock.settimeout(None)
         self._send_lock = threading.Lock()
         self._stop = threading.Event()

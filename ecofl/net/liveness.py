@@ -14,7 +14,12 @@ device busy computing a long stage still beats. The portal's
 So every failure is detected within ``suspect_after_s + probe_timeout_s`` of
 the last sign of life, never by waiting out a round deadline, and the
 failure names the device. Pure bookkeeping: the caller feeds it events and
-times (tests drive it with a fake clock).
+times (``time.monotonic()``; tests drive it with a fake clock).
+
+The home service keeps its device daemons in one too: they join and leave
+while it runs, beat on their channel, and a daemon silent for
+``suspect_after_s`` (:meth:`Liveness.suspected`) is left out of the next
+plan until it beats again; its channel closing removes it.
 """
 
 from __future__ import annotations
@@ -72,6 +77,23 @@ class Liveness:
             return
         self.last_seen[device] = max(self.last_seen[device], at)
         self.probed_at.pop(device, None)
+
+    def join(self, device: int, now: float) -> None:
+        """``device`` joined after the start (or again): heard of now, with no failure on record."""
+        self.last_seen[device] = now
+        self.probed_at.pop(device, None)
+        self.failures.pop(device, None)
+
+    def leave(self, device: int) -> None:
+        """``device`` left: forgotten."""
+        self.last_seen.pop(device, None)
+        self.probed_at.pop(device, None)
+        self.failures.pop(device, None)
+
+    def suspected(self, now: float) -> set[int]:
+        """Devices not failed but silent for ``suspect_after_s`` (probed or not)."""
+        return {d for d, seen in self.last_seen.items()
+                if d not in self.failures and now - seen >= self.settings.suspect_after_s}
 
     def closed(self, device: int, at: float) -> None:
         """``device``'s heartbeat channel closed: it is failed now."""

@@ -25,13 +25,13 @@ charges, and bitwise-identical results on every replica).
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 
 import torch
 
-from ecofl.net.auth import HANDSHAKE_DEADLINE_S, Admitted, join_home
+from ecofl.net.auth import Admitted
+from ecofl.net.dial import Unreachable, dial
 from ecofl.net.door import Door
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.links import POLL_S, AbortCheck, PeerLink, PeerLost, Ticket, never_aborted
@@ -190,23 +190,11 @@ class EpochMesh:
 def _connect(address: tuple[str, int], secret: bytes, rank: int, purpose: str, deadline: float,
              abort: AbortCheck = never_aborted) -> SealedSocket:
     """Connect to a peer's data listener and prove the secret as ``rank`` for ``purpose``; retry until ``deadline``."""
-    while True:
-        try:
-            sock = socket.create_connection(address, timeout=HANDSHAKE_DEADLINE_S)
-        except OSError as error:
-            if time.monotonic() > deadline:
-                raise PeerLost(f"cannot reach the data port {address[0]}:{address[1]}: {error}") from None
-            time.sleep(POLL_S * 5)
-            abort()
-            continue
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            channel = join_home(sock, secret, rank, purpose)
-        except (ChannelClosed, OSError) as error:
-            sock.close()
-            raise PeerLost(f"the data link to {address[0]}:{address[1]} broke during its handshake: {error}") from None
-        except BaseException:
-            sock.close()
-            raise
-        sock.settimeout(None)
-        return channel
+    try:
+        channel = dial(address, secret, rank, purpose, retry_for_s=max(0.0, deadline - time.monotonic()), abort=abort)
+    except Unreachable as error:
+        raise PeerLost(f"the data port is down: {error}") from None
+    except (ChannelClosed, OSError) as error:
+        raise PeerLost(f"the data link to {address[0]}:{address[1]} broke during its handshake: {error}") from None
+    channel.settimeout(None)
+    return channel

@@ -89,9 +89,9 @@ class Mode:
 
     def executor(self, role: Any, module: Any, mesh: Any, timeout_s: float) -> Any:
         """What runs ``role``'s share of the stage in a worker: a stage executor of forwards and backwards."""
-        from ecofl.pipeline.runtime.stage import StageExecutor
+        from ecofl.pipeline.runtime.stage import ShareExecutor
 
-        return StageExecutor(role, module, mesh, timeout_s)
+        return ShareExecutor(role, module, mesh, timeout_s)
 
     def train(self, pipeline: Any, start: dict, ref: dict, x: Any, y: Any, sync_rounds: int, optimization: Any,
               progress: Any, inject: Any) -> Any:

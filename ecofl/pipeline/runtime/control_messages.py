@@ -11,9 +11,9 @@ and the replies they get::
     Setup        stage weights (+ FedProx reference)        -> Ok
     Load         stage weights (inference)                  -> Loaded
     Infer        stage 0: inputs; stream the micro-batches  -> Inferred (+ outputs)
-    Round        stage 0: inputs; last stage: labels        -> Done
+    TrainPass    stage 0: inputs; last stage: labels        -> Done
     Replicate    my stage to my backup; others' to me       -> Replicated
-    Collect      my stage's weights (+ momentum)            -> Weights
+    Collect      my stage's weights (+ momentum)            -> StageWeights
     GetState     layers' state at a version                 -> State
     Reconfigure  a new epoch from a committed version       -> Reconfigured
     Arm          a phase-targeted failure (:mod:`.traps`)   -> Armed
@@ -65,8 +65,11 @@ class Infer:
     num_micro_batches: int
 
 
-@message("round")
-class Round:
+@message("train_pass")
+class TrainPass:
+    """Train one batch of micro-batches from a committed version: a sync-round of 1F1B-Sync or GPipe (ended by
+    its flush), or one pass of asynchronous 1F1B (each micro-batch's update after its backward)."""
+
     version: int  # the committed version the round starts from
     batch_size: int
     num_micro_batches: int
@@ -173,8 +176,10 @@ class Replicated:
     seconds: float
 
 
-@message("weights")
-class Weights:
+@message("stage_weights")
+class StageWeights:
+    """A device's weights of its stage (and momentum) at ``version``, as arrays (the answer to :class:`Collect`)."""
+
     version: int
 
 
@@ -216,12 +221,12 @@ class Error:
     time: float
 
 
-REQUESTS = MessageSet(Config, Epoch, Setup, Load, Infer, Round, Replicate, Collect, GetState, Reconfigure, Arm,
+REQUESTS = MessageSet(Config, Epoch, Setup, Load, Infer, TrainPass, Replicate, Collect, GetState, Reconfigure, Arm,
                       Abort, Stop)
-REPLIES = MessageSet(Ready, Entered, Ok, Loaded, Inferred, Done, Replicated, Weights, State, Reconfigured, Armed,
+REPLIES = MessageSet(Ready, Entered, Ok, Loaded, Inferred, Done, Replicated, StageWeights, State, Reconfigured, Armed,
                      Interrupted, Trapped, Error)
 
-Request = (Config | Epoch | Setup | Load | Infer | Round | Replicate | Collect | GetState | Reconfigure | Arm
+Request = (Config | Epoch | Setup | Load | Infer | TrainPass | Replicate | Collect | GetState | Reconfigure | Arm
            | Abort | Stop)
-Reply = (Ready | Entered | Ok | Loaded | Inferred | Done | Replicated | Weights | State | Reconfigured | Armed
+Reply = (Ready | Entered | Ok | Loaded | Inferred | Done | Replicated | StageWeights | State | Reconfigured | Armed
          | Interrupted | Trapped | Error)

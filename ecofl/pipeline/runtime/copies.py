@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ecofl.pipeline.replication import backup_targets
-from ecofl.pipeline.runtime.control_messages import Collect, Replicate, Replicated, Weights
+from ecofl.pipeline.runtime.control_messages import Collect, Replicate, Replicated, StageWeights
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.faults import FaultTolerance
 from ecofl.pipeline.runtime.layout import PipelineLayout
@@ -58,6 +58,6 @@ class Copies:
         for role in self.layout.roles:
             self.control.send(role.device, Collect(self.momentum))
         state: dict[str, np.ndarray] = {}
-        for _, arrays in self.control.gather_with_arrays(Weights).values():
+        for _, arrays in self.control.gather_with_arrays(StageWeights).values():
             state.update({k: np.array(v) for k, v in arrays.items()})
         return state

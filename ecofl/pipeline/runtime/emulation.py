@@ -49,10 +49,8 @@ class Emulation(StrEnum):
     NONE = "none"  # host speed
 
     @classmethod
-    def parse(cls, value: "bool | str | Emulation") -> "Emulation":
-        """A mode from its name, or from the old boolean ``emulate`` (True: sleep, False: none)."""
-        if isinstance(value, bool):
-            return cls.SLEEP if value else cls.NONE
+    def parse(cls, value: "str | Emulation") -> "Emulation":
+        """A mode from its name (a UserError naming the valid ones otherwise)."""
         try:
             return cls(value)
         except ValueError:

@@ -116,7 +116,7 @@ class _Calibration:
         generator = torch.Generator().manual_seed(0)
         x = torch.randn(self.plan.batch_size, WIDTH, generator=generator)
         y = torch.randint(0, 10, (self.plan.batch_size,), generator=generator)
-        with HomePipeline(spec, pool, self.plan, profile=self.profile, emulate=False, timeout_s=timeout_s) as home:
+        with HomePipeline(spec, pool, self.plan, profile=self.profile, emulate="none", timeout_s=timeout_s) as home:
             home.train(None, x, y, 1, lr=0.0, momentum=0.0)  # warm-up: one-time costs of fresh processes
             self.measured = statistics.median(home.train(None, x, y, rounds, lr=0.0, momentum=0.0).sync_round_s)
         self.machine = host_pool(pool)

@@ -28,16 +28,16 @@ from ecofl.pipeline.schedule import validate
 class PipelineLayout:
     """``plan`` over ``pool`` for the model ``full_model`` cut into ``layers``.
 
-    ``emulate`` says whether the workers sleep to the cost model's times and
+    ``sleeps`` says whether the workers sleep to the cost model's times and
     ``pace_links`` whether they pace their links (the roles carry the targets);
     ``aggregate_every`` is asynchronous 1F1B's weight aggregation period.
     """
 
     def __init__(self, full_model: nn.Module, layers: list[nn.Module], pool: HomePool, plan: Plan,
-                 profile: ModelProfile | None, *, emulate: bool, pace_links: bool, aggregate_every: int = 1):
+                 profile: ModelProfile | None, *, sleeps: bool, pace_links: bool, aggregate_every: int = 1):
         if len(layers) != plan.num_layers:
             raise ValueError(f"the plan covers {plan.num_layers} layers, the model has {len(layers)}")
-        self.pool, self.profile, self.emulate, self.pace_links = pool, profile, emulate, pace_links
+        self.pool, self.profile, self.sleeps, self.pace_links = pool, profile, sleeps, pace_links
         self.aggregate_every = aggregate_every  # FTPipeHD §III-C
         self.keys = list(full_model.state_dict().keys())
         self.layer_keys = layer_state_keys(full_model, layers)
@@ -53,7 +53,7 @@ class PipelineLayout:
             schedule = plan_schedule(plan)
             validate(schedule, plan.num_micro_batches, mode.validated_in_flight(plan))
         self.plan = plan
-        self.roles = worker_roles(plan, self.pool, self.profile, self.emulate, pace_links=self.pace_links,
+        self.roles = worker_roles(plan, self.pool, self.profile, self.sleeps, pace_links=self.pace_links,
                                   schedule=schedule, aggregate_every=self.aggregate_every)
         self.stage_keys = [self.keys_of(stage.layers) for stage in plan.stages]
 

@@ -81,7 +81,7 @@ class HomePipeline:
         plan: Plan,
         *,
         profile: ModelProfile | None = None,
-        emulate: bool | str = True,
+        emulate: str = Emulation.SLEEP,
         limits: Mapping[int, DeviceLimits] | None = None,
         secret: bytes | None = None,
         timeout_s: float = 60.0,
@@ -104,7 +104,7 @@ class HomePipeline:
         full_model, layers = model.build()
         pace = self.emulation != Emulation.NONE and (network is None if pace_links is None else pace_links)
         self.layout = PipelineLayout(full_model, layers, pool, plan, profile,
-                                     emulate=self.emulation == Emulation.SLEEP, pace_links=pace,
+                                     sleeps=self.emulation == Emulation.SLEEP, pace_links=pace,
                                      aggregate_every=aggregate_every)
         self.weights: Weights = get_weights(full_model)
         self.local_devices = self.layout.devices if local_devices is None else list(local_devices)

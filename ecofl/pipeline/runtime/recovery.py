@@ -102,7 +102,7 @@ class Recovery:
     def after_round(self, r: int, replies: dict[int, Done], seconds: float) -> None:
         self.log.round_completed(seconds)
         confined = self.control.devices.confinement is not None
-        if self.ft is not None and self.ft.adapt and (self.layout.emulate or confined):
+        if self.ft is not None and self.ft.adapt and (self.layout.sleeps or confined):
             slow, measured = self.watch.slow_devices(self.layout, self.speeds, replies, self.epoch)
             if slow:
                 self._adapt(slow, measured, r)

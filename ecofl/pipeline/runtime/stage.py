@@ -78,8 +78,9 @@ class Optimization:
     mu: float = 0.0
 
 
-class StageExecutor:
-    """Runs sync-rounds of one device's role on its stage module."""
+class ShareExecutor:
+    """Runs one device's share of its stage (its layers, its samples of each micro-batch): the device program of
+    each pass, from the mode's action list."""
 
     def __init__(self, role: WorkerRole, module: nn.Module, mesh: EpochMesh, timeout_s: float):
         self.role, self.module, self.mesh, self.timeout_s = role, module, mesh, timeout_s
@@ -151,7 +152,7 @@ class StageExecutor:
             p.grad = None
         stats = RoundStats(fixed_bytes=self.fixed_bytes())
         ledger = MemoryLedger(f"{role.device} ({role.device_name})", role.stage, role.memory_bytes, stats.fixed_bytes,
-                              role.resident_bound, role.schedule, enforce=role.emulate)
+                              role.resident_bound, role.schedule, enforce=role.sleeps)
         program = role.program if program is None else program
         program = program if role.samples else tuple(i for i in program if i.micro_batch < 0)
         sync_round = _SyncRound(inputs, labels, batch_size, time.time(), stats, ledger)
@@ -274,7 +275,7 @@ class StageExecutor:
 
     def _end(self, start: float, emulated_s: float | None) -> float:
         """End of an operation begun at ``start``: dilated to the emulated device's pace if emulating."""
-        if not self.role.emulate:
+        if not self.role.sleeps:
             return time.time()
         emulated = None if emulated_s is None else emulated_s * self.slowdown
         return dilate(start, emulated, self.role.speed / self.slowdown, self.abort)

@@ -93,7 +93,7 @@ class StreamExecutor:
     def _forward(self, stream: "_Stream", m: int, inputs: torch.Tensor | None) -> None:
         start = time.time()
         y = self.module(stream.arrived.pop(m))
-        end = dilate(start, self.role.forward_s, self.role.speed, stream.abort) if self.role.emulate else time.time()
+        end = dilate(start, self.role.forward_s, self.role.speed, stream.abort) if self.role.sleeps else time.time()
         stream.event(ActionKind.FORWARD, m, start, end)
         stream.results[m] = y
 
@@ -244,16 +244,15 @@ class _InputLink:
 
     def _run(self, inputs: torch.Tensor, count: int) -> None:
         stream, rate = self.stream, self.stream.role.input_bps
-        free = 0.0
+        link = TokenBucket(rate, burst_bytes=0) if rate else None
         try:
             for m in range(count):
                 stream.wait_room(m)
-                start = max(time.time(), free)
+                start = time.time()
                 stream.hold(m, start)
-                x = inputs[m]
-                end = dilate(start, x.numel() * x.element_size() / rate, 1.0, stream.over) if rate else start
-                free = end
-                stream.loaded(m, start, end)
+                if link is not None:
+                    link.consume(inputs[m].numel() * inputs[m].element_size(), stream.over)
+                stream.loaded(m, start, time.time() if link is not None else start)
         except RoundAborted:
             return  # the stream ended (or failed) before every input crossed
         except BaseException as error:  # noqa: BLE001 - handed to the executor's waits
@@ -267,7 +266,8 @@ class _PortalLink:
     """The last stage's link back to the portal: results cross it in order, paced when emulated."""
 
     def __init__(self, rate_bps: float | None, delivered):
-        self.rate_bps, self.delivered = rate_bps, delivered
+        self.link = TokenBucket(rate_bps, burst_bytes=0) if rate_bps else None
+        self.delivered = delivered
         self._queue: queue.Queue[tuple[int, int] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, daemon=True, name="to-portal")
         self._thread.start()
@@ -276,13 +276,12 @@ class _PortalLink:
         self._queue.put((m, nbytes))
 
     def _run(self) -> None:
-        free = 0.0
         while (item := self._queue.get()) is not None:
             m, nbytes = item
-            start = max(time.time(), free)
-            end = dilate(start, nbytes / self.rate_bps, 1.0) if self.rate_bps else start
-            free = end
-            self.delivered(m, start, end)
+            start = time.time()
+            if self.link is not None:
+                self.link.consume(nbytes)
+            self.delivered(m, start, time.time() if self.link is not None else start)
 
     def close(self) -> None:
         self._queue.put(None)

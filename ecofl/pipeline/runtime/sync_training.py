@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ecofl.pipeline.modes import mode_of
-from ecofl.pipeline.runtime.control_messages import Collect, Config, Done, Ok, Round, Setup, Weights
+from ecofl.pipeline.runtime.control_messages import Collect, Config, Done, Ok, TrainPass, Setup, StageWeights
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.errors import DevicesLost
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
@@ -28,7 +28,7 @@ from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.recovery import Recovery
 from ecofl.pipeline.runtime.stage import Optimization
 from ecofl.pipeline.runtime.statistics import PipelineResult, pipeline_result
-from ecofl.weights import Weights as WeightList
+from ecofl.weights import Weights
 
 State = dict[str, np.ndarray]
 
@@ -45,12 +45,12 @@ def set_up_stages(control: ControlPlane, layout: PipelineLayout, start: State, r
     control.gather(Ok)
 
 
-def collect_weights(control: ControlPlane, layout: PipelineLayout) -> WeightList:
+def collect_weights(control: ControlPlane, layout: PipelineLayout) -> Weights:
     """The trained model, stage by stage, in state_dict order."""
     for role in layout.roles:
         control.send(role.device, Collect())
     collected: State = {}
-    for _, arrays in control.gather_with_arrays(Weights).values():
+    for _, arrays in control.gather_with_arrays(StageWeights).values():
         collected.update(arrays)
     return [collected[k] for k in layout.keys]
 
@@ -139,6 +139,6 @@ def send_round(control: ControlPlane, layout: PipelineLayout, r: int, x_np: np.n
             arrays["inputs"] = xb[:, role.lo : role.hi]
         if role.stage == last:
             arrays["labels"] = yb[:, role.lo : role.hi]
-        request = Round(version=r, batch_size=mode_of(plan).request_batch_size(plan), num_micro_batches=m_count,
+        request = TrainPass(version=r, batch_size=mode_of(plan).request_batch_size(plan), num_micro_batches=m_count,
                         slowdown=slowdowns.get(role.device, 1.0), keep=tuple(keep))
         control.send(role.device, request, arrays)

@@ -71,7 +71,7 @@ class WorkerRole:
     destinations: tuple[Peer, ...]  # devices of stage + 1 I send activations to
     replicas: tuple[int, ...]  # ranks of every device of my stage (mine included)
     replica_weight: float  # my share / micro_batch (for averaging buffers)
-    emulate: bool
+    sleeps: bool  # sleep emulation: each operation lasts the cost model's time
     speed: float
     memory_bytes: int
     input_bps: float | None  # link from the portal (device 0) when emulating and not myself
@@ -109,17 +109,17 @@ class WorkerRole:
 
 
 def worker_roles(
-    plan: Plan, pool: HomePool, profile: ModelProfile | None, emulate: bool, pace_links: bool | None = None,
+    plan: Plan, pool: HomePool, profile: ModelProfile | None, sleeps: bool, pace_links: bool | None = None,
     schedule: Schedule | None = None, aggregate_every: int = 1,
 ) -> list[WorkerRole]:
     """One role per device the plan uses, in rank order, each with its stage's actions of ``schedule``.
 
     ``schedule`` defaults to the plan's (:func:`ecofl.pipeline.plan.plan_schedule`); the portal passes
-    the one it validated. ``emulate`` gives each operation the cost model's time to sleep to;
-    ``pace_links`` (default: as ``emulate``) paces each link to the pool's rate, False leaves link rates
+    the one it validated. ``sleeps`` gives each operation the cost model's time to sleep to;
+    ``pace_links`` (default: as ``sleeps``) paces each link to the pool's rate, False leaves link rates
     to the kernel (:mod:`ecofl.net.netns`) or to the host (devices at host speed).
     """
-    pace_links = emulate if pace_links is None else pace_links
+    pace_links = sleeps if pace_links is None else pace_links
     used = [d for stage in plan.stages for d in stage.devices]
     if len(set(used)) != len(used):
         raise ValueError(f"a device may serve one stage only: {used}")
@@ -145,7 +145,7 @@ def worker_roles(
         for device, (lo, hi) in ranges[s].items():
             spec = pool.devices[device]
             forward = backward = step = None
-            if emulate and profile is not None:
+            if sleeps and profile is not None:
                 forward, backward = stage_compute_s(profile, spec, stage.layers, hi - lo)
                 if profile.optimizer_step_s is not None:
                     first, last = stage.layers
@@ -174,7 +174,7 @@ def worker_roles(
                     ),
                     replicas=tuple(rank_of[d] for d in stage.devices),
                     replica_weight=(hi - lo) / plan.micro_batch,
-                    emulate=emulate,
+                    sleeps=sleeps,
                     speed=spec.speed,
                     memory_bytes=spec.memory_bytes,
                     input_bps=link(0, device) if s == 0 and device != 0 else None,

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 import traceback
 from typing import Callable
 
 from ecofl.net.schema import encode
-from ecofl.net.auth import join_home
+from ecofl.net.dial import dial
 from ecofl.pipeline.runtime.control_messages import REQUESTS, Config, Error, Ready
 from ecofl.net.errors import AuthenticationFailed
 from ecofl.net.auth import SECRET_ENV
@@ -39,20 +38,6 @@ from ecofl.net.errors import ChannelClosed
 from ecofl.net.wire import recv_message, send_message
 
 
-def connect(portal: tuple[str, int], timeout_s: float) -> socket.socket:
-    """Connect to the portal, retrying until ``timeout_s`` (it may still be starting)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            sock = socket.create_connection(portal, timeout=timeout_s)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def serve_session(portal: tuple[str, int], device: int, secret: bytes, connect_timeout_s: float,
                   stopped: Callable[[], None] = lambda: None, baseline_rss: int | None = None) -> bool:
     """Join ``portal`` as ``device`` and serve it until it says stop (True) or goes away (False).
@@ -61,13 +46,7 @@ def serve_session(portal: tuple[str, int], device: int, secret: bytes, connect_t
     session's threads and sockets are closed. Any other failure is reported
     to the portal, then raised.
     """
-    raw = connect(portal, connect_timeout_s)
-    raw.settimeout(connect_timeout_s)
-    try:
-        sock = join_home(raw, secret, device)
-    except BaseException:
-        raw.close()
-        raise
+    sock = dial(portal, secret, device, timeout_s=connect_timeout_s, retry_for_s=connect_timeout_s)
     sock.settimeout(None)  # the configuration comes once every device has joined: the portal's deadline rules
     listener: DataListener | None = None
     worker: Worker | None = None

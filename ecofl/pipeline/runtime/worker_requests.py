@@ -8,10 +8,10 @@ epoch and that role's executor, and serves the portal's requests::
     Load         stage weights (inference)                                     -> Loaded
     Infer        stage 0: inputs [M, share, ...]; stream M micro-batches       -> Inferred (+ outputs)
     GetState     layers' state at a version (heavy rescheduling's gather)      -> State
-    Round        stage 0: inputs [M, share, ...]; last stage: labels           -> Done + measurements
+    TrainPass    stage 0: inputs [M, share, ...]; last stage: labels               -> Done + measurements
     Abort        (while in a round, replication or re-configuration; or idle)  -> Interrupted + holdings
     Replicate    send my committed stage to my backup / keep others' replicas  -> Replicated
-    Collect      my stage's weights (+ momentum)                               -> Weights
+    Collect      my stage's weights (+ momentum)                               -> StageWeights
     Reconfigure  a new epoch: role, roll back to a version, migrate layers     -> Reconfigured
     Arm          a phase-targeted failure of this device (:mod:`.traps`)       -> Armed
     Stop                                                                       -> (session over)
@@ -58,11 +58,11 @@ from ecofl.pipeline.runtime.control_messages import (
     Reconfigured,
     Replicate,
     Replicated,
-    Round,
+    TrainPass,
     Setup,
     State,
     Stop,
-    Weights,
+    StageWeights,
 )
 from ecofl.net.heartbeat import HeartbeatSender
 from ecofl.net.links import MIGRATION_TAG, REPLICA_TAG, PeerLost, RoundAborted
@@ -71,7 +71,7 @@ from ecofl.pipeline.runtime.migration_io import exchange_layer_states, pace
 from ecofl.pipeline.runtime.model_spec import spec_from_json, stage_module
 from ecofl.pipeline.runtime.process_memory import peak_rss_bytes, reset_peak
 from ecofl.net.sealed import SealedSocket
-from ecofl.pipeline.runtime.stage import Optimization, StageExecutor
+from ecofl.pipeline.runtime.stage import Optimization, ShareExecutor
 from ecofl.pipeline.runtime.stage_state import StageState, as_arrays, from_arrays
 from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.stream_stage import StreamExecutor
@@ -105,7 +105,7 @@ class Worker:
         self.version = 0  # committed sync-rounds of the live tensors
         self.clean = True  # False: an interrupted round or re-configuration left the live tensors half updated
         self.traps = Traps(self.channel.reply)
-        self.executor: StageExecutor | None = None  # a training role's
+        self.executor: ShareExecutor | None = None  # a training role's
         self.stream: StreamExecutor | None = None  # an inference role's
         beat = config.heartbeat  # the portal's monitor (host, port, period), with fault tolerance on
         self.heartbeat = HeartbeatSender(tuple(beat[:2]), secret, device, beat[2]) if beat is not None else None
@@ -166,7 +166,7 @@ class Worker:
     def serve(self) -> None:
         """Serve the portal's requests until it says :class:`Stop`; each handler sends its own reply."""
         handlers = {
-            Epoch: self._epoch, Setup: self._setup, Load: self._load, Infer: self._infer, Round: self._round,
+            Epoch: self._epoch, Setup: self._setup, Load: self._load, Infer: self._infer, TrainPass: self._round,
             Replicate: self._replicate, Collect: self._collect, GetState: self._send_state,
             Reconfigure: self._reconfigure, Arm: self._arm, Abort: self._abort,
         }
@@ -207,7 +207,7 @@ class Worker:
         self._commit(0)
         self.channel.reply(Ok())
 
-    def _round(self, request: Round, arrays: Arrays) -> None:
+    def _round(self, request: TrainPass, arrays: Arrays) -> None:
         """Sync-round ``version``: from the committed state of that version; commits ``version + 1``.
 
         ``keep``: the versions the portal may still restore from; copies of others are dropped.
@@ -280,7 +280,7 @@ class Worker:
         self._require_clean("send my weights")
         first_replica = self.role is not None and self.role.rank == self.role.replicas[0]
         state = self.state.capture(self.stage_layers, self._momentum(), request.momentum) if first_replica else {}
-        self.channel.reply(Weights(self.version), as_arrays(state))
+        self.channel.reply(StageWeights(self.version), as_arrays(state))
 
     def _reconfigure(self, request: Reconfigure, arrays: Arrays) -> None:
         """Enter a new epoch at committed version ``restore``: roll back, take the new role, migrate the layers.
