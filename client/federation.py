@@ -24,7 +24,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 import torch
 
-from ecofl.accelerator import device_label, resolve_device
+from ecofl.accelerator import device_label, host_array, resolve_device
 from ecofl.batched_training import batching_obstacle
 from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.data.partition import partition
@@ -55,7 +55,7 @@ class Federation:
         self.setup = setup
         self.dataset = load_dataset(**setup.dataset, options=CONFIG_OPTIONS)
         self.latency_model = make_latency_model(setup.latency) if setup.latency else None
-        labels = self.dataset.train.y.numpy()
+        labels = host_array(self.dataset.train.y)
         options = dict(setup.partition)
         scheme = options.pop("scheme")
         if scheme in RLG_SCHEMES and "client_groups" not in options:

@@ -72,3 +72,65 @@ def device_label(device) -> str:
         return device.type
     index = torch.cuda.current_device() if device.index is None else device.index
     return f"cuda:{index} {torch.cuda.get_device_name(index)}"
+
+
+# -- a home's devices with accelerators (the pipeline runtime) ----------------------------------------------
+
+
+def check_accelerators(devices, where: str = "pool") -> None:
+    """A UserError naming the first device of ``devices`` (``DeviceSpec`` s) whose ``accelerator`` this machine
+    lacks, before any worker starts (the workers of ``ecofl home train`` and of a simulated pipeline home are
+    processes of this machine). Asks torch without creating a CUDA context."""
+    import torch
+
+    for spec in devices:
+        if spec.accelerator == "cpu":
+            continue
+        if not torch.cuda.is_available():
+            raise UserError(f"{where}: device {spec.name} has accelerator {spec.accelerator}, but this machine has "
+                            "no CUDA device (torch.cuda.is_available() is False); give it accelerator: cpu")
+        index = torch.device(spec.accelerator).index or 0
+        if index >= torch.cuda.device_count():
+            raise UserError(f"{where}: device {spec.name} has accelerator {spec.accelerator}, but this machine has "
+                            f"{torch.cuda.device_count()} CUDA device(s)")
+
+
+def module_device(module):
+    """Where ``module``'s tensors live: its first parameter's or buffer's device (the CPU for a module without)."""
+    import torch
+
+    for tensor in module.parameters():
+        return tensor.device
+    for tensor in module.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def finish(device) -> None:
+    """Wait for ``device``'s queued work (a GPU runs kernels asynchronously): time GPU work only after this."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def host_copy(tensor):
+    """``tensor`` on the host, for a socket, numpy or a file: the one place a tensor leaves its device.
+
+    A CPU tensor is returned as it is (no copy); an accelerator's is copied
+    into pinned host memory (a page-locked buffer the copy engine reads
+    directly) and returned once the copy is done.
+    """
+    import torch
+
+    if tensor.device.type == "cpu":
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    torch.cuda.current_stream(tensor.device).synchronize()
+    return host
+
+
+def host_array(tensor):
+    """``tensor``'s values as a numpy array on the host (:func:`host_copy`, then numpy's view of it)."""
+    return host_copy(tensor.detach()).numpy()

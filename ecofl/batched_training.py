@@ -39,6 +39,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from ecofl.train import TrainResult
 from ecofl.train_config import TrainConfig
 from ecofl.weights import Weights
+from ecofl.accelerator import host_array
 
 #: Module types that draw random numbers in training mode.
 RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -176,7 +177,7 @@ def train_homes_together(
     losses = total_loss.cpu().tolist()
     out = []
     for h, job in enumerate(jobs):
-        weights = [params[name][h].detach().cpu().numpy().copy() for name in names]
+        weights = [host_array(params[name][h]).copy() for name in names]
         seen = len(job.y) * config.epochs
         result = TrainResult(loss=losses[h] / max(seen, 1), num_samples=len(job.y), steps=steps[h])
         out.append(HomeTrained(weights, result))

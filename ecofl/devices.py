@@ -17,6 +17,7 @@ two cores can run for real (docs/architecture.md; docs/pipeline.md, emulation).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -31,6 +32,9 @@ GB = 1 << 30
 NANO_10W_SPEED = 0.1
 
 
+#: What a device's ``accelerator`` may be: the CPU, or a GPU of the device's own machine.
+ACCELERATOR = re.compile(r"cpu|cuda(:\d+)?")
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """One device: relative compute speed, memory budget for training, link bandwidth."""
@@ -39,8 +43,11 @@ class DeviceSpec:
     speed: float  # relative to one host core (host_time / speed = device time)
     memory_bytes: int  # budget for weights + optimizer state + activations
     bandwidth_bps: float  # bytes/s of the device's link to the home network
+    accelerator: str = "cpu"  # where its stage trains: "cpu", or a GPU ("cuda", "cuda:N") of its own machine
 
     def __post_init__(self) -> None:
+        if not isinstance(self.accelerator, str) or not ACCELERATOR.fullmatch(self.accelerator):
+            raise UserError(f"device {self.name!r}: accelerator must be cpu, cuda or cuda:N, got {self.accelerator!r}")
         if not self.speed > 0:
             raise UserError(f"device {self.name!r}: speed must be positive, got {self.speed}")
         if not self.memory_bytes > 0:

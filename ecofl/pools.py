@@ -16,6 +16,10 @@ devices of one home) is a YAML file::
       - name: my-board            # the same, said as what a confined device gets
         cores: 0.25               # its CPU quota in host cores (= speed; --emulate cgroup)
         memory_gb: 2              # its memory budget for training (the limit is this + its runtime)
+      - name: desk-gpu            # a device that trains its stage on its GPU
+        speed: 1.0
+        memory_gb: 8              # for a GPU: its memory (the planner's budget)
+        accelerator: cuda         # or cuda:N; default cpu. Without a GPU here: one line, exit 2
 
 To match a real board: time one layer (or the whole model) on the board and
 on one core of the machine that profiles, and give the board
@@ -35,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from ecofl.devices import GB, MBPS, PRESETS, DeviceSpec, HomePool, make_pool, preset
+from ecofl.devices import ACCELERATOR, GB, MBPS, PRESETS, DeviceSpec, HomePool, make_pool, preset
 from ecofl.errors import UserError
 
 #: Where the named pools live: ``conf/home`` of the repository this package belongs to.
@@ -44,7 +48,7 @@ POOLS_DIR = Path(__file__).resolve().parent.parent / "conf" / "home"
 DEFAULT_BANDWIDTH_MBPS = 100.0
 
 _POOL_KEYS = {"name", "bandwidth_mbps", "devices"}
-_DEVICE_KEYS = {"preset", "name", "speed", "cores", "memory_gb", "bandwidth_mbps"}
+_DEVICE_KEYS = {"preset", "name", "speed", "cores", "memory_gb", "bandwidth_mbps", "accelerator"}
 
 
 def pool_names() -> list[str]:
@@ -137,7 +141,11 @@ def _device(path: Path, where: str, entry: Any, bandwidth_mbps: float) -> Device
     speed = _positive(path, f"{where}.speed", entry.get("speed", speed))
     memory = int(_positive(path, f"{where}.memory_gb", entry["memory_gb"]) * GB) if "memory_gb" in entry else memory
     link = _positive(path, f"{where}.bandwidth_mbps", entry.get("bandwidth_mbps", bandwidth_mbps))
-    return DeviceSpec(name=str(entry.get("name", name)), speed=speed, memory_bytes=memory, bandwidth_bps=link * MBPS)
+    accelerator = entry.get("accelerator", "cpu")
+    if not isinstance(accelerator, str) or not ACCELERATOR.fullmatch(accelerator):
+        raise UserError(f"{path}: {where}.accelerator must be cpu, cuda or cuda:N, got {accelerator!r}")
+    return DeviceSpec(name=str(entry.get("name", name)), speed=speed, memory_bytes=memory, bandwidth_bps=link * MBPS,
+                      accelerator=accelerator)
 
 
 def _positive(path: Path, field: str, value: Any) -> float:

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ecofl.accelerator import host_array
 
 Weights = list[np.ndarray]
 
 
 def get_weights(model: torch.nn.Module) -> Weights:
-    return [value.detach().cpu().numpy().copy() for value in model.state_dict().values()]
+    return [host_array(value).copy() for value in model.state_dict().values()]
 
 
 def set_weights(model: torch.nn.Module, weights: Weights) -> None:

@@ -194,6 +194,21 @@ def test_the_connect_finder_finds_a_hand_made_connection():
     assert _connects(ast.parse("c = dial(a, k, 0)")) == []
 
 
+def _numpy_calls(tree: ast.Module) -> int:
+    return sum(1 for node in ast.walk(tree) if isinstance(node, ast.Call)
+               and isinstance(node.func, ast.Attribute) and node.func.attr == "numpy" and not node.args)
+
+
+def test_every_host_copy_goes_through_one_helper():
+    """A tensor leaves its device (a GPU's for a home with accelerators) only through ecofl/accelerator.py's
+    host_copy / host_array: no ``.numpy()`` anywhere else in ecofl/, client/ or server/ (issue 42)."""
+    found = {str(path.relative_to(ROOT)): count for folder in ("ecofl", "client", "server")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             if path != PACKAGE / "accelerator.py" and (count := _numpy_calls(ast.parse(path.read_text())))}
+    assert found == {}
+    assert _numpy_calls(ast.parse("a = t.detach().cpu().numpy()\nb = np.asarray(x)")) == 1
+
+
 def test_no_line_of_python_is_over_120_characters():
     """No line of any of the repository's Python files (git-tracked ``*.py``) is longer than 120 characters."""
     files = _python_files()

@@ -89,6 +89,7 @@ def test_a_pool_file_plans_like_the_same_presets(tmp_path, capsys):
         ("bandwidth_mbps: fast\ndevices: [nx]\n", "bandwidth_mbps must be a positive number"),
         ("devices: [nx\n", "not valid YAML"),
         ("- nx\n", "a home pool file is a mapping"),
+        ("devices:\n  - preset: nx\n    accelerator: gpu\n", "devices[0].accelerator must be cpu, cuda or cuda:N"),
     ],
 )
 def test_a_bad_file_is_one_line_naming_the_field(text, message, tmp_path, capsys):
@@ -114,3 +115,10 @@ def test_a_device_may_give_its_quota_as_cores_the_same_number_as_speed(tmp_path)
     path.write_text("devices:\n  - {name: board, cores: 0.25, speed: 0.3, memory_gb: 2}\n")
     with pytest.raises(UserError, match="both 'speed' and 'cores'"):
         load_pool(str(path))
+
+
+def test_a_device_may_declare_its_gpu(tmp_path):
+    path = tmp_path / "desk.yaml"
+    path.write_text("devices:\n  - nano-10w\n  - {name: desk-gpu, speed: 1.0, memory_gb: 8, accelerator: cuda:1}\n")
+    pool = load_pool(str(path))
+    assert [d.accelerator for d in pool.devices] == ["cpu", "cuda:1"]

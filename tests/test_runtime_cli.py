@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from ecofl.cli import main
 
@@ -28,6 +29,8 @@ def test_home_train_json_and_timeline(tmp_path, capsys):
         assert {"devices", "busy_fraction", "peak_memory_bytes"} <= set(stage)
         assert 0 < stage["busy_fraction"] <= 1 and stage["peak_memory_bytes"] > 0
     assert sorted(d for st in report["stages"] for d in st["devices"]) == [0, 1]
+    devices = sorted((d["name"], d["accelerator"]) for d in report["devices"])
+    assert devices == [("nano-10w", "cpu"), ("tx2-maxn", "cpu")]
     assert timeline.stat().st_size > 0
 
 
@@ -35,6 +38,20 @@ def test_home_train_user_error_is_one_line(capsys):
     assert main(["home", "train", "--model", "cnn", "--pool", "no-such-pool", "--dataset", "digits"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ecofl: error: unknown pool or device preset 'no-such-pool'") and err.count("\n") == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_device_whose_gpu_this_machine_lacks_is_one_line_naming_it(tmp_path, capsys):
+    pool = tmp_path / "desk.yaml"
+    pool.write_text("devices:\n"
+                    "  - {name: desk-gpu, speed: 1.0, memory_gb: 8, bandwidth_mbps: 100, accelerator: cuda}\n"
+                    "  - nano-10w\n")
+    code = main(["home", "train", "--model", "cnn", "--pool", str(pool), "--dataset", "fashion_mnist", "--rounds", "1",
+                 "--json", "--cache-dir", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.count("\n") == 1 and "desk-gpu" in captured.err and "cuda" in captured.err, captured.err
+    assert "Traceback" not in captured.err
 
 
 def test_home_train_at_host_speed_reports_real_memory_and_a_host_prediction(tmp_path, capsys):

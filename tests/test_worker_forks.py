@@ -160,3 +160,60 @@ def test_a_frozen_heap_leaves_full_collections_only_what_came_after():
     assert frozen >= 0.9 * tracked
     assert 1000 <= walked < 0.02 * tracked  # what came after the freeze, and nothing much else
 
+
+
+#: Loaded into every Python process of the test (PYTHONPATH): each call that would initialise CUDA is written to
+#: $CUDA_CALLS_LOG as "pid name", before it runs (where there is no GPU it then fails or says False, as it would).
+CUDA_PROBE = textwrap.dedent("""
+    import functools, os
+    import torch
+
+    def _probe(name, call):
+        @functools.wraps(call)
+        def probed(*args, **kwargs):
+            with open(os.environ["CUDA_CALLS_LOG"], "a") as log:
+                log.write(f"{os.getpid()} {name}\\n")
+            return call(*args, **kwargs)
+        return probed
+
+    for _name in ("_lazy_init", "init", "is_available", "device_count", "current_device", "synchronize"):
+        setattr(torch.cuda, _name, _probe(_name, getattr(torch.cuda, _name)))
+""")
+
+TRAIN_TWO_DEVICES = textwrap.dedent("""
+    from ecofl.pipeline.plan import Plan, StagePlan
+    from ecofl.pipeline.runtime import worker_forks
+    from ecofl.pipeline.runtime.portal import HomePipeline
+    from pipeline_kit import WITHOUT_BATCH_NORM, data, pool
+    from ecofl.weights import get_weights
+
+    plan = Plan("hand", (StagePlan((0, 1), (0,), (8,), 1), StagePlan((2, 4), (1,), (8,), 1)), micro_batch=8,
+                num_micro_batches=2)
+    x, y = data(16)
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(2), plan, emulate="none", timeout_s=60) as home:
+        home.train(None, x, y, sync_rounds=1, lr=0.1)
+    print(worker_forks._server.process.pid, flush=True)
+""")
+
+
+def test_the_fork_server_never_initialises_cuda_and_the_probe_would_see_it(tmp_path):
+    """Workers initialise CUDA after their fork; a CUDA context in the fork server would be broken in every child.
+
+    A probe on torch.cuda's entry points logs every process that reaches one: the fork server of a home that
+    trains one sync-round on two devices never does, and a process that asks ``is_available`` is seen."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(CUDA_PROBE)
+    log = tmp_path / "cuda_calls.log"
+    paths = [str(site), str(ROOT), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths),
+           "CUDA_CALLS_LOG": str(log)}
+    asking = subprocess.run([sys.executable, "-c", "import os, torch; torch.cuda.is_available(); print(os.getpid())"],
+                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    assert f"{asking.stdout.strip()} is_available" in log.read_text().splitlines()  # the probe sees a call
+    home = subprocess.run([sys.executable, "-c", TRAIN_TWO_DEVICES], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert home.returncode == 0, home.stderr[-3000:]
+    server = home.stdout.split()[-1]
+    calls = log.read_text().splitlines()
+    assert [line for line in calls if line.split()[0] == server] == []

@@ -25,6 +25,7 @@ from ecofl.data import (
     partition_summary,
 )
 from ecofl.data.plot import plot_label_distribution
+from ecofl.accelerator import host_array
 
 # the keyword arguments of ecofl.data.partition each scheme uses
 SCHEME_PARAMETERS: dict[str, tuple[str, ...]] = {
@@ -60,7 +61,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 def run_partition(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.name, root=args.data_root, download=args.download)
-    labels = dataset.train.y.numpy()
+    labels = host_array(dataset.train.y)
     all_parameters = {
         "classes_per_client": args.classes_per_client,
         "alpha": args.alpha,

@@ -37,6 +37,7 @@ from ecofl.devices import host_cores
 from ecofl.pools import load_pool
 from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.data import load_dataset
+from ecofl.accelerator import check_accelerators
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import SyncRoundCost
 from ecofl.pipeline.modes import mode_of
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--rounds and --batch must be positive, got {args.rounds} and {args.batch}")
     check_planner(args.planner)
     pool = load_pool(args.pool, args.bandwidth)
+    check_accelerators(pool.devices, f"pool {pool.name}")
     data = load_dataset(args.dataset, args.data_root, args.download)
     shape = tuple(int(d) for d in data.input_shape)
     profile = profile_zoo_model(args.model, shape, data.num_classes, args.granularity, args.cache_dir)
@@ -120,6 +122,7 @@ def device_report(plan: Plan, pool, result: PipelineResult, calibration: dict, c
     for s, stage in enumerate(plan.stages):
         for device in stage.devices:
             devices.append({"device": device, "name": pool.devices[device].name, "stage": s,
+                            "accelerator": pool.devices[device].accelerator,
                             "speed": pool.devices[device].speed, **calibration.get(device, {}),
                             **confined.get(device, {}), "peak_rss_bytes": result.peak_rss_bytes[s]})
     return devices

@@ -45,6 +45,7 @@ import torch
 from ecofl.data.idx import find_idx_files, read_idx
 from ecofl import names
 from ecofl.errors import UserError
+from ecofl.accelerator import host_array
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ def _decoded(name: str, raw: _Raw) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             directory.mkdir(parents=True, exist_ok=True)
             for path, array in zip(paths, (train_x, test_x)):
-                _save_atomically(path, array.numpy())
+                _save_atomically(path, host_array(array))
         except OSError as error:
             log.warning("cannot share the decoded %s in %s (%s): this process keeps its own copy", name, directory,
                         error)

@@ -15,6 +15,7 @@ from ecofl.pipeline.runtime.errors import HomePipelineError
 from ecofl.pipeline.runtime.model_spec import ZooModel
 from ecofl.train import TrainConfig
 from ecofl.weights import Weights
+from ecofl.accelerator import host_array
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ def train_at_home(address: tuple[str, int], secret: bytes, model: ZooModel, weig
                   y: torch.Tensor, config: TrainConfig, timeout_s: float = 900.0) -> ServiceTraining:
     """Train ``weights`` on ``x, y`` through the home service's pipeline; its error is a HomePipelineError."""
     arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(weights)}
-    arrays.update(x=x.numpy(), y=y.numpy())
+    arrays.update(x=host_array(x), y=host_array(y))
     with connect_to_service(address, secret, timeout_s) as sock:
         send_message(sock, encode(Train(model.to_json(), config, len(weights))), arrays)
         header, out = recv_message(sock)

@@ -30,7 +30,7 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 import torch
 
-from ecofl.accelerator import device_label
+from ecofl.accelerator import device_label, host_array
 from ecofl.batched_training import HomeJob, HomeTrained, batching_obstacle, train_homes_together
 from ecofl.fl.dispatch_batch import dispatch_batches
 from ecofl.fl.latency import LatencyModel
@@ -82,7 +82,7 @@ class InProcessTransport:
             HomeReport(
                 home=h,
                 latency_s=self.latency_model.latency(h, t),
-                label_histogram=np.bincount(self.y[self.parts[h]].numpy(), minlength=self.num_classes),
+                label_histogram=np.bincount(host_array(self.y[self.parts[h]]), minlength=self.num_classes),
                 num_samples=len(self.parts[h]),
             )
             for h in homes

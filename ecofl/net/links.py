@@ -33,6 +33,7 @@ from ecofl.net.errors import ChannelClosed
 from ecofl.net.framing import recv_exactly
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import SealedSocket
+from ecofl.accelerator import host_array, host_copy
 
 #: Raises (e.g. :class:`RoundAborted`) when the portal asked to stop waiting; called while waiting.
 AbortCheck = Callable[[], None]
@@ -133,7 +134,7 @@ class PeerLink:
             ticket.error = self.error
             ticket.finish()
         else:
-            self._outbox.put((tensor.detach(), tag, bucket, ticket))
+            self._outbox.put((host_copy(tensor.detach()), tag, bucket, ticket))
         return ticket
 
     def _send_loop(self) -> None:
@@ -143,7 +144,7 @@ class PeerLink:
             try:
                 if self.error is not None:
                     raise self.error
-                payload = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+                payload = host_array(tensor.contiguous().reshape(-1).view(torch.uint8))
                 if bucket is not None:
                     bucket.consume(payload.nbytes)
                 dims = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
@@ -174,7 +175,7 @@ class PeerLink:
                 count = int(np.prod(shape, dtype=np.int64))
                 raw = torch.empty(count * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8)
                 if raw.numel():
-                    recv_exactly(self.channel, raw.numel(), raw.numpy())
+                    recv_exactly(self.channel, raw.numel(), host_array(raw))
                 tensor = raw.view(dtype).reshape(shape)
                 with self._arrived:
                     self._inbox[tag].append(tensor)

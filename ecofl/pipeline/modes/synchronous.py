@@ -28,7 +28,7 @@ class SynchronousMode(Mode):
         from ecofl.pipeline.runtime.sync_training import train_sync_rounds
 
         return train_sync_rounds(pipeline.control, pipeline.layout, pipeline.fault_tolerance,
-                                 pipeline.worker_config(), start, ref, x, y, sync_rounds, optimization, progress,
+                                 pipeline.worker_config, start, ref, x, y, sync_rounds, optimization, progress,
                                  inject)
 
 

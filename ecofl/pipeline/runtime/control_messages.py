@@ -27,7 +27,9 @@ fails says ``Error`` and ends.
 
 from __future__ import annotations
 
-from ecofl.net.schema import JsonObject, MessageSet, message
+from typing import Annotated
+
+from ecofl.net.schema import JsonObject, Matches, MessageSet, message
 from ecofl.pipeline.runtime.stage import Optimization
 
 
@@ -40,6 +42,7 @@ class Config:
     timeout_s: float
     snapshots: bool  # keep committed copies (fault tolerance)
     heartbeat: tuple[str, int, float] | None  # the monitor's host, port and beat period
+    accelerator: Annotated[str, Matches(r"cpu|cuda(:\d+)?")] = "cpu"  # where the worker's tensors live
 
 
 @message("epoch")

@@ -131,10 +131,10 @@ class ControlPlane:
         self.start_worker(device)
         self.admit([device])
 
-    def configure(self, devices: Sequence[int], config: Config) -> None:
+    def configure(self, devices: Sequence[int], config_of: Callable[[int], Config]) -> None:
         """Send admitted ``devices`` their configuration; note the data port each reports when ready."""
         for device in devices:
-            self.send(device, config)
+            self.send(device, config_of(device))
         for device, ready in self.gather(Ready, devices).items():
             host, port = ready.data
             self.data_ports[device] = (host, port)

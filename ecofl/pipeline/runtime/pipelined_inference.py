@@ -19,6 +19,7 @@ from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.statistics import InferenceResult, inference_result
 from ecofl.weights import Weights
+from ecofl.accelerator import host_array
 
 
 def stream_inference(control: ControlPlane, layout: PipelineLayout, weights: Weights,
@@ -31,7 +32,7 @@ def stream_inference(control: ControlPlane, layout: PipelineLayout, weights: Wei
     plan = layout.plan
     b = plan.micro_batch
     count = -(-len(x) // b)
-    x_np = x.detach().cpu().numpy()
+    x_np = host_array(x)
     index = np.minimum(np.arange(count * b), len(x_np) - 1)
     xb = x_np[index].reshape(count, b, *x_np.shape[1:])
     for role in layout.roles:

@@ -28,6 +28,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from ecofl.accelerator import check_accelerators
 from ecofl.cgroups import DeviceLimits
 from ecofl.devices import HomePool
 from ecofl.pipeline.modes import mode_of
@@ -106,6 +107,7 @@ class HomePipeline:
         self.layout = PipelineLayout(full_model, layers, pool, plan, profile,
                                      sleeps=self.emulation == Emulation.SLEEP, pace_links=pace,
                                      aggregate_every=aggregate_every)
+        check_accelerators([pool.devices[d] for d in self.layout.devices], f"pool {pool.name}")
         self.weights: Weights = get_weights(full_model)
         self.local_devices = self.layout.devices if local_devices is None else list(local_devices)
         confinement = None
@@ -172,18 +174,20 @@ class HomePipeline:
         if self.invite is not None:
             self.invite(control.address, [d for d in world if d not in self.local_devices])
         control.admit(world, set(self.local_devices), self.join_timeout_s)
-        control.configure(world, self.worker_config())
+        control.configure(world, self.worker_config)
         for device in world:
             control.send(device, self.layout.epoch(0, device, world, control.data_ports))
         control.gather(Entered)
 
-    def worker_config(self) -> Config:
-        """What every worker is told when it joins: the model, the time limit, the heartbeat to beat to."""
+    def worker_config(self, device: int) -> Config:
+        """What ``device``'s worker is told when it joins: the model, the time limit, the heartbeat to beat to, and
+        where its tensors live (the device's accelerator)."""
         monitor = self.control.monitor
         heartbeat = None
         if self.fault_tolerance is not None and monitor is not None:
             heartbeat = (*monitor.address, self.fault_tolerance.heartbeat.period_s)
-        return Config(self.model.to_json(), self.timeout_s, self.fault_tolerance is not None, heartbeat)
+        return Config(self.model.to_json(), self.timeout_s, self.fault_tolerance is not None, heartbeat,
+                      self.layout.pool.devices[device].accelerator)
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and release the portal's sockets."""

@@ -31,7 +31,7 @@ faults (:mod:`.fault_injection`), the copies, the speed monitor
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -61,7 +61,8 @@ class Recovery:
     version 0 (the portal's first global copy).
     """
 
-    def __init__(self, control: ControlPlane, layout: PipelineLayout, ft: FaultTolerance | None, config: Config,
+    def __init__(self, control: ControlPlane, layout: PipelineLayout, ft: FaultTolerance | None,
+                 config: Callable[[int], Config],
                  start: dict[str, np.ndarray], reference: dict[str, np.ndarray], inject: Sequence[Injection],
                  optimization: Optimization):
         self.control, self.layout, self.ft, self.config = control, layout, ft, config

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ecofl.accelerator import finish, host_copy, module_device
 from ecofl.net.links import ALLREDUCE_TAG, AbortCheck, Ticket, never_aborted
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
@@ -84,6 +85,7 @@ class ShareExecutor:
 
     def __init__(self, role: WorkerRole, module: nn.Module, mesh: EpochMesh, timeout_s: float):
         self.role, self.module, self.mesh, self.timeout_s = role, module, mesh, timeout_s
+        self.device = module_device(module)  # the worker's accelerator (or the CPU): received tensors go there
         self.params = list(module.parameters())
         self.buffers = [b for b in module.buffers() if b.is_floating_point()]
         # The emulated link to each neighbour (None: the kernel's pace)
@@ -112,14 +114,14 @@ class ShareExecutor:
         continue an optimizer whose stage was re-planned or restored.
         """
         self.settings = settings
-        self.reference = reference
+        self.reference = [r.to(self.device) for r in reference]
         if self.params:
             self.optimizer = torch.optim.SGD(
                 self.params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
             )
             for p, buffer in zip(self.params, momentum_buffers or []):
                 if buffer is not None:
-                    self.optimizer.state[p]["momentum_buffer"] = buffer.clone()
+                    self.optimizer.state[p]["momentum_buffer"] = buffer.to(p.device, copy=True)
 
     def momentum_buffers(self) -> list[torch.Tensor | None]:
         """SGD's momentum buffer of each parameter (None before the first step or without momentum)."""
@@ -176,7 +178,7 @@ class ShareExecutor:
 
     def _recv_activation(self, r: "_SyncRound", m: int) -> None:
         parts = [self.mesh.recv(p.rank, m, self.timeout_s, self.abort) for p in self.role.sources]
-        r.received[m] = torch.cat(parts).requires_grad_()
+        r.received[m] = torch.cat(parts).to(self.device).requires_grad_()
 
     def _forward(self, r: "_SyncRound", m: int) -> None:
         role = self.role
@@ -204,7 +206,7 @@ class ShareExecutor:
 
     def _recv_grad(self, r: "_SyncRound", m: int) -> None:
         r.output_grads[m] = torch.cat([self.mesh.recv(p.rank, m, self.timeout_s, self.abort)
-                                       for p in self.role.destinations])
+                                       for p in self.role.destinations]).to(self.device)
 
     def _backward(self, r: "_SyncRound", m: int) -> None:
         x, out = r.stash.pop(m)
@@ -231,13 +233,13 @@ class ShareExecutor:
         self.reached("allreduce")
         start = time.time()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = self.mesh.all_reduce(_flatten_dense_tensors(grads), role.replicas, ALLREDUCE_TAG, self.abort,
-                                    self.ring_link)
+        flat = self.mesh.all_reduce(host_copy(_flatten_dense_tensors(grads)), role.replicas, ALLREDUCE_TAG,
+                                    self.abort, self.ring_link).to(self.device)
         for p, reduced in zip(self.params, _unflatten_dense_tensors(flat, grads)):
             p.grad = reduced
         if self.buffers:
-            flat = _flatten_dense_tensors([b * role.replica_weight for b in self.buffers])
-            flat = self.mesh.all_reduce(flat, role.replicas, ALLREDUCE_TAG, self.abort, self.ring_link)
+            flat = host_copy(_flatten_dense_tensors([b * role.replica_weight for b in self.buffers]))
+            flat = self.mesh.all_reduce(flat, role.replicas, ALLREDUCE_TAG, self.abort, self.ring_link).to(self.device)
             for b, reduced in zip(self.buffers, _unflatten_dense_tensors(flat, self.buffers)):
                 b.copy_(reduced)
         emulated = None
@@ -274,7 +276,10 @@ class ShareExecutor:
     }
 
     def _end(self, start: float, emulated_s: float | None) -> float:
-        """End of an operation begun at ``start``: dilated to the emulated device's pace if emulating."""
+        """End of an operation begun at ``start``: dilated to the emulated device's pace if emulating.
+
+        A GPU's queued kernels are waited for first, so that the time is the operation's, not its launch's."""
+        finish(self.device)
         if not self.role.sleeps:
             return time.time()
         emulated = None if emulated_s is None else emulated_s * self.slowdown

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ecofl.pipeline.runtime.model_spec import layer_state_keys
+from ecofl.accelerator import host_array
 
 MOMENTUM = "momentum/"
 
@@ -113,7 +114,7 @@ class StageState:
 
 
 def as_arrays(state: State) -> dict[str, np.ndarray]:
-    return {key: value.detach().numpy() for key, value in state.items()}
+    return {key: host_array(value) for key, value in state.items()}
 
 
 def from_arrays(arrays: dict[str, np.ndarray]) -> State:

@@ -32,6 +32,7 @@ from torch import nn
 
 from ecofl.pipeline.instructions import Forward, LoadMicroBatch, RecvActivation, SendActivation, SendOutput, \
     stream_program
+from ecofl.accelerator import finish, module_device
 from ecofl.net.links import CREDIT_TAG, POLL_S, AbortCheck, RoundAborted, Ticket, never_aborted
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
@@ -54,6 +55,7 @@ class StreamExecutor:
 
     def __init__(self, role: WorkerRole, module: nn.Module, mesh: EpochMesh, timeout_s: float):
         self.role, self.module, self.mesh, self.timeout_s = role, module, mesh, timeout_s
+        self.device = module_device(module)  # the worker's accelerator (or the CPU)
         self.links = {p.rank: TokenBucket(p.bandwidth_bps) if p.bandwidth_bps else None for p in role.destinations}
 
     def run(self, inputs: torch.Tensor | None, num_micro_batches: int, abort: AbortCheck = never_aborted
@@ -88,11 +90,12 @@ class StreamExecutor:
     def _receive(self, stream: "_Stream", m: int, inputs: torch.Tensor | None) -> None:
         parts = [self.mesh.recv(p.rank, m, self.timeout_s, stream.abort) for p in self.role.sources]
         stream.hold(m, time.time())
-        stream.arrived[m] = torch.cat(parts)
+        stream.arrived[m] = torch.cat(parts).to(self.device)
 
     def _forward(self, stream: "_Stream", m: int, inputs: torch.Tensor | None) -> None:
         start = time.time()
         y = self.module(stream.arrived.pop(m))
+        finish(self.device)  # a GPU's forward is timed once its kernels are done
         end = dilate(start, self.role.forward_s, self.role.speed, stream.abort) if self.role.sleeps else time.time()
         stream.event(ActionKind.FORWARD, m, start, end)
         stream.results[m] = y

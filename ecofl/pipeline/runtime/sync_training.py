@@ -29,6 +29,7 @@ from ecofl.pipeline.runtime.recovery import Recovery
 from ecofl.pipeline.runtime.stage import Optimization
 from ecofl.pipeline.runtime.statistics import PipelineResult, pipeline_result
 from ecofl.weights import Weights
+from ecofl.accelerator import host_array
 
 State = dict[str, np.ndarray]
 
@@ -62,14 +63,15 @@ def train_async(control: ControlPlane, layout: PipelineLayout, start: State, ref
     plan = layout.plan
     count = sync_rounds * plan.num_micro_batches
     origin = time.time()
-    send_round(control, layout, 0, x.detach().cpu().numpy(), y.detach().cpu().numpy(), {}, count)
+    send_round(control, layout, 0, host_array(x), host_array(y), {}, count)
     replies = control.gather(Done)
     elapsed = time.time() - origin
     return pipeline_result(collect_weights(control, layout), count * plan.micro_batch, len(plan.stages),
                            [_reports(layout, replies)], [elapsed], origin)
 
 
-def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTolerance | None, config: Config,
+def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTolerance | None,
+                      config: Callable[[int], Config],
                       start: State, ref: State, x: torch.Tensor, y: torch.Tensor, sync_rounds: int,
                       optimization: Optimization, progress: Callable[[int, float], None] | None,
                       inject: Sequence[Injection]) -> PipelineResult:
@@ -81,7 +83,7 @@ def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTo
         set_up_stages(control, layout, start, ref, optimization)
     except DevicesLost as lost:
         recovery.recover(lost, 0)
-    x_np, y_np = x.detach().cpu().numpy(), y.detach().cpu().numpy()
+    x_np, y_np = host_array(x), host_array(y)
     rounds: dict[int, dict[int, dict[str, Any]]] = {}
     round_s: dict[int, float] = {}
     epochs: dict[int, int] = {}  # sync-round -> the pipeline epoch it ran in

@@ -79,6 +79,7 @@ from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.traps import Trap, Traps
 from ecofl.net.wire import recv_message
 from ecofl.pipeline.runtime.worker_channel import WorkerChannel
+from ecofl.accelerator import host_array, resolve_device
 
 Arrays = dict[str, np.ndarray]
 
@@ -98,6 +99,9 @@ class Worker:
         self.keeps_snapshots = config.snapshots
         torch.set_num_threads(worker_threads())  # one, or a confined device's whole cores
         self.model, self.layers = spec_from_json(config.model).build()
+        # Its accelerator, first used here, after the fork: the whole model, at hand for a re-plan's layers.
+        self.accelerator = resolve_device(config.accelerator, f"device {device}: accelerator")
+        self.model.to(self.accelerator)
         freeze_heap()  # before the heartbeat: a full collection must not silence it (.heap)
         self.state = StageState(self.model, self.layers)
         self.settings: Optimization | None = None
@@ -200,7 +204,7 @@ class Worker:
     def _setup(self, request: Setup, arrays: Arrays) -> None:
         self._load_weights(arrays)
         self.settings = request.optimization
-        self.reference = {k[len("reference/"):]: torch.from_numpy(np.array(v))
+        self.reference = {k[len("reference/"):]: torch.from_numpy(np.array(v)).to(self.accelerator)
                           for k, v in arrays.items() if k.startswith("reference/")}
         self.state.copies.clear()
         self._configure({})
@@ -220,8 +224,8 @@ class Worker:
         executor = self.executor
         executor.slowdown = request.slowdown
         executor.reserved_bytes = self.state.held_bytes(self.stage_keys)
-        inputs = torch.from_numpy(arrays["inputs"]) if "inputs" in arrays else None
-        labels = torch.from_numpy(arrays["labels"]) if "labels" in arrays else None
+        inputs = torch.from_numpy(arrays["inputs"]).to(self.accelerator) if "inputs" in arrays else None
+        labels = torch.from_numpy(arrays["labels"]).to(self.accelerator) if "labels" in arrays else None
         reset_peak()
         self.clean = False
         try:
@@ -240,14 +244,14 @@ class Worker:
 
     def _infer(self, request: Infer, arrays: Arrays) -> None:
         """Stream the call's micro-batches through my stage (pipelined inference)."""
-        inputs = torch.from_numpy(arrays["inputs"]) if "inputs" in arrays else None
+        inputs = torch.from_numpy(arrays["inputs"]).to(self.accelerator) if "inputs" in arrays else None
         reset_peak()
         try:
             stats = self.stream.run(inputs, request.num_micro_batches, self.channel.abort_check)
         except INTERRUPTIONS as error:
             self.channel.interrupted(error, self.state.holdings())
             return
-        outputs = {} if stats.outputs is None else {"outputs": stats.outputs.numpy()}
+        outputs = {} if stats.outputs is None else {"outputs": host_array(stats.outputs)}
         self.channel.reply(Inferred(stats.events, stats.peak_held, peak_rss_bytes(), self.baseline_rss), outputs)
 
     def _replicate(self, request: Replicate, _arrays: Arrays) -> None:
@@ -299,7 +303,7 @@ class Worker:
             self.settings = request.optimization
         self.clean = False
         momentum = self.state.restore(self.state.copies.get(version, {}))
-        self.reference.update({k[len("reference/"):]: torch.from_numpy(np.array(v))
+        self.reference.update({k[len("reference/"):]: torch.from_numpy(np.array(v)).to(self.accelerator)
                                for k, v in arrays.items() if k.startswith("reference/")})
         from_portal = {k: v for k, v in arrays.items() if not k.startswith("reference/")}
         try:

@@ -1,0 +1,161 @@
+"""A home whose devices train their stages on a GPU, against the same home on CPU threads, and both against
+the single-process reference (issue 42).
+
+    .venv/bin/python -m benchmarks.pipeline_accelerators                    # every accelerator this machine has
+    .venv/bin/python -m benchmarks.pipeline_accelerators --model resnet18 --rounds 3
+
+One home of three devices, each a stage of the model (an even split of its
+layers, one device per stage, 1F1B-Sync with M micro-batches), trains
+``--rounds`` sync-rounds of random CIFAR-shaped inputs at host speed
+(``emulate="none"``), once with every device on the CPU (a worker process of
+one thread each) and, where there is a GPU, once with every device's
+``accelerator: cuda`` (three worker processes sharing ``cuda:0``). Each run
+starts from the same weights after one untimed warm-up sync-round (cuDNN's
+algorithm choice, the allocators), and its weights are compared with the same
+sync-rounds trained in this process on the same device
+(:func:`ecofl.train.accumulate_gradients` over the same micro-batches, then
+SGD): ``max_abs_diff`` is the largest difference of any weight or buffer, and
+a run is ``exact`` when it is at most :data:`TOLERANCE`. On a GPU both sides
+run in full float32 (TF32 off: :func:`ecofl.accelerator.resolve_device`).
+
+A row's ``sync_round_s`` is the median sync-round measured at the portal;
+``speedup_vs_cpu`` divides the same machine's CPU row by it, measured one
+after the other in one process. Rows merge into
+``benchmarks/results/pipeline_accelerators.json`` by machine and
+accelerator; the table goes to ``docs/pipeline_accelerators.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.markdown_section import replace_section
+from ecofl.accelerator import device_label, resolve_device
+from ecofl.devices import GB, DeviceSpec, HomePool
+from ecofl.pipeline.plan import Plan, StagePlan
+from ecofl.pipeline.runtime.model_spec import ZooModel
+from ecofl.pipeline.runtime.portal import HomePipeline
+from ecofl.train import accumulate_gradients
+from ecofl.weights import get_weights, set_weights
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "pipeline_accelerators.json"
+DOC = ROOT / "docs" / "pipeline_accelerators.md"
+DEVICES = 3
+TOLERANCE = 1e-4  # largest weight difference from the reference that counts as exact (float32, summation order)
+LR = 0.05
+
+
+def machine() -> str:
+    cores = os.cpu_count() or 1
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{cores}-core {platform.machine()}{gpu}"
+
+
+def even_plan(layers: int, micro_batch: int, micro_batches: int) -> Plan:
+    """Three stages of consecutive layers, as even as the layer count allows, one device each."""
+    bounds = np.linspace(0, layers, DEVICES + 1).round().astype(int)
+    stages = tuple(StagePlan((int(lo), int(hi) - 1), (s,), (micro_batch,), DEVICES - s)
+                   for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])))
+    return Plan("even", stages, micro_batch=micro_batch, num_micro_batches=micro_batches)
+
+
+def reference(spec: ZooModel, weights, x, y, plan: Plan, rounds: int, device: torch.device) -> list[np.ndarray]:
+    """The sync-rounds trained in this process on ``device``: accumulated micro-batch gradients, one SGD step."""
+    model, _ = spec.build()
+    set_weights(model, weights)
+    model.to(device).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for r in range(rounds):
+        batch = slice(r * plan.batch_size, (r + 1) * plan.batch_size)
+        accumulate_gradients(model, x[batch].to(device), y[batch].to(device), plan.num_micro_batches)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return get_weights(model)
+
+
+def measure(spec: ZooModel, accelerator: str, rounds: int, micro_batch: int, micro_batches: int) -> dict:
+    """One row: the home on ``accelerator``, timed and compared with the reference on the same device."""
+    device = resolve_device(accelerator)
+    torch.manual_seed(0)
+    model, layers = spec.build()
+    weights = get_weights(model)
+    plan = even_plan(len(layers), micro_batch, micro_batches)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(rounds * plan.batch_size, *spec.input_shape, generator=generator)
+    y = torch.randint(0, spec.num_classes, (len(x),), generator=generator)
+    pool = HomePool(f"{accelerator}-home", tuple(DeviceSpec(f"device-{d}", 1.0, 8 * GB, 1e9, accelerator)
+                                                 for d in range(DEVICES)))
+    started = time.perf_counter()
+    with HomePipeline(spec, pool, plan, emulate="none", timeout_s=600) as home:
+        home.train(weights, x, y, sync_rounds=1, lr=LR)  # warm-up, untimed
+        result = home.train(weights, x, y, sync_rounds=rounds, lr=LR)
+    wall = time.perf_counter() - started
+    expected = reference(spec, weights, x, y, plan, rounds, device)
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(result.weights, expected))
+    return {
+        "machine": machine(), "accelerator": accelerator, "device": device_label(device), "model": spec.name,
+        "devices": DEVICES, "stages": [list(s.layers) for s in plan.stages], "micro_batch": micro_batch,
+        "micro_batches": micro_batches, "rounds": rounds, "sync_round_s": statistics.median(result.sync_round_s),
+        "sync_rounds_s": list(result.sync_round_s), "max_abs_diff": diff, "tolerance": TOLERANCE,
+        "exact": diff <= TOLERANCE, "wall_s": wall, "load_before": os.getloadavg()[0],
+        "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+    }
+
+
+def merge(old: list[dict], new: list[dict]) -> list[dict]:
+    rows = {(r["machine"], r["model"], r["accelerator"]): r for r in [*old, *new]}
+    return list(rows.values())
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| machine | model | devices on | sync-round (s) | speed-up vs CPU | max weight diff vs reference | "
+             "exact | date |", "|---|---|---|---:|---:|---:|---|---|"]
+    for r in rows:
+        speedup = f"{r['speedup_vs_cpu']:.1f}x" if r.get("speedup_vs_cpu") else ""
+        lines.append(f"| {r['machine']} | {r['model']} | {r['device']} (x{r['devices']}) | {r['sync_round_s']:.3f} | "
+                     f"{speedup} | {r['max_abs_diff']:.1e} | {r['exact']} | {r['date']} |")
+    if not any(r["accelerator"] != "cpu" for r in rows):
+        lines.append("| not measured | | cuda | not measured | | | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="resnet18", help="a zoo model without dropout (its draws would differ)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--json", type=Path, default=RESULTS)
+    parser.add_argument("--doc", type=Path, default=DOC)
+    args = parser.parse_args()
+    spec = ZooModel(args.model, (3, 32, 32), 10, "block")
+    accelerators = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    rows = []
+    for accelerator in accelerators:
+        row = measure(spec, accelerator, args.rounds, args.micro_batch, args.micro_batches)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    for row in rows[1:]:
+        row["speedup_vs_cpu"] = rows[0]["sync_round_s"] / row["sync_round_s"]
+    old = json.loads(args.json.read_text())["rows"] if args.json.exists() else []
+    merged = merge(old, rows)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"rows": merged}, indent=1))
+    table = markdown(merged)
+    if not replace_section(args.doc, table):
+        print(f"{args.doc} has no benchmark section")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
