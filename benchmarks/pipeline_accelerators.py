@@ -116,7 +116,8 @@ def measure(spec: ZooModel, accelerator: str, rounds: int, micro_batch: int, mic
         "micro_batches": micro_batches, "rounds": rounds, "sync_round_s": statistics.median(result.sync_round_s),
         "sync_rounds_s": list(result.sync_round_s), "max_abs_diff": diff, "tolerance": TOLERANCE,
         "exact": diff <= TOLERANCE, "max_abs_diff_after_rounds": _largest_difference(result.weights, expected),
-        "float32_rounding_after_rounds": rounding, "wall_s": wall, "load_before": os.getloadavg()[0],
+        "float32_rounding_after_rounds": rounding, "peak_accelerator_bytes": list(result.peak_accelerator_bytes),
+        "peak_rss_bytes": list(result.peak_rss_bytes), "wall_s": wall, "load_before": os.getloadavg()[0],
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
     }
 

@@ -114,6 +114,23 @@ def finish(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def reset_peak_memory(device) -> None:
+    """Start a new peak of ``device``'s allocated memory (a GPU's; nothing for the CPU: its peak is the RSS)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device) -> int | None:
+    """The most memory torch allocated on ``device`` since :func:`reset_peak_memory` (None for the CPU)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    return int(torch.cuda.max_memory_allocated(device))
+
+
 def host_copy(tensor):
     """``tensor`` on the host, for a socket, numpy or a file: the one place a tensor leaves its device.
 

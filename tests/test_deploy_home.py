@@ -86,6 +86,7 @@ def test_daemons_join_and_the_home_trains_the_same_update_as_one_process(start_w
             wait_for(lambda: len(service.present()) == 2, timeout_s=LOADED_S)
             status = home_status(service.address, SECRET)
             assert sorted(d["name"] for d in status["devices"]) == ["d0", "d1"]  # in joining order
+            assert [d["accelerator"] for d in status["devices"]] == ["cpu", "cpu"]  # presets: on the CPU
             trained = train_at_home(service.address, SECRET, MODEL, start_weights, x, y, CONFIG)
             assert trained.num_samples == 64 and sorted(trained.devices) == ["d0", "d1"]
             for got, want in zip(trained.weights, expected_weights(start_weights, x, y)):

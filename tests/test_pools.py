@@ -122,3 +122,20 @@ def test_a_device_may_declare_its_gpu(tmp_path):
     path.write_text("devices:\n  - nano-10w\n  - {name: desk-gpu, speed: 1.0, memory_gb: 8, accelerator: cuda:1}\n")
     pool = load_pool(str(path))
     assert [d.accelerator for d in pool.devices] == ["cpu", "cuda:1"]
+
+
+def test_a_daemon_says_where_it_trains_and_a_gpus_memory_is_its_budget():
+    """ecofl device serve --accelerator: auto finds a GPU (its memory the planner's budget), a preset stays on the
+    CPU unless told, and a GPU the machine lacks is one line (GPUs as a probe process would report them)."""
+    from ecofl.deploy.device_profile import describe_device, device_spec
+
+    with_gpu = describe_device("desk", None, 100.0, "auto", gpus=[24 << 30])
+    assert (with_gpu.accelerator, with_gpu.memory_bytes) == ("cuda", 24 << 30)
+    assert device_spec(with_gpu, reference_workload_s=with_gpu.workload_s).accelerator == "cuda"
+    assert describe_device("desk", None, 100.0, "auto", gpus=[]).accelerator == "cpu"
+    assert describe_device("board", "nano-10w", 100.0, "auto", gpus=[24 << 30]).accelerator == "cpu"
+    assert describe_device("board", "nano-10w", 100.0, "cuda", gpus=[24 << 30]).accelerator == "cuda"
+    with pytest.raises(UserError, match="device desk: accelerator cuda:1, but this machine has 1 GPU"):
+        describe_device("desk", None, 100.0, "cuda:1", gpus=[24 << 30])
+    with pytest.raises(UserError, match="device board: accelerator cuda, but this machine has 0 GPU"):
+        describe_device("board", "nano-10w", 100.0, "cuda", gpus=[])

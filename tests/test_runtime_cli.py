@@ -29,6 +29,7 @@ def test_home_train_json_and_timeline(tmp_path, capsys):
         assert {"devices", "busy_fraction", "peak_memory_bytes"} <= set(stage)
         assert 0 < stage["busy_fraction"] <= 1 and stage["peak_memory_bytes"] > 0
     assert sorted(d for st in report["stages"] for d in st["devices"]) == [0, 1]
+    assert all(stage["peak_accelerator_bytes"] is None for stage in report["stages"])  # measured on GPUs only
     devices = sorted((d["name"], d["accelerator"]) for d in report["devices"])
     assert devices == [("nano-10w", "cpu"), ("tx2-maxn", "cpu")]
     assert timeline.stat().st_size > 0

@@ -240,6 +240,9 @@ def add_device_serve(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--preset", default=None,
                         help="claim a device preset (emulated: tests and demos) instead of measuring this machine")
     parser.add_argument("--bandwidth", type=float, default=100.0, help="this device's link in Mbps")
+    parser.add_argument("--accelerator", default="auto", metavar="auto|cpu|cuda|cuda:N",
+                        help="where this device trains its stage (default auto: its GPU if it has one, else the CPU; "
+                             "a --preset trains on the CPU unless told)")
     runs(parser, "device_serve")
 
 

@@ -36,9 +36,10 @@ class DeviceDaemon:
     """One device's membership of its home, across service restarts."""
 
     def __init__(self, home: tuple[str, int], secret: bytes, name: str, preset: str | None = None,
-                 bandwidth_mbps: float = 100.0, beat_s: float = DAEMON_BEAT_S, max_backoff_s: float = 10.0):
+                 bandwidth_mbps: float = 100.0, beat_s: float = DAEMON_BEAT_S, max_backoff_s: float = 10.0,
+                 accelerator: str = "auto"):
         self.home, self.secret, self.beat_s, self.max_backoff_s = home, secret, beat_s, max_backoff_s
-        self.registration = describe_device(name, preset, bandwidth_mbps)
+        self.registration = describe_device(name, preset, bandwidth_mbps, accelerator)
         self.stop = threading.Event()
         self.sessions = 0
         self.joins = 0
@@ -113,9 +114,10 @@ class DeviceDaemon:
 
 
 
-def serve(home: tuple[str, int], secret: bytes, name: str, preset: str | None, bandwidth_mbps: float) -> int:
+def serve(home: tuple[str, int], secret: bytes, name: str, preset: str | None, bandwidth_mbps: float,
+          accelerator: str = "auto") -> int:
     """``ecofl device serve``: run a daemon until SIGTERM / Ctrl-C."""
-    daemon = DeviceDaemon(home, secret, name, preset, bandwidth_mbps)
+    daemon = DeviceDaemon(home, secret, name, preset, bandwidth_mbps, accelerator=accelerator)
     signal.signal(signal.SIGTERM, daemon.shutdown)
     signal.signal(signal.SIGINT, daemon.shutdown)
     return daemon.run()

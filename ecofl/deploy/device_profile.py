@@ -9,11 +9,21 @@ time / device's time. Memory is what the kernel reports available, within
 the device's cgroup limit when it runs in one. A device may instead
 claim a preset (``--preset nano-10w``): the pipeline then emulates that
 board on whatever machine the daemon runs (for tests and demos).
+
+A device with a GPU says so (``accelerator``: ``--accelerator auto``, the
+default, finds one; a preset trains on the CPU unless told otherwise), and
+its memory is then the GPU's, the planner's budget for its stage. The GPU is
+found by a process of its own: the daemon forks its warm workers, and CUDA
+must first be used after a fork (:mod:`ecofl.pipeline.runtime.worker_forks`).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -21,6 +31,7 @@ from torch import nn
 from ecofl.cgroups import own_memory_limit_bytes
 from ecofl.deploy.service_messages import Register
 from ecofl.devices import MBPS, DeviceSpec, preset
+from ecofl.errors import UserError
 from ecofl.pipeline.runtime.calibration import seconds_per_call
 from ecofl.pipeline.runtime.process_memory import rss_bytes
 
@@ -58,12 +69,46 @@ def available_memory_bytes() -> int:
     return available if limit is None else max(0, min(available, limit - (rss_bytes() or 0)))
 
 
-def describe_device(name: str, preset_name: str | None, bandwidth_mbps: float) -> Register:
-    """The registration a daemon sends: a preset's numbers, or this machine's measured ones."""
+#: Run in a process of its own: the GPUs this machine's torch sees, and each one's memory.
+_GPU_PROBE = ("import json, torch; print(json.dumps([torch.cuda.get_device_properties(i).total_memory "
+              "for i in range(torch.cuda.device_count())]))")
+
+
+def gpu_memories() -> list[int]:
+    """The memory of each GPU this machine's torch sees ([] without an NVIDIA driver, asked of nothing then)."""
+    if not Path("/proc/driver/nvidia").exists():
+        return []
+    try:
+        out = subprocess.run([sys.executable, "-c", _GPU_PROBE], capture_output=True, text=True, timeout=120,
+                             check=True).stdout
+        return [int(m) for m in json.loads(out.strip().splitlines()[-1])]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return []
+
+
+def describe_device(name: str, preset_name: str | None, bandwidth_mbps: float, accelerator: str = "auto",
+                    gpus: list[int] | None = None) -> Register:
+    """The registration a daemon sends: a preset's numbers, or this machine's measured ones; ``accelerator``
+    ``auto`` (a GPU if there is one, the CPU for a preset), ``cpu``, ``cuda`` or ``cuda:N``. ``gpus``: the GPUs'
+    memories, found by :func:`gpu_memories` unless given."""
+    if accelerator == "auto" and preset_name is not None:
+        accelerator = "cpu"
+    memory = None
+    if accelerator != "cpu":
+        gpus = gpu_memories() if gpus is None else gpus
+        if accelerator == "auto":
+            accelerator = "cuda" if gpus else "cpu"
+        index = int(accelerator.partition(":")[2] or 0)
+        if accelerator != "cpu" and index >= len(gpus):
+            raise UserError(f"device {name}: accelerator {accelerator}, but this machine has {len(gpus)} GPU(s)")
+        memory = gpus[index] if accelerator != "cpu" else None
     if preset_name is not None:
         spec = preset(preset_name)
-        return Register(name, preset_name, spec.memory_bytes, bandwidth_mbps * MBPS, speed=spec.speed)
-    return Register(name, None, available_memory_bytes(), bandwidth_mbps * MBPS, workload_s=workload_seconds())
+        return Register(name, preset_name, spec.memory_bytes, bandwidth_mbps * MBPS, speed=spec.speed,
+                        accelerator=accelerator)
+    memory = available_memory_bytes() if memory is None else memory
+    return Register(name, None, memory, bandwidth_mbps * MBPS, workload_s=workload_seconds(),
+                    accelerator=accelerator)
 
 
 def device_spec(registration: Register, reference_workload_s: float) -> DeviceSpec:
@@ -74,4 +119,4 @@ def device_spec(registration: Register, reference_workload_s: float) -> DeviceSp
             raise ValueError(f"register: {registration.name!r} gives neither a speed nor a positive workload time")
         speed = reference_workload_s / registration.workload_s
     return DeviceSpec(name=registration.name, speed=speed, memory_bytes=registration.memory_bytes,
-                      bandwidth_bps=registration.bandwidth_bps)
+                      bandwidth_bps=registration.bandwidth_bps, accelerator=registration.accelerator)

@@ -12,7 +12,9 @@ so a malformed one is refused naming its type and field::
 
 from __future__ import annotations
 
-from ecofl.net.schema import JsonObject, MessageSet, message
+from typing import Annotated
+
+from ecofl.net.schema import JsonObject, Matches, MessageSet, message
 from ecofl.train_config import TrainConfig
 
 DAEMON = "device daemon"  # the purpose a device daemon's handshake proves
@@ -28,6 +30,7 @@ class Register:
     bandwidth_bps: float
     speed: float | None = None
     workload_s: float | None = None
+    accelerator: Annotated[str, Matches(r"cpu|cuda(:\d+)?")] = "cpu"  # where its worker trains (its own GPU)
 
 
 @message("registered")

@@ -171,6 +171,7 @@ class Done:
     peak_rss_bytes: int | None
     baseline_rss_bytes: int | None
     weight_versions: list[tuple[int, int, int]]
+    peak_accelerator_bytes: int | None = None  # measured by torch on the worker's GPU (None on a CPU)
 
 
 @message("replicated")

@@ -107,9 +107,10 @@ class HomePipeline:
         self.layout = PipelineLayout(full_model, layers, pool, plan, profile,
                                      sleeps=self.emulation == Emulation.SLEEP, pace_links=pace,
                                      aggregate_every=aggregate_every)
-        check_accelerators([pool.devices[d] for d in self.layout.devices], f"pool {pool.name}")
         self.weights: Weights = get_weights(full_model)
         self.local_devices = self.layout.devices if local_devices is None else list(local_devices)
+        # The devices whose workers run on this machine need its GPUs; a remote one (a daemon) has its own.
+        check_accelerators([pool.devices[d] for d in self.local_devices], f"pool {pool.name}")
         confinement = None
         if self.emulation == Emulation.CGROUP:
             confinement = (Confinement.of_pool(pool, self.local_devices) if limits is None

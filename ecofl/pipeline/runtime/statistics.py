@@ -33,6 +33,7 @@ class PipelineResult:
     peak_activation_bytes: tuple[int, ...]
     peak_memory_bytes: tuple[int, ...]  # accounted: weights + gradients + optimizer state + peak activations
     peak_rss_bytes: tuple[int | None, ...]  # measured: the worker process's peak resident set in a sync-round
+    peak_accelerator_bytes: tuple[int | None, ...]  # measured: torch's peak on the stage's GPUs (None: CPUs)
     training_rss_bytes: tuple[int | None, ...]  # measured: that peak above the process before any model was built
     timeline: tuple[TimelineEvent, ...]  # seconds since the first sync-round began
     events: tuple[dict, ...] = ()  # injected or detected failures, slow-downs and joins, and their recovery
@@ -77,6 +78,7 @@ def pipeline_result(
     resident, act, memory = [0] * num_stages, [0] * num_stages, [0] * num_stages
     rss: list[int | None] = [None] * num_stages
     training_rss: list[int | None] = [None] * num_stages
+    gpu: list[int | None] = [None] * num_stages
     timeline, loss = [], 0.0
     per_device_f: dict[int, list[float]] = {}
     per_device_b: dict[int, list[float]] = {}
@@ -102,6 +104,8 @@ def pipeline_result(
             act[s] = max(act[s], reply["peak_activation_bytes"])
             memory[s] = max(memory[s], reply["fixed_bytes"] + reply["peak_activation_bytes"])
             _fold_rss(rss, training_rss, s, reply)
+            if reply.get("peak_accelerator_bytes") is not None:
+                gpu[s] = max(gpu[s] or 0, reply["peak_accelerator_bytes"])
     for device, times in per_device_f.items():
         fwd[stage_of[device]].append(float(np.mean(times)))
     for device, times in per_device_b.items():
@@ -118,6 +122,7 @@ def pipeline_result(
         peak_activation_bytes=tuple(act),
         peak_memory_bytes=tuple(memory),
         peak_rss_bytes=tuple(rss),
+        peak_accelerator_bytes=tuple(gpu),
         training_rss_bytes=tuple(training_rss),
         timeline=tuple(sorted(timeline, key=lambda e: (e.start, e.device))),
         events=events,

@@ -79,7 +79,7 @@ from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.traps import Trap, Traps
 from ecofl.net.wire import recv_message
 from ecofl.pipeline.runtime.worker_channel import WorkerChannel
-from ecofl.accelerator import host_array, resolve_device
+from ecofl.accelerator import host_array, peak_memory_bytes, reset_peak_memory, resolve_device
 
 Arrays = dict[str, np.ndarray]
 
@@ -227,6 +227,7 @@ class Worker:
         inputs = torch.from_numpy(arrays["inputs"]).to(self.accelerator) if "inputs" in arrays else None
         labels = torch.from_numpy(arrays["labels"]).to(self.accelerator) if "labels" in arrays else None
         reset_peak()
+        reset_peak_memory(self.accelerator)
         self.clean = False
         try:
             program = mode_of(self.role).pass_program(self.role, request.num_micro_batches)  # None: the role's
@@ -240,6 +241,7 @@ class Worker:
             peak_activation_bytes=stats.peak_activation_bytes, fixed_bytes=stats.fixed_bytes,
             peak_rss_bytes=peak_rss_bytes(),  # measured: the process's peak during this sync-round
             baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions,
+            peak_accelerator_bytes=peak_memory_bytes(self.accelerator),
         ))
 
     def _infer(self, request: Infer, arrays: Arrays) -> None:
