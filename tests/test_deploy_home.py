@@ -178,3 +178,29 @@ def test_daemons_reconnect_to_a_restarted_home_service(start_weights):
     finally:
         stop(daemons)
     assert all(d.returncode == 0 for d in daemons)
+
+
+def test_a_second_daemon_under_a_joined_name_is_refused_until_the_first_falls_silent():
+    """Names are identities in a home (issue 44): a daemon under the name of a device joined and beating is
+    refused, told why, and keeps trying; once the first falls silent (frozen here) the name passes to it."""
+    with HomeService(SECRET, "test-home", timeout_s=60, beat_timeout_s=3.0) as service:
+        first = start_daemon(service.port, "d0")
+        second = None
+        try:
+            wait_for(lambda: len(service.present()) == 1, timeout_s=LOADED_S, what="the first d0")
+            first_id = service.present()[0].id
+            second = start_daemon(service.port, "d0")
+            wait_for(lambda: service.registry.names_refused >= 2, timeout_s=LOADED_S,
+                     what="the second d0 refused, twice")
+            assert [m.id for m in service.present()] == [first_id] and len(service.registry.everyone()) == 1
+            first.send_signal(signal.SIGSTOP)  # silent: suspected after 3 s, and its name passes on
+            wait_for(lambda: [m.id for m in service.present()] not in ([], [first_id]), timeout_s=LOADED_S,
+                     what="the second d0 taking the name")
+            (member,) = service.present()
+            assert member.spec.name == "d0" and member.id != first_id
+            assert [d["name"] for d in home_status(service.address, SECRET)["devices"]] == ["d0"]
+        finally:
+            if first.poll() is None:
+                first.send_signal(signal.SIGCONT)
+            stop([first] + ([second] if second is not None else []))
+        assert "joined and beating" in second.stderr.read()

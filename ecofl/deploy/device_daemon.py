@@ -20,7 +20,7 @@ import socket
 import threading
 
 from ecofl.deploy.device_profile import describe_device
-from ecofl.deploy.service_messages import TO_DAEMON, Bye, DaemonBeat, Registered, Session
+from ecofl.deploy.service_messages import TO_DAEMON, Bye, DaemonBeat, NameTaken, Registered, Session
 from ecofl.deploy.service_messages import DAEMON, DAEMON_BEAT_S
 from ecofl.deploy.warm_workers import WarmWorkers
 from ecofl.net.dial import dial
@@ -30,6 +30,10 @@ from ecofl.net.schema import encode
 from ecofl.net.wire import recv_message, send_message
 
 log = logging.getLogger(__name__)
+
+
+class NameInUse(Exception):
+    """The home refused this registration: a device of this name is joined and beating."""
 
 
 class DeviceDaemon:
@@ -57,6 +61,11 @@ class DeviceDaemon:
             except AuthenticationFailed as error:
                 log.error("the home service refused this device: %s", error)
                 return 2
+            except NameInUse as error:
+                log.warning("%s; trying again in %.1f s (names are identities in a home: give this device "
+                            "another --name if it is another device)", error, backoff)
+                self.stop.wait(backoff)
+                backoff = min(self.max_backoff_s, backoff * 2)
             except (OSError, ChannelClosed) as error:
                 if self.stop.is_set():
                     break
@@ -84,6 +93,8 @@ class DeviceDaemon:
             send_message(sock, encode(self.registration))
             header, _ = recv_message(sock)
             answer = TO_DAEMON.decode(header)
+            if isinstance(answer, NameTaken):
+                raise NameInUse(f"the home has a device named {answer.name} joined and beating")
             if not isinstance(answer, Registered):
                 raise ChannelClosed(f"unexpected answer {answer.TYPE!r}")
             self.joins += 1

@@ -27,7 +27,7 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import lru_cache
 
 import numpy as np
@@ -35,15 +35,16 @@ import torch
 
 from ecofl.cgroups import DeviceCgroup, DeviceLimits, find_hierarchy
 from ecofl.deploy.device_profile import device_spec, workload_seconds
+from ecofl.deploy.registry import Member, Registry
 from ecofl.deploy.service_messages import (
     CLIENT,
     DAEMON,
-    DAEMON_BEAT_S,
     FROM_CLIENT,
     FROM_DAEMON,
     Bye,
     DaemonBeat,
     HomeStatus,
+    NameTaken,
     Register,
     Registered,
     ServiceError,
@@ -57,7 +58,7 @@ from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
 from ecofl.net.auth import Admitted
 from ecofl.net.door import Door
-from ecofl.net.liveness import Liveness, LivenessSettings
+from ecofl.net.liveness import LivenessSettings
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.sealed import SealedSocket
 from ecofl.net.schema import MalformedMessage, encode
@@ -79,22 +80,6 @@ SETUP_ATTEMPTS = 3  # a round is planned again on the devices present when they 
 CLOSE_GRACE_S = 5.0  # closing waits this long in all for the connection threads
 
 
-@dataclass
-class Member:
-    """A device joined right now."""
-
-    id: int
-    spec: DeviceSpec
-    registration: Register
-    sock: SealedSocket
-    joined_at: float = field(default_factory=time.time)
-    lock: threading.Lock = field(default_factory=threading.Lock)  # one writer on the socket at a time
-
-    def send(self, message: Registered | Session | Bye) -> None:
-        with self.lock:
-            send_message(self.sock, encode(message))
-
-
 @lru_cache(maxsize=8)
 def _profile(model: str, shape: tuple[int, ...], classes: int, granularity: str) -> ModelProfile:
     return profile_zoo_model(model, shape, classes, granularity)
@@ -112,16 +97,13 @@ class HomeService:
         self.planner, self.timeout_s, self.beat_timeout_s = planner, timeout_s, beat_timeout_s
         self.pace_links = pace_links  # False: the devices' links are shaped by the kernel (namespaces + tc)
         self.heartbeat = heartbeat or LivenessSettings()  # how long a pipeline worker may stay silent
-        # The daemons' beats (ecofl.net.liveness): one silent for beat_timeout_s is left out of plans.
-        self.daemons = Liveness((), LivenessSettings(DAEMON_BEAT_S, beat_timeout_s, beat_timeout_s), time.monotonic())
+        self.registry = Registry(beat_timeout_s)  # who is joined; a daemon silent for beat_timeout_s is left out
         self.reference_workload_s = workload_seconds()  # this machine profiles the models
         self.portal = portal or DeviceSpec("portal", 1.0, 4 << 30, 100e6 / 8)
-        self.members: dict[int, Member] = {}
         self.rounds = 0
         self.sessions = 0  # pipeline sessions the devices were asked to join
         self.sync_rounds = 0  # sync-rounds completed, over every round trained
         self.round_log: list[dict] = []  # per trained task: devices, measured and predicted sync-round
-        self._next_id = 1
         self._lock = threading.Lock()
         self._train_lock = threading.Lock()
         self._stop = threading.Event()
@@ -164,9 +146,7 @@ class HomeService:
         self._stop.set()
         if self.door is not None:
             self.door.close()
-        with self._lock:
-            members = list(self.members.values())
-        for member in members:
+        for member in self.registry.everyone():
             try:
                 member.send(Bye())
             except OSError:
@@ -202,9 +182,7 @@ class HomeService:
 
     def present(self) -> list[Member]:
         """The devices joined now, in joining order (silent ones past ``beat_timeout_s`` left out)."""
-        with self._lock:
-            silent = self.daemons.suspected(time.monotonic())
-            return [m for m in sorted(self.members.values(), key=lambda m: m.id) if m.id not in silent]
+        return self.registry.present()
 
     def _spawn(self, target, *args) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
@@ -239,11 +217,14 @@ class HomeService:
         if not isinstance(registration, Register):
             raise MalformedMessage(f"a device daemon must register first, not send {registration.TYPE!r}")
         spec = device_spec(registration, self.reference_workload_s)
-        with self._lock:
-            member = Member(self._next_id, spec, registration, sock)
-            self._next_id += 1
-            self.members[member.id] = member
-            self.daemons.join(member.id, time.monotonic())
+        member, other = self.registry.join(spec, registration, sock)
+        if member is None:
+            log.warning("refused a second device named %s: one is joined and beating (id %d)", spec.name, other.id)
+            send_message(sock, encode(NameTaken(spec.name)))
+            return
+        if other is not None:
+            log.warning("device %s (id %d) was silent; its name passes to the device joining now (id %d)",
+                        spec.name, other.id, member.id)
         member.send(Registered(member.id, spec.speed))
         log.info("device %s joined (id %d, speed %.3g, %.1f GiB)", spec.name, member.id, spec.speed,
                  spec.memory_bytes / 2**30)
@@ -253,12 +234,9 @@ class HomeService:
                 header, _ = recv_message(sock)  # beats: the daemon is alive
                 if not isinstance(FROM_DAEMON.decode(header), DaemonBeat):
                     raise MalformedMessage(f"a registered device daemon sends beats, not {header.get('type')!r}")
-                with self._lock:
-                    self.daemons.heard(member.id, time.monotonic())
+                self.registry.heard(member)
         finally:
-            with self._lock:
-                self.members.pop(member.id, None)
-                self.daemons.leave(member.id)
+            self.registry.leave(member)
             log.info("device %s (id %d) left", spec.name, member.id)
 
     def _serve_client(self, sock: SealedSocket) -> None:
@@ -317,8 +295,7 @@ class HomeService:
             used = {d for stage in plan.stages for d in stage.devices}
 
             def departed() -> set[int]:
-                with self._lock:
-                    return {d for d in used - {0} if members[d - 1].id not in self.members}
+                return {d for d in used - {0} if not self.registry.holds(members[d - 1].id)}
 
             def invite(address: tuple[str, int], devices: list[int]) -> None:
                 """Ask the devices to join the pipeline listening at ``address`` (it listens already)."""

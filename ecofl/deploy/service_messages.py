@@ -39,6 +39,13 @@ class Registered:
     speed: float
 
 
+@message("name_taken")
+class NameTaken:
+    """A registration refused: a device of that name is joined and beating (names are identities in a home)."""
+
+    name: str
+
+
 @message("beat")
 class DaemonBeat:
     sessions: int
@@ -96,6 +103,6 @@ class ServiceError:
 
 
 FROM_DAEMON = MessageSet(Register, DaemonBeat)
-TO_DAEMON = MessageSet(Registered, Session, Bye)
+TO_DAEMON = MessageSet(Registered, NameTaken, Session, Bye)
 FROM_CLIENT = MessageSet(StatusRequest, Train)
 TO_CLIENT = MessageSet(HomeStatus, Trained, ServiceError)

@@ -99,9 +99,8 @@ class Worker:
         self.keeps_snapshots = config.snapshots
         torch.set_num_threads(worker_threads())  # one, or a confined device's whole cores
         self.model, self.layers = spec_from_json(config.model).build()
-        # Its accelerator, first used here, after the fork: the whole model, at hand for a re-plan's layers.
-        self.accelerator = resolve_device(config.accelerator, f"device {device}: accelerator")
-        self.model.to(self.accelerator)
+        self.accelerator = resolve_device(config.accelerator, f"device {device}: accelerator")  # after the fork
+        self.model.to(self.accelerator)  # the whole model, at hand for a re-plan's layers
         freeze_heap()  # before the heartbeat: a full collection must not silence it (.heap)
         self.state = StageState(self.model, self.layers)
         self.settings: Optimization | None = None
@@ -226,8 +225,7 @@ class Worker:
         executor.reserved_bytes = self.state.held_bytes(self.stage_keys)
         inputs = torch.from_numpy(arrays["inputs"]).to(self.accelerator) if "inputs" in arrays else None
         labels = torch.from_numpy(arrays["labels"]).to(self.accelerator) if "labels" in arrays else None
-        reset_peak()
-        reset_peak_memory(self.accelerator)
+        reset_peak(), reset_peak_memory(self.accelerator)
         self.clean = False
         try:
             program = mode_of(self.role).pass_program(self.role, request.num_micro_batches)  # None: the role's
