@@ -28,5 +28,5 @@ def run(args: argparse.Namespace) -> int:
           f"{report['refused']} peer(s) refused")
     for device in report["devices"]:
         print(f"  {device['id']}: {device['name']} speed {device['speed']:.3g}, "
-              f"{device['memory_bytes'] / 2**30:.1f} GiB")
+              f"{device['memory_bytes'] / 2**30:.1f} GiB, trains on {device.get('accelerator', 'cpu')}")
     return 0
