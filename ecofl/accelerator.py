@@ -13,6 +13,13 @@ On a GPU, training runs in full float32: TF32 (cuDNN's default for
 convolutions on Ampere and later) is turned off, so a home trained with its
 dispatch's other homes (a vmapped, grouped convolution) and the same home
 trained alone agree to rounding, as on the CPU (``tests/test_batched_training.py``).
+
+A home's devices may have GPUs too (a pool entry's ``accelerator``,
+docs/pipeline_accelerators.md): :func:`check_accelerators` refuses a device
+whose GPU this machine lacks, a worker keeps its tensors on
+:func:`module_device`, times GPU work after :func:`finish`, and every tensor
+leaves its device through :func:`host_copy` / :func:`host_array` (no
+``.numpy()`` elsewhere: ``tests/test_house.py``).
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ def device_label(device) -> str:
 def check_accelerators(devices, where: str = "pool") -> None:
     """A UserError naming the first device of ``devices`` (``DeviceSpec`` s) whose ``accelerator`` this machine
     lacks, before any worker starts (the workers of ``ecofl home train`` and of a simulated pipeline home are
-    processes of this machine). Asks torch without creating a CUDA context."""
+    processes of this machine). Asks torch only how many GPUs there are (no tensor, no context)."""
     import torch
 
     for spec in devices:
@@ -135,8 +142,10 @@ def host_copy(tensor):
     """``tensor`` on the host, for a socket, numpy or a file: the one place a tensor leaves its device.
 
     A CPU tensor is returned as it is (no copy); an accelerator's is copied
-    into pinned host memory (a page-locked buffer the copy engine reads
-    directly) and returned once the copy is done.
+    into pinned host memory (a page-locked buffer the copy engine writes
+    directly; torch's caching host allocator hands the same blocks out again)
+    and returned once the copy is done: the caller's stream waits for it, so
+    this copy does not overlap the device's next kernels.
     """
     import torch
 
