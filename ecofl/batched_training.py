@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from ecofl.accelerator import host_array
 from ecofl.train import TrainResult
 from ecofl.train_config import TrainConfig
 from ecofl.weights import Weights
-from ecofl.accelerator import host_array
 
 #: Module types that draw random numbers in training mode.
 RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from ecofl.accelerator import host_array
 
 Weights = list[np.ndarray]

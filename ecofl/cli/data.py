@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ecofl.accelerator import host_array
 from ecofl.cli.options import image_path
 from ecofl.data import (
     default_client_groups,
@@ -25,7 +26,6 @@ from ecofl.data import (
     partition_summary,
 )
 from ecofl.data.plot import plot_label_distribution
-from ecofl.accelerator import host_array
 
 # the keyword arguments of ecofl.data.partition each scheme uses
 SCHEME_PARAMETERS: dict[str, tuple[str, ...]] = {

@@ -32,12 +32,12 @@ import json
 import statistics
 import sys
 
+from ecofl.accelerator import check_accelerators
 from ecofl.cli.options import image_path
 from ecofl.devices import host_cores
 from ecofl.pools import load_pool
 from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.data import load_dataset
-from ecofl.accelerator import check_accelerators
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import SyncRoundCost
 from ecofl.pipeline.modes import mode_of

@@ -42,10 +42,10 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ecofl.accelerator import host_array
 from ecofl.data.idx import find_idx_files, read_idx
 from ecofl import names
 from ecofl.errors import UserError
-from ecofl.accelerator import host_array
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ecofl.accelerator import host_array
 from ecofl.deploy.home_status import connect_to_service
 from ecofl.deploy.service_messages import TO_CLIENT, ServiceError, Train, Trained
 from ecofl.net.schema import encode
@@ -15,7 +16,6 @@ from ecofl.pipeline.runtime.errors import HomePipelineError
 from ecofl.pipeline.runtime.model_spec import ZooModel
 from ecofl.train import TrainConfig
 from ecofl.weights import Weights
-from ecofl.accelerator import host_array
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ecofl.accelerator import host_array, host_copy
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.framing import recv_exactly
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import SealedSocket
-from ecofl.accelerator import host_array, host_copy
 
 #: Raises (e.g. :class:`RoundAborted`) when the portal asked to stop waiting; called while waiting.
 AbortCheck = Callable[[], None]

@@ -14,12 +14,12 @@ import dataclasses
 import numpy as np
 import torch
 
+from ecofl.accelerator import host_array
 from ecofl.pipeline.runtime.control_messages import Infer, Inferred, Load, Loaded
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.statistics import InferenceResult, inference_result
 from ecofl.weights import Weights
-from ecofl.accelerator import host_array
 
 
 def stream_inference(control: ControlPlane, layout: PipelineLayout, weights: Weights,

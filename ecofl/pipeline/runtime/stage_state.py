@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ecofl.pipeline.runtime.model_spec import layer_state_keys
 from ecofl.accelerator import host_array
+from ecofl.pipeline.runtime.model_spec import layer_state_keys
 
 MOMENTUM = "momentum/"
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ecofl.accelerator import host_array
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.control_messages import Collect, Config, Done, Ok, TrainPass, Setup, StageWeights
 from ecofl.pipeline.runtime.control_plane import ControlPlane
@@ -29,7 +30,6 @@ from ecofl.pipeline.runtime.recovery import Recovery
 from ecofl.pipeline.runtime.stage import Optimization
 from ecofl.pipeline.runtime.statistics import PipelineResult, pipeline_result
 from ecofl.weights import Weights
-from ecofl.accelerator import host_array
 
 State = dict[str, np.ndarray]
 

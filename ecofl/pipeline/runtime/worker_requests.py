@@ -36,6 +36,7 @@ import time
 import numpy as np
 import torch
 
+from ecofl.accelerator import host_array, peak_memory_bytes, reset_peak_memory, resolve_device
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.confinement import worker_threads
 from ecofl.pipeline.runtime.control_messages import (
@@ -79,7 +80,6 @@ from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.traps import Trap, Traps
 from ecofl.net.wire import recv_message
 from ecofl.pipeline.runtime.worker_channel import WorkerChannel
-from ecofl.accelerator import host_array, peak_memory_bytes, reset_peak_memory, resolve_device
 
 Arrays = dict[str, np.ndarray]
 
