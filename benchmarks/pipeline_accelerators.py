@@ -102,7 +102,7 @@ def measure(spec: ZooModel, accelerator: str, rounds: int, micro_batch: int, mic
     y = torch.randint(0, spec.num_classes, (len(x),), generator=generator)
     pool = HomePool(f"{accelerator}-home", tuple(DeviceSpec(f"device-{d}", 1.0, 8 * GB, 1e9, accelerator)
                                                  for d in range(DEVICES)))
-    started = time.perf_counter()
+    load, started = os.getloadavg()[0], time.perf_counter()
     with HomePipeline(spec, pool, plan, emulate="none", timeout_s=600) as home:
         first = home.train(weights, x, y, sync_rounds=1, lr=LR)  # untimed: the exactness check and the warm-up
         result = home.train(weights, x, y, sync_rounds=rounds, lr=LR)
@@ -117,7 +117,7 @@ def measure(spec: ZooModel, accelerator: str, rounds: int, micro_batch: int, mic
         "sync_rounds_s": list(result.sync_round_s), "max_abs_diff": diff, "tolerance": TOLERANCE,
         "exact": diff <= TOLERANCE, "max_abs_diff_after_rounds": _largest_difference(result.weights, expected),
         "float32_rounding_after_rounds": rounding, "peak_accelerator_bytes": list(result.peak_accelerator_bytes),
-        "peak_rss_bytes": list(result.peak_rss_bytes), "wall_s": wall, "load_before": os.getloadavg()[0],
+        "peak_rss_bytes": list(result.peak_rss_bytes), "wall_s": wall, "load_before": load,
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
     }
 

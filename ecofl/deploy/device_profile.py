@@ -93,15 +93,16 @@ def describe_device(name: str, preset_name: str | None, bandwidth_mbps: float, a
     memories, found by :func:`gpu_memories` unless given."""
     if accelerator == "auto" and preset_name is not None:
         accelerator = "cpu"
-    memory = None
     if accelerator != "cpu":
         gpus = gpu_memories() if gpus is None else gpus
-        if accelerator == "auto":
-            accelerator = "cuda" if gpus else "cpu"
+    if accelerator == "auto":
+        accelerator = "cuda" if gpus else "cpu"
+    memory = None  # a GPU's: the budget of its stage
+    if accelerator != "cpu":
         index = int(accelerator.partition(":")[2] or 0)
-        if accelerator != "cpu" and index >= len(gpus):
+        if index >= len(gpus):
             raise UserError(f"device {name}: accelerator {accelerator}, but this machine has {len(gpus)} GPU(s)")
-        memory = gpus[index] if accelerator != "cpu" else None
+        memory = gpus[index]
     if preset_name is not None:
         spec = preset(preset_name)
         return Register(name, preset_name, spec.memory_bytes, bandwidth_mbps * MBPS, speed=spec.speed,

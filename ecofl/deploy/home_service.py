@@ -94,7 +94,7 @@ class HomeService:
                  heartbeat: LivenessSettings | None = None):
         self.secret, self.name, self.host, self.port = secret, name, host, port
         self.emulate = Emulation.parse(emulate)
-        self.planner, self.timeout_s, self.beat_timeout_s = planner, timeout_s, beat_timeout_s
+        self.planner, self.timeout_s = planner, timeout_s
         self.pace_links = pace_links  # False: the devices' links are shaped by the kernel (namespaces + tc)
         self.heartbeat = heartbeat or LivenessSettings()  # how long a pipeline worker may stay silent
         self.registry = Registry(beat_timeout_s)  # who is joined; a daemon silent for beat_timeout_s is left out

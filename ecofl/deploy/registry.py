@@ -51,8 +51,8 @@ class Registry:
         self._next_id = 1
         self._lock = threading.Lock()
 
-    def join(self, spec: DeviceSpec, registration: Register, sock: SealedSocket) -> tuple[Member | None,
-                                                                                        Member | None]:
+    def join(self, spec: DeviceSpec, registration: Register, sock: SealedSocket
+             ) -> tuple[Member | None, Member | None]:
         """Admit a registration: ``(member, replaced)``, the new member and the silent one it replaced (closed
         here); ``(None, holder)`` when ``holder``, joined and beating, has the name."""
         with self._lock:
@@ -94,7 +94,8 @@ class Registry:
             return list(self.members.values())
 
     def holds(self, member_id: int) -> bool:
-        return member_id in self.members
+        with self._lock:
+            return member_id in self.members
 
     def _forget(self, member_id: int) -> None:
         self.members.pop(member_id, None)

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ecofl.accelerator import finish, module_device
 from ecofl.pipeline.instructions import Forward, LoadMicroBatch, RecvActivation, SendActivation, SendOutput, \
     stream_program
-from ecofl.accelerator import finish, module_device
 from ecofl.net.links import CREDIT_TAG, POLL_S, AbortCheck, RoundAborted, Ticket, never_aborted
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
