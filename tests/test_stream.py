@@ -141,6 +141,31 @@ def test_a_replicated_stage_splits_each_micro_batch():
     assert cost.stage_memory_bytes[1] == stream_stage_memory_bytes(profile, (1, 1), 3, 3)
 
 
+@pytest.mark.parametrize("hold", [1, 2, 3])
+def test_a_device_never_holds_more_than_k_micro_batches_when_a_replicated_stage_feeds_a_slow_portal(hold):
+    """Three devices of stage 0 feed the portal's slow last stage: their transfers queue for its room."""
+    profile = linear_profile([0.01, 0.3], activation=[500, 10], input_bytes=200)
+    pool = pool_of((1.0, MB), (1.0, 50_000), (2.0, 50_000), (0.5, 50_000))
+    stages = (StagePlan((0, 0), (1, 2, 3), (2, 1, 1), hold), StagePlan((1, 1), (0,), (4,), hold))
+    cost = simulate_stream(Plan("test", stages, 4, 24, schedule="stream"), profile, pool)
+    if hold > 1:
+        assert np.isclose(cost.period_s, 4 * 0.3)  # the portal's forward is the bottleneck
+    else:  # the portal takes the next micro-batch only once it is done with the last: the transfer in adds
+        assert cost.period_s > 4 * 0.3 + 0.005
+    for device in (0, 1, 2, 3):
+        held = {}  # micro-batch -> [taken, left] on this device
+        for e in cost.timeline:
+            if e.device == device and e.stage >= 0:
+                span = held.setdefault(e.micro_batch, [np.inf, -np.inf])
+                if e.kind in ("recv", "F"):  # taken when its transfer in (or, on the portal, its forward) starts
+                    span[0] = min(span[0], e.start)
+                span[1] = max(span[1], e.end)  # left when its forward and its transfers out are done
+        assert sorted(held) == list(range(24))
+        for m, (taken, _) in held.items():
+            at_once = sum(1 for a, b in held.values() if a <= taken + 1e-12 and b > taken + 1e-12)
+            assert at_once <= hold, (device, m, at_once)
+
+
 def test_the_stream_has_no_backward_and_every_micro_batch_passes_every_stage():
     profile = linear_profile([0.1] * 4, activation=[100] * 4)
     pool = pool_of((1.0, MB), (0.5, MB), (2.0, MB))

@@ -126,7 +126,7 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
     workers = [_stage_workers(s, stage, profile, pool, plan, operation_overhead_s)
                for s, stage in enumerate(plan.stages)]
     _connect(plan, profile, pool, workers, byte_overhead_s)
-    timeline = _input(workers[0], profile, pool.bandwidth_bps, plan.num_micro_batches)
+    timeline: list[TimelineEvent] = []
     rule = Fifo() if cores is None else ProcessorSharing(cores)
     run(workers, schedule, rule, timeline)
     flush_end, flush_s = _flush(plan, profile, pool, workers, timeline, rule)
@@ -164,29 +164,15 @@ def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: Ho
     return workers
 
 
-def _input(stage0: list[Worker], profile: ModelProfile, bandwidth: np.ndarray, m_count: int) -> list[TimelineEvent]:
-    """The portal (device 0) sends each micro-batch's input samples to stage 0's other devices, back to back
-    from time 0; the timeline of those transfers."""
-    timeline = []
-    for worker in stage0:
-        if worker.device != 0:
-            seconds = profile.input_bytes * (worker.hi - worker.lo) / float(bandwidth[0, worker.device])
-            t = 0.0
-            for m in range(m_count):
-                timeline.append(TimelineEvent(0, -1, ActionKind.SEND, m, t, t + seconds))
-                timeline.append(TimelineEvent(worker.device, 0, ActionKind.RECV, m, t, t + seconds))
-                t += seconds
-                worker.arrive_f[m] = t
-    return timeline
-
-
 def _connect(plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[list[Worker]],
              byte_overhead_s: float) -> None:
     """Who sends what to whom between consecutive stages (overlapping sample ranges); each byte sent or
     received costs its device ``byte_overhead_s`` host seconds in the pass that sends or needs it."""
     bandwidth = pool.bandwidth_bps
     for worker in workers[0]:  # the input samples the portal sends: received by stage 0's other devices
+        worker.input_s = 0.0
         if worker.device != 0:
+            worker.input_s = profile.input_bytes * (worker.hi - worker.lo) / float(bandwidth[0, worker.device])
             worker.forward_s += byte_overhead_s * profile.input_bytes * (worker.hi - worker.lo) \
                 / pool.devices[worker.device].speed
     for s in range(len(plan.stages) - 1):

@@ -2,14 +2,25 @@
 
 :func:`run` plays a schedule (:mod:`ecofl.pipeline.schedule`) on
 :class:`Worker` s, each one device's part of one stage with the seconds of
-its passes and what it sends to whom (the cost model,
-:func:`ecofl.pipeline.cost.simulate`, builds them). A device takes its stage's
-next action as soon as the action's inputs have all arrived and the device
-is done with its last one; a finished pass sends its output over FIFO
+its passes and what it sends to whom; the training cost model
+(:func:`ecofl.pipeline.cost.simulate`) and the inference stream's
+(:func:`ecofl.pipeline.stream.simulate_stream`) build them. The portal
+(device 0) holds the data: it sends each micro-batch's input samples to
+stage 0's other devices (``Worker.input_s``) and, in a stream, takes the
+last stage's results (a receiver ``None``). A device takes its stage's next
+action as soon as the action's inputs have all arrived and the device is
+done with its last one; a finished pass sends its output over FIFO
 channels, one per ordered device pair (full duplex; sending is asynchronous,
 so communication overlaps computation). In an asynchronous 1F1B plan
 (``Worker.step_s``) every backward is followed by that micro-batch's
 optimizer step, after its gradient has gone out (FTPipeHD §III-C).
+
+Back-pressure (a stream, PipeEdge): a device with ``Worker.hold`` = K holds
+at most K micro-batches, each from the start of its transfer in (the start
+of its forward, for the portal's own input) until its output has been sent
+on; a forward transfer into a full device waits until micro-batch m - K has
+left it. Training sets no hold: its resident forwards are bounded by the
+schedule's action lists instead.
 
 How the actions that are ready get a processor is the dispatch rule:
 
@@ -44,14 +55,17 @@ Key = tuple[int, int]  # a worker's (stage, index in its stage)
 class Worker:
     """One device's part of one stage: its passes' seconds, its sends and its progress through the actions."""
 
-    __slots__ = ("device", "stage", "index", "lo", "hi", "forward_s", "backward_s", "step_s", "free", "busy",
-                 "position", "pending_f", "pending_b", "arrive_f", "arrive_b", "send_f", "send_b")
+    __slots__ = ("device", "stage", "index", "lo", "hi", "forward_s", "backward_s", "step_s", "input_s", "hold",
+                 "free", "busy", "position", "pending_f", "pending_b", "arrive_f", "arrive_b", "send_f", "send_b",
+                 "unsent", "release", "waiting")
 
     def __init__(self, device: int, stage: int, index: int, lo: int, hi: int, forward_s: float, backward_s: float,
                  num_micro_batches: int):
         self.device, self.stage, self.index, self.lo, self.hi = device, stage, index, lo, hi
         self.forward_s, self.backward_s = forward_s, backward_s
         self.step_s = 0.0  # asynchronous 1F1B: the optimizer step after each backward
+        self.input_s: float | None = None  # stage 0: seconds of a micro-batch's inputs from the portal
+        self.hold: int | None = None  # a stream's K: micro-batches held at most (None: no back-pressure)
         self.free = 0.0  # when the device is done with its last action
         self.busy = 0.0  # seconds of forward and backward passes
         self.position = 0  # index of its next action in its stage's list
@@ -59,8 +73,21 @@ class Worker:
         self.pending_b = [0] * num_micro_batches  # and of its backward
         self.arrive_f = [0.0] * num_micro_batches  # when the last of them arrives
         self.arrive_b = [0.0] * num_micro_batches
-        self.send_f: list[tuple[Worker, float]] = []  # (receiver, seconds per transfer) of each forward's output
+        self.send_f: list[tuple[Worker | None, float]] = []  # (receiver, seconds) of each forward's output;
+        # receiver None: the portal takes the result (a stream's last stage)
         self.send_b: list[tuple[Worker, float]] = []  # and of each backward's
+        self.unsent = [0] * num_micro_batches  # each forward's outputs not yet on their way
+        self.release: list[float | None] = [None] * num_micro_batches  # when micro-batch m left (while
+        # unsent[m]: the latest of its forward and the transfers out booked so far; None: not computed yet)
+        self.waiting: list[tuple[Worker | None, int, float, float]] = []  # transfers in, waiting for room:
+        # (sender, None: the portal's input; micro-batch, ready at, seconds)
+
+    def room(self, m: int) -> float | None:
+        """When this device may take micro-batch ``m`` (None: not known yet, m - K has not left)."""
+        if self.hold is None or m < self.hold:
+            return 0.0
+        held = m - self.hold
+        return None if self.unsent[held] else self.release[held]
 
 
 class DispatchRule(Protocol):
@@ -160,15 +187,18 @@ def run(workers: list[list[Worker]], schedule: Schedule, rule: DispatchRule, tim
 
     Raises :class:`ScheduleError` if the schedule deadlocks.
     """
-    channel_free: dict[tuple[int, int], float] = {}  # when each (sender, receiver) channel is free
+    links = _Links(timeline)
     # (ready time, stage, index, position): once an action is ready its time is final (its inputs have all
     # arrived, its device is not free earlier), so an offer stays valid until the device moves on.
     offers: list[tuple[float, int, int, int]] = []
 
-    def offer(w: Worker) -> None:
-        if (t := _ready(w, schedule[w.stage])) is not None:
+    def offer(w: Worker | None) -> None:
+        if w is not None and (t := _ready(w, schedule[w.stage])) is not None:
             heapq.heappush(offers, (t, w.stage, w.index, w.position))
 
+    for w in workers[0]:
+        if w.input_s is not None:
+            links.feed(w)
     for ws in workers:
         for w in ws:
             offer(w)
@@ -191,9 +221,8 @@ def run(workers: list[list[Worker]], schedule: Schedule, rule: DispatchRule, tim
         timeline.append(TimelineEvent(w.device, w.stage, kind, m, begin, end))
         if kind != ActionKind.STEP:
             w.busy += end - begin
-            receivers = w.send_f if kind == ActionKind.FORWARD else w.send_b
-            _send(w, receivers, m, end, kind == ActionKind.FORWARD, channel_free, timeline)
-            for receiver, _ in receivers:
+            forward = kind == ActionKind.FORWARD
+            for receiver in links.sent(w, m, end, forward):
                 offer(receiver)
             if kind == ActionKind.BACKWARD and w.step_s:  # asynchronous 1F1B: the micro-batch's update, after its send
                 rule.start(key, ActionKind.STEP, m, end, w.step_s)
@@ -216,20 +245,84 @@ def _ready(w: Worker, actions: list[Action]) -> float | None:
     return max(w.free, (w.arrive_f if forward else w.arrive_b)[m])
 
 
-def _send(sender: Worker, receivers: list[tuple[Worker, float]], m: int, t0: float, forward: bool,
-          channel_free: dict[tuple[int, int], float], timeline: list[TimelineEvent]) -> None:
-    """Each receiver's transfer of micro-batch ``m``, ready at ``t0``, once its channel is free."""
-    for receiver, seconds in receivers:
-        key = (sender.device, receiver.device)
-        start = max(channel_free.get(key, 0.0), t0)
-        end = start + seconds
-        channel_free[key] = end
-        timeline.append(TimelineEvent(sender.device, sender.stage, ActionKind.SEND, m, start, end))
-        receiver_stage = sender.stage + (1 if forward else -1)
-        timeline.append(TimelineEvent(receiver.device, receiver_stage, ActionKind.RECV, m, start, end))
+class _Links:
+    """The FIFO channels between devices, one per ordered pair: transfers booked in the order they may start.
+
+    A transfer starts once its data is ready, its channel is free and (forward, into a held device) its
+    receiver has room; one waiting for room is booked when the receiver releases what blocks it, which may in
+    turn release its sender's micro-batch and so unblock transfers further back.
+    """
+
+    def __init__(self, timeline: list[TimelineEvent]) -> None:
+        self.timeline = timeline
+        self.free: dict[tuple[int, int], float] = {}  # when each (sender, receiver) channel is free; (-1, d):
+        # the portal's input feed to device d, apart from what the portal sends d as a stage
+        self.unblocked: list[Worker] = []  # receivers whose inputs arrived while booking: to offer
+
+    def feed(self, w: Worker) -> None:
+        """The portal's input of every micro-batch for stage-0 device ``w``, each once ``w`` has room."""
+        w.pending_f = [p + 1 for p in w.pending_f]
+        for m in range(len(w.pending_f)):
+            self._transfer(None, w, m, 0.0, w.input_s, True)
+
+    def sent(self, w: Worker, m: int, end: float, forward: bool) -> list[Worker]:
+        """``w``'s pass of micro-batch ``m`` ended at ``end``: its outputs go out; the receivers to offer."""
+        self.unblocked = []
+        receivers = w.send_f if forward else w.send_b
         if forward:
-            receiver.pending_f[m] -= 1
-            receiver.arrive_f[m] = max(receiver.arrive_f[m], end)
+            w.unsent[m] = len(receivers)
+            w.release[m] = end
+        for receiver, seconds in receivers:
+            self._transfer(w, receiver, m, end, seconds, forward)
+        if forward and not receivers:
+            self._released(w, m)
+        return self.unblocked
+
+    def _transfer(self, sender: Worker | None, receiver: Worker | None, m: int, ready: float, seconds: float,
+                  forward: bool) -> None:
+        room = receiver.room(m) if forward and receiver is not None else 0.0
+        if room is None or (forward and receiver is not None and any(w[0] is sender for w in receiver.waiting)):
+            receiver.waiting.append((sender, m, ready, seconds))  # its channel is FIFO: behind its waiting ones
+            return
+        self._book(sender, receiver, m, max(ready, room), seconds, forward)
+
+    def _book(self, sender: Worker | None, receiver: Worker | None, m: int, ready: float, seconds: float,
+              forward: bool) -> None:
+        from_device = 0 if sender is None else sender.device
+        to_device = 0 if receiver is None else receiver.device
+        if sender is None and receiver.device == 0:  # the portal's own input: local, taken when it has room
+            start = end = ready
         else:
-            receiver.pending_b[m] -= 1
-            receiver.arrive_b[m] = max(receiver.arrive_b[m], end)
+            channel = (-1 if sender is None else from_device, to_device)  # the portal's inputs: a channel apart
+            start = max(self.free.get(channel, 0.0), ready)
+            end = start + seconds
+            self.free[channel] = end
+            from_stage = -1 if sender is None else sender.stage
+            to_stage = -1 if receiver is None else receiver.stage
+            self.timeline.append(TimelineEvent(from_device, from_stage, ActionKind.SEND, m, start, end))
+            self.timeline.append(TimelineEvent(to_device, to_stage, ActionKind.RECV, m, start, end))
+        if receiver is not None:
+            if forward:
+                receiver.pending_f[m] -= 1
+                receiver.arrive_f[m] = max(receiver.arrive_f[m], end)
+            else:
+                receiver.pending_b[m] -= 1
+                receiver.arrive_b[m] = max(receiver.arrive_b[m], end)
+            self.unblocked.append(receiver)
+        if forward and sender is not None:
+            sender.release[m] = max(sender.release[m], end)
+            sender.unsent[m] -= 1
+            if not sender.unsent[m]:
+                self._released(sender, m)
+
+    def _released(self, w: Worker, m: int) -> None:
+        """Micro-batch ``m`` has left ``w``: book the transfers into ``w`` that waited for that room, each
+        channel's in order."""
+        still: list[tuple[Worker | None, int, float, float]] = []
+        for sender, waiting_m, ready, seconds in w.waiting:
+            room = w.room(waiting_m)
+            if room is None or any(entry[0] is sender for entry in still):
+                still.append((sender, waiting_m, ready, seconds))
+            else:
+                self._book(sender, w, waiting_m, max(ready, room), seconds, True)
+        w.waiting = still

@@ -2,8 +2,10 @@
 
 A stream plan (``Plan.schedule`` is ``ScheduleKind.STREAM``, from ``make_plan(...,
 objective="inference")``) runs forward only: no backward, no flush, no
-optimizer. What is simulated, on the devices, links and sample ranges of the
-training cost model (:mod:`ecofl.pipeline.cost`):
+optimizer. It is played by the cost model's event loop
+(:func:`ecofl.pipeline.event_simulation.run`), each stage's actions a
+forward per micro-batch. What is simulated, on the devices, links and sample
+ranges of the training cost model (:mod:`ecofl.pipeline.cost`):
 
 - **Compute.** Each device of a stage runs the forward of its share of every
   micro-batch, in order, as soon as the micro-batch has arrived (host time
@@ -56,7 +58,8 @@ from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan, check_plan, sample_ranges
 from ecofl.pipeline.profile import ModelProfile
-from ecofl.pipeline.schedule import ActionKind
+from ecofl.pipeline.event_simulation import Fifo, Worker, run
+from ecofl.pipeline.schedule import Action, ActionKind
 from ecofl.pipeline.timeline import TimelineEvent
 
 #: The simulated stream is at least this many micro-batches per stage, so that
@@ -103,25 +106,6 @@ def stream_memory_per_stage(plan: Plan, profile: ModelProfile) -> list[int]:
     ]
 
 
-class _Device:
-    """One device's part of one stage: its samples, times and per-micro-batch events."""
-
-    __slots__ = ("device", "lo", "hi", "forward_s", "hold", "free", "busy", "arrive", "release", "sends")
-
-    def __init__(self, device: int, lo: int, hi: int, forward_s: float, hold: int, count: int):
-        self.device, self.lo, self.hi = device, lo, hi
-        self.forward_s, self.hold = forward_s, hold
-        self.free = 0.0
-        self.busy = 0.0
-        self.arrive = [0.0] * count
-        self.release = [0.0] * count  # when micro-batch m leaves this device (its output sent on)
-        self.sends: list[tuple[_Device | None, float]] = []  # (receiver, seconds); None = the portal
-
-    def room(self, m: int) -> float:
-        """When this device may take micro-batch m: once m - K has left it."""
-        return self.release[m - self.hold] if m >= self.hold else 0.0
-
-
 def simulate_stream(
     plan: Plan, profile: ModelProfile, pool: HomePool, num_micro_batches: int | None = None,
     operation_overhead_s: float = 0.0, byte_overhead_s: float = 0.0,
@@ -143,52 +127,22 @@ def simulate_stream(
     )
     if count < 1:
         raise ValueError(f"need at least one micro-batch, got {count}")
-    stages = _devices(plan, profile, pool, count, operation_overhead_s, byte_overhead_s)
+    stages = _workers(plan, profile, pool, count, operation_overhead_s, byte_overhead_s)
     timeline: list[TimelineEvent] = []
-    channel_free: dict[tuple[int, int], float] = {}
-
-    def transfer(sender: int, sender_stage: int, receiver: int, receiver_stage: int, m: int, ready: float,
-                 seconds: float) -> tuple[float, float]:
-        start = max(ready, channel_free.get((sender, receiver), 0.0))
-        end = start + seconds
-        channel_free[(sender, receiver)] = end
-        timeline.append(TimelineEvent(sender, sender_stage, ActionKind.SEND, m, start, end))
-        timeline.append(TimelineEvent(receiver, receiver_stage, ActionKind.RECV, m, start, end))
-        return start, end
-
-    admitted, done = [np.inf] * count, [0.0] * count
-    last = len(stages) - 1
-    for m in range(count):
-        for s, devices in enumerate(stages):
-            for d in devices:
-                if s == 0:  # the portal's input: local on the portal, else sent when d has room
-                    if d.device == 0:
-                        d.arrive[m] = d.room(m)
-                        admitted[m] = min(admitted[m], max(d.arrive[m], d.free))
-                    else:
-                        seconds = profile.input_bytes * (d.hi - d.lo) / float(pool.bandwidth_bps[0, d.device])
-                        start, d.arrive[m] = transfer(0, -1, d.device, 0, m, d.room(m), seconds)
-                        admitted[m] = min(admitted[m], start)
-                start = max(d.free, d.arrive[m])
-                d.free = start + d.forward_s
-                d.busy += d.forward_s
-                timeline.append(TimelineEvent(d.device, s, ActionKind.FORWARD, m, start, d.free))
-                d.release[m] = d.free
-                for receiver, seconds in d.sends:
-                    if receiver is None:  # the last stage's results to the portal, which always has room
-                        _, end = transfer(d.device, s, 0, -1, m, d.free, seconds)
-                    else:
-                        _, end = transfer(d.device, s, receiver.device, s + 1, m, max(d.free, receiver.room(m)),
-                                          seconds)
-                        receiver.arrive[m] = max(receiver.arrive[m], end)
-                    d.release[m] = max(d.release[m], end)
-                if s == last:
-                    done[m] = max(done[m], d.release[m])
+    actions = [[Action(s, ActionKind.FORWARD, m) for m in range(count)] for s in range(len(stages))]
+    run(stages, actions, Fifo(), timeline)
+    # A micro-batch is admitted when its inputs leave the portal (its forward starts, on the portal's own share).
+    admitted = [np.inf] * count
+    for event in timeline:
+        if (event.stage, event.kind) == (-1, ActionKind.SEND) or \
+                (event.stage, event.device, event.kind) == (0, 0, ActionKind.FORWARD):
+            admitted[event.micro_batch] = min(admitted[event.micro_batch], event.start)
+    done = [max(w.release[m] for w in stages[-1]) for m in range(count)]
 
     half = count // 2
     stream_s = done[-1] - min(admitted)
-    forward = [max(d.forward_s for d in devices) for devices in stages]
-    send = [max((sec for d in devices for _, sec in d.sends), default=0.0) for devices in stages]
+    forward = [max(w.forward_s for w in workers) for workers in stages]
+    send = [max((sec for w in workers for _, sec in w.send_f), default=0.0) for workers in stages]
     # Every device computes its share of every micro-batch and every channel carries it, so the slowest
     # resource bounds the steady-state period from below; a short stream's second half can still carry
     # some fill (a late micro-batch from a device that started late), which would make it look faster.
@@ -212,7 +166,7 @@ def simulate_stream(
         busy_fraction=tuple(min(1.0, f / period) if period > 0 else 0.0 for f in forward),
         stage_memory_bytes=tuple(max(device_memory[d] for d in stage.devices) for stage in plan.stages),
         device_memory_bytes=device_memory,
-        device_busy_s={d.device: d.busy for devices in stages for d in devices},
+        device_busy_s={w.device: w.busy for workers in stages for w in workers},
         timeline=tuple(timeline),
     )
 
@@ -225,35 +179,41 @@ def _check_stream(plan: Plan) -> None:
         )
 
 
-def _devices(plan: Plan, profile: ModelProfile, pool: HomePool, count: int, operation_overhead_s: float,
-             byte_overhead_s: float) -> list[list[_Device]]:
-    """Each stage's devices with a share, connected to the next stage's (overlapping samples) or the portal;
-    a forward costs the overheads of its operation and of the bytes its device receives and sends."""
+def _workers(plan: Plan, profile: ModelProfile, pool: HomePool, count: int, operation_overhead_s: float,
+             byte_overhead_s: float) -> list[list[Worker]]:
+    """Each stage's devices with a share, holding K micro-batches and connected to the next stage's
+    (overlapping samples) or the portal; a forward costs the overheads of its operation and of the bytes its
+    device receives and sends."""
     last = len(plan.stages) - 1
+    bandwidth = pool.bandwidth_bps
     stages = []
     for s, stage in enumerate(plan.stages):
         first, end = stage.layers
         x_in = profile.input_bytes if first == 0 else float(profile.activation_bytes[first - 1])
         x_out = float(profile.activation_bytes[end])
-        devices = []
+        workers = []
         for device, lo, hi in sample_ranges(stage):
             spec = pool.devices[device]
             received = x_in if s > 0 or device != 0 else 0.0  # the portal holds the inputs
             sent = x_out if s < last or device != 0 else 0.0  # ... and wants the results
             overhead = (operation_overhead_s + byte_overhead_s * (received + sent) * (hi - lo)) / spec.speed
             forward = stage_compute_s(profile, spec, stage.layers, hi - lo)[0] + overhead
-            devices.append(_Device(device, lo, hi, forward, stage.in_flight, count))
-        stages.append(devices)
-    bandwidth = pool.bandwidth_bps
-    for s, devices in enumerate(stages):
+            worker = Worker(device, s, len(workers), lo, hi, forward, 0.0, count)
+            worker.hold = stage.in_flight
+            if s == 0:
+                worker.input_s = 0.0 if device == 0 else x_in * (hi - lo) / float(bandwidth[0, device])
+            workers.append(worker)
+        stages.append(workers)
+    for s, workers in enumerate(stages):
         output = float(profile.activation_bytes[plan.stages[s].layers[1]])
-        for a in devices:
-            if s == len(stages) - 1:
+        for a in workers:
+            if s == last:
                 if a.device != 0:
-                    a.sends.append((None, output * (a.hi - a.lo) / float(bandwidth[a.device, 0])))
+                    a.send_f.append((None, output * (a.hi - a.lo) / float(bandwidth[a.device, 0])))
                 continue
             for b in stages[s + 1]:
                 samples = min(a.hi, b.hi) - max(a.lo, b.lo)
                 if samples > 0:
-                    a.sends.append((b, output * samples / float(bandwidth[a.device, b.device])))
+                    a.send_f.append((b, output * samples / float(bandwidth[a.device, b.device])))
+                    b.pending_f = [p + 1 for p in b.pending_f]
     return stages
