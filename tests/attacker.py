@@ -1,5 +1,5 @@
 """A stranger on a home's network: the attacks of tests/test_strangers.py, and a peer with the secret timing its
-admission. Its own module, so that an attacker run in another network namespace imports it alone."""
+admission. A stranger knows no knock (ecofl.net.knock): what it sends goes where a knock belongs. Its own module, so that an attacker run in another network namespace imports it alone."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import time
 from contextlib import ExitStack
 
 from ecofl.net.auth import CONTROL, join_home
-from ecofl.net.errors import ChannelClosed
+from ecofl.net.knock import knock_frame
 from ecofl.net.wire import recv_message
-from helpers import SECRET
+from helpers import SECRET, answer_of
 
 
 def stranger(n: int) -> str:
@@ -57,22 +57,33 @@ MALFORMED = {
 }
 
 
-def send_malformed(address: tuple[str, int], source: str, payload: bytes) -> object:
-    """Read the challenge, send ``payload``: what the door answers ("closed" when it hangs up without a word)."""
+def send_malformed(address: tuple[str, int], source: str, payload: bytes, knock_for: str | None = None) -> object:
+    """Send ``payload`` where a hello belongs: what the door answers ("closed" when it hangs up without a word).
+
+    A stranger sends it at once and ends its side; a peer that holds the secret (a member with a bug) knocks
+    for ``knock_for``, reads the challenge and then sends it.
+    """
+    knock = knock_for is not None
     with connect_from(address, source, timeout=15) as sock:
-        challenge, _ = recv_message(sock)
-        assert set(challenge) == {"type", "nonce"}
+        if knock:
+            sock.sendall(knock_frame(SECRET, knock_for))
+            challenge, _ = recv_message(sock)
+            assert set(challenge) == {"type", "nonce"}
         try:
             sock.sendall(payload)
-            return recv_message(sock)[0]
-        except (ChannelClosed, ConnectionResetError, BrokenPipeError):
+            if not knock:
+                sock.shutdown(socket.SHUT_WR)
+        except OSError:
             return "closed"
+        return answer_of(sock)
 
 
 def legit_join(address: tuple[str, int], purpose: str, device: int = 9, source: str | None = None) -> float:
-    """Seconds a peer with the secret (from ``source``) takes to be admitted at ``address`` (it then leaves)."""
+    """Seconds a peer with the secret (from ``source``) takes to be admitted at ``address`` (it then leaves):
+    what :func:`ecofl.net.dial.dial` does, from a chosen address."""
     start = time.monotonic()
     with socket.create_connection(address, timeout=10, source_address=(source, 0) if source else None) as sock:
+        sock.sendall(knock_frame(SECRET, purpose))
         join_home(sock, SECRET, device, purpose).close()
     return time.monotonic() - start
 
@@ -94,41 +105,51 @@ class Attacker:
         self.next_source += count
         return sources
 
-    def trickle(self, address, seconds: float, connections: int = 1, sources: int = 1) -> None:
-        """``connections`` handshakes from ``sources`` addresses, each sending a byte every half second."""
+    def trickle(self, address, seconds: float, connections: int = 1, sources: int = 1,
+                reconnect: bool = False) -> None:
+        """``connections`` connections from ``sources`` addresses, each sending a byte every half second (a
+        hello, where a knock belongs); with ``reconnect``, one the door closes is opened again at once."""
         addresses = self.sources(sources)
         with ExitStack() as stack:
-            socks = []
-            for i in range(connections):
+            socks: dict[socket.socket, str] = {}
+
+            def open_from(source: str) -> None:
                 try:
-                    socks.append(stack.enter_context(connect_from(address, addresses[i % sources], timeout=2)))
+                    socks[stack.enter_context(connect_from(address, source, timeout=2))] = source
                 except OSError:
                     pass  # a full backlog: the flood goes on with the connections it has
+
+            for i in range(connections):
+                open_from(addresses[i % sources])
             payload = hello(purpose="x" * 3000)
             end, offset = time.monotonic() + seconds, 0
             while time.monotonic() < end:
-                for sock in list(socks):
+                for sock, source in list(socks.items()):
                     try:
                         sock.send(payload[offset % len(payload):offset % len(payload) + 1])
-                    except OSError:
-                        socks.remove(sock)  # the door hung up (its deadline, or beyond its bounds)
+                    except OSError:  # the door hung up (its deadline, or beyond its bounds)
+                        del socks[sock]
+                        sock.close()
+                        if reconnect:
+                            open_from(source)
                 offset += 1
                 time.sleep(0.5)
 
-    def silent(self, address, seconds: float, connections: int = 100) -> None:
-        """``connections`` connections from one address that say nothing."""
-        [source] = self.sources(1)
+    def silent(self, address, seconds: float, connections: int = 100, sources: int = 1) -> None:
+        """``connections`` connections from ``sources`` addresses that say nothing."""
+        addresses = self.sources(sources)
         with ExitStack() as stack:
-            for _ in range(connections):
+            for i in range(connections):
                 try:
-                    stack.enter_context(connect_from(address, source, timeout=2))
+                    stack.enter_context(connect_from(address, addresses[i % sources], timeout=2))
                 except OSError:
                     pass
             time.sleep(seconds)
 
-    def malformed(self, address) -> dict[str, object]:
-        """Every malformed hello, each from an address of its own: the answers."""
-        return {what: send_malformed(address, source, payload)
+    def malformed(self, address, knock_for: str | None = None) -> dict[str, object]:
+        """Every malformed hello, each from an address of its own (after a right knock for ``knock_for``): the
+        answers."""
+        return {what: send_malformed(address, source, payload, knock_for)
                 for (what, payload), source in zip(MALFORMED.items(), self.sources(len(MALFORMED)))}
 
 
@@ -144,6 +165,8 @@ def attack_every_port(ports: dict[str, tuple[tuple[str, int], str]], heartbeat_s
             "100 silent": lambda: attacker.silent(address, seconds),
             "malformed": lambda: attacker.malformed(address),
             "flood of 200 trickling": lambda: attacker.trickle(address, seconds, connections=200, sources=10),
+            "100 reconnecting tricklers from 100 addresses": lambda: attacker.trickle(
+                address, seconds, connections=100, sources=100, reconnect=True),
         }
         for attack, run in attacks.items():
             attacking = threading.Thread(target=run)

@@ -52,3 +52,15 @@ def holds_for(condition: Callable[[], object], seconds: float, poll_s: float = 0
         assert condition(), f"{what} broke after {seconds - (end - time.monotonic()):.2f} s"
         time.sleep(poll_s)
     assert condition(), f"{what} broke at the end of {seconds:.2f} s"
+
+
+def answer_of(sock: socket.socket) -> object:
+    """What the other end says next on ``sock``: a message's header, or ``"closed"`` if it hangs up without a
+    word (a door closes a stranger's connection so, read or unread)."""
+    from ecofl.net.errors import ChannelClosed
+    from ecofl.net.wire import recv_message
+
+    try:
+        return recv_message(sock)[0]
+    except (ChannelClosed, ConnectionResetError, BrokenPipeError):
+        return "closed"

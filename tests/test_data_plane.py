@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from ecofl.net.auth import admit_peer, join_home
+from ecofl.net.auth import CONTROL, admit_peer, join_home
+from ecofl.net.dial import dial
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.links import PeerLost
 from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
 from ecofl.net.wire import recv_message, send_message
-from helpers import SECRET
+from helpers import SECRET, answer_of, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -221,38 +221,24 @@ def test_closing_a_link_ends_a_wait_on_it_with_peer_lost():
         close_all(listeners, [a, b])
 
 
-def stranger_visits(address: tuple[str, int], hello: dict | None) -> tuple[dict, object]:
-    """Connect to a data port; read the challenge; send ``hello`` (None: say nothing); what comes back."""
+def stranger_visits(address: tuple[str, int], hello: dict) -> object:
+    """Connect to a data port and send ``hello`` right away, as a stranger would: what comes back."""
     with socket.create_connection(address, timeout=10) as sock:
-        challenge, arrays = recv_message(sock)
-        assert not arrays
-        if hello is None:
-            return challenge, None
         send_message(sock, hello)
-        try:
-            answer = recv_message(sock)[0]
-        except ChannelClosed:
-            answer = "closed"
-        return challenge, answer
+        return answer_of(sock)
 
 
-def test_a_stranger_at_the_data_port_gets_a_challenge_and_nothing_else():
+def test_a_stranger_at_the_data_port_gets_nothing_at_all():
     listener = DataListener("127.0.0.1", SECRET)
     try:
         forged = {"type": "hello", "device": 1, "purpose": data_purpose(0, 0), "nonce": "00" * 32, "mac": "00" * 32}
-        challenge, answer = stranger_visits(listener.address, forged)
-        assert set(challenge) == {"type", "nonce"} and answer == {"type": "rejected"}
-        # someone with the secret but asking for another kind of channel is refused too
+        assert stranger_visits(listener.address, forged) == "closed"  # no knock: not even a challenge
+        # someone with the secret but knocking for another kind of channel is refused too
+        with pytest.raises(ChannelClosed):
+            dial(listener.address, SECRET, 1, CONTROL)
         with socket.create_connection(listener.address, timeout=10) as sock:
-            join_home(sock, SECRET, 1, "control")
-            with pytest.raises(ChannelClosed):
-                recv_message(sock)
-        with socket.create_connection(listener.address, timeout=10) as sock:
-            sock.sendall(b"\xff" * 64)  # garbage
-        deadline = time.monotonic() + 30  # the garbage is refused at once; its handshake thread may lag
-        while listener.refused < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert listener.refused == 3
+            sock.sendall(b"\xff" * 64)  # garbage, and the connection ends
+        wait_for(lambda: listener.refused == 3, timeout_s=30, what="three refusals")
     finally:
         listener.close()
 
@@ -298,7 +284,7 @@ def test_a_stranger_at_a_workers_data_port_learns_nothing_and_disturbs_nothing()
                 for rank, port in enumerate(ports):
                     hello = {"type": "hello", "device": rank, "purpose": data_purpose(0, (rank + 1) % 3),
                              "nonce": "11" * 32, "mac": "22" * 32}
-                    seen.extend(stranger_visits(port, hello))
+                    seen.append(stranger_visits(port, hello))
                     with socket.create_connection(port, timeout=10) as sock:
                         sock.sendall(b"\x00" * 4096)
 
@@ -313,6 +299,4 @@ def test_a_stranger_at_a_workers_data_port_learns_nothing_and_disturbs_nothing()
                 sock.close()
     assert_same(single_process(WITHOUT_BATCH_NORM, start, x, y, plan, 6, 0.1), result.weights)
     assert seen, "the stranger never got to the door"
-    challenges, answers = seen[0::2], seen[1::2]
-    assert all(set(c) == {"type", "nonce"} for c in challenges)  # a fresh nonce: nothing about the home
-    assert all(a == {"type": "rejected"} for a in answers)
+    assert set(seen) == {"closed"}  # not a word: nothing about the home

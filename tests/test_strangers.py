@@ -40,9 +40,11 @@ from ecofl.deploy.device_profile import describe_device
 from ecofl.deploy.home_status import home_status
 from ecofl.deploy.service_messages import DAEMON
 from ecofl.deploy.service_messages import DaemonBeat
-from ecofl.net.auth import CONTROL, HELLO, join_home
+from ecofl.net.auth import CONTROL, HELLO
+from ecofl.net.dial import dial
 from ecofl.net.door import Door, DoorLimits
 from ecofl.net.heartbeat import HEARTBEAT, HeartbeatMonitor
+from ecofl.net.knock import knock_frame
 from ecofl.net.liveness import LivenessSettings
 from ecofl.net.mesh import DataListener, data_purpose
 from ecofl.net.netns import HomeNetwork, unavailable_reason
@@ -51,7 +53,7 @@ from ecofl.net.schema import MalformedMessage, encode
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.admission import Arrivals
 from attacker import MALFORMED, Attacker, attack_every_port, connect_from, hello, legit_join, stranger
-from helpers import SECRET, wait_for
+from helpers import SECRET, answer_of, wait_for
 from pipeline_kit import pool
 
 pytestmark = pytest.mark.timeout(300)
@@ -135,8 +137,8 @@ def door(limits: DoorLimits = DoorLimits(), purpose: str = CONTROL):
         yield d, admitted
 
 
-def test_trickling_and_silent_strangers_are_cut_off_at_the_deadline_and_never_hold_up_a_peer():
-    with door(DoorLimits(deadline_s=1.5, in_flight=8, per_source=4)) as (d, admitted):
+def test_trickling_and_silent_strangers_are_cut_off_at_the_knock_deadline_and_never_hold_up_a_peer():
+    with door(DoorLimits(knock_deadline_s=1.5, waiting_per_source=4)) as (d, admitted):
         attacker = Attacker()
         stop = threading.Event()
         hung_up: list[float] = []
@@ -144,8 +146,7 @@ def test_trickling_and_silent_strangers_are_cut_off_at_the_deadline_and_never_ho
         def trickle() -> None:
             start = time.monotonic()
             with connect_from(d.address, stranger(0)) as sock:
-                recv_message(sock)  # the challenge
-                for byte in hello():
+                for byte in hello():  # where a knock belongs, a byte at a time
                     try:
                         sock.send(bytes([byte]))
                         if sock.recv(1, socket.MSG_DONTWAIT) == b"":
@@ -170,29 +171,50 @@ def test_trickling_and_silent_strangers_are_cut_off_at_the_deadline_and_never_ho
             trickler.join()
         wait_for(lambda: len(admitted) == 3)  # the door hands a peer on just after welcoming it
         assert admitted == [0, 1, 2] and max(joins) < ADMITTED_AT_ONCE_S, joins
-        assert hung_up, "the trickler was never cut off"
-        assert d.turned_away >= 50 - 4  # one address holds at most per_source handshakes
+        assert hung_up and hung_up[0] < 10, "the trickler was never cut off"
+        assert d.turned_away >= 50 - 4  # one address has at most waiting_per_source connections on the porch
+        assert not d._in_flight  # no stranger ever held a handshake's place
         print(f"\nlegit handshakes under attack: {', '.join(f'{t * 1e3:.0f} ms' for t in joins)}; "
-              f"trickler cut off after {hung_up[0]:.2f} s (deadline 1.5 s); turned away {d.turned_away}")
+              f"trickler cut off after {hung_up[0]:.2f} s (knock deadline 1.5 s); turned away {d.turned_away}")
 
 
-def test_a_flood_from_several_addresses_cannot_keep_a_newcomer_out():
-    """Every place taken by two addresses: a peer from a third takes the busiest address's oldest place."""
-    with door(DoorLimits(deadline_s=60, in_flight=8, per_source=8)) as (d, admitted):
+def test_strangers_from_many_addresses_fill_the_porch_and_a_member_walks_past_them():
+    """Every place on the porch taken by silent strangers from 16 addresses: a member's knock still gets it
+    in, and the strangers never reach the handshake."""
+    with door(DoorLimits(knock_deadline_s=60, waiting=8, waiting_per_source=8)) as (d, admitted):
         with ExitStack() as flood:
             for i in range(16):
-                flood.enter_context(connect_from(d.address, stranger(i % 2)))
-            wait_for(lambda: d.turned_away + len(d._in_flight) == 16)
-            assert len(d._in_flight) == 8  # full
-            legit_join(d.address, CONTROL, 5)
-            wait_for(lambda: d.refused == 1)  # the evicted handshake
+                flood.enter_context(connect_from(d.address, stranger(i)))
+            wait_for(lambda: d.turned_away == 8 and len(d._porch) == 8, what="a full porch")
+            assert legit_join(d.address, CONTROL, 5) < ADMITTED_AT_ONCE_S
             wait_for(lambda: admitted != [])  # handed on just after the welcome the peer saw
+            assert not d._in_flight and d.refused == 0
         assert admitted == [5]
+
+
+def test_a_replayed_knock_is_refused_and_a_knock_opens_only_its_purposes_door():
+    knock = knock_frame(SECRET, CONTROL)
+    with door() as (d, admitted):
+        for attempt in range(2):
+            with connect_from(d.address, stranger(attempt)) as sock:
+                sock.sendall(knock)  # a copy of a member's knock, the second time a replay
+                reply = answer_of(sock)
+            assert (set(reply) == {"type", "nonce"}) if attempt == 0 else (reply == "closed"), reply
+        wait_for(lambda: d.refused == 2, what="the unanswered challenge and the replay refused")
+        with connect_from(d.address, stranger(3)) as sock:
+            sock.sendall(knock_frame(SECRET, HEARTBEAT))
+            assert answer_of(sock) == "closed"
+        wait_for(lambda: d.refused == 3)
+        with connect_from(d.address, stranger(4)) as sock:
+            sock.sendall(knock_frame(b"another home's secret, 32 bytes", CONTROL))
+            assert answer_of(sock) == {"type": "rejected"}  # a member set up wrong is told so
+    assert admitted == []
 
 
 @pytest.mark.parametrize("kind", ["control", "heartbeat", "data"])
 def test_malformed_hellos_are_one_log_line_each_and_no_thread_dies(kind, caplog, monkeypatch):
-    """Each port of a pipeline: every malformed hello is refused, logged once, and nothing dies."""
+    """Each port of a pipeline: every malformed hello is refused, logged once, and nothing dies: a stranger's
+    on the porch, and one sent after a right knock, by the hello's parser."""
     died: list[object] = []
     monkeypatch.setattr(threading, "excepthook", died.append)
     threads_before = threading.active_count()
@@ -208,12 +230,16 @@ def test_malformed_hellos_are_one_log_line_each_and_no_thread_dies(kind, caplog,
             listener = stack.enter_context(DataListener(LEGIT, SECRET))
             address, purpose, door_of = listener.address, data_purpose(999, 0), listener._door
         serving = threading.active_count()
+        attacker = Attacker()
         with caplog.at_level(logging.WARNING, logger="ecofl.net.door"):
-            answers = Attacker().malformed(address)
+            answers = attacker.malformed(address)  # strangers: refused on the porch
             wait_for(lambda: door_of.refused == len(MALFORMED))
+            answers.update({f"{what}, knocked": answer
+                            for what, answer in attacker.malformed(address, knock_for=purpose).items()})
+            wait_for(lambda: door_of.refused == 2 * len(MALFORMED))  # members: refused by the hello's parser
         assert set(answers.values()) == {"closed"}, answers  # no answer to a malformed hello, not even "rejected"
         lines = [r.getMessage() for r in caplog.records]
-        assert len(lines) == len(MALFORMED), lines  # one line per source
+        assert len(lines) == len(answers), lines  # one line per source
         assert all("refused" in line for line in lines)
         wait_for(lambda: threading.active_count() == serving)  # the handshake threads ended, none else
         assert legit_join(address, purpose) < ADMITTED_AT_ONCE_S
@@ -241,7 +267,8 @@ with Door("127.0.0.1", 0, bytes(range(32)), lambda p: p == "control", take, name
 
 
 def test_a_door_at_the_open_file_limit_pauses_says_so_once_and_goes_on():
-    """A door without bounds, at 48 open files: a flood meets EMFILE; afterwards a peer gets in at once."""
+    """A door without bounds on handshakes, at 48 open files: a flood of peers that knock right and then stall
+    (only members get that far: a member's bug) meets EMFILE; afterwards a peer gets in at once."""
     child = subprocess.Popen([sys.executable, "-c", DOOR_AT_THE_FILE_LIMIT], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -254,14 +281,12 @@ def test_a_door_at_the_open_file_limit_pauses_says_so_once_and_goes_on():
         with flood:
             for i in range(150):
                 try:
-                    flood.enter_context(connect_from(address, stranger(i % 10), timeout=0.5))
+                    flood.enter_context(connect_from(address, stranger(i % 10), timeout=0.5)).sendall(
+                        knock_frame(SECRET, CONTROL))
                 except OSError:
                     pass  # the listener's backlog is full too
             time.sleep(1.0)
-        start = time.monotonic()
-        with socket.create_connection(address, timeout=10) as sock:
-            join_home(sock, SECRET, 3).close()
-        admitted_after = time.monotonic() - start
+        admitted_after = legit_join(address, CONTROL, 3)
         assert admitted_after < ADMITTED_AT_ONCE_S
         assert child.stdout.readline().strip() == "admitted 3"
         child.stdin.write("\n")
@@ -330,7 +355,7 @@ def train_while(attack, devices: int = 3, network=None) -> None:
     assert failures == {}
     assert refused >= len(MALFORMED)
     slow = [a for a in admissions if max(a["during_s"], a["after_s"]) > ADMITTED_AT_ONCE_S]
-    assert len(admissions) == 4 * len(ports) and not slow, slow  # every attack on every port, every peer at once
+    assert len(admissions) == 5 * len(ports) and not slow, slow  # every attack on every port, every peer at once
     print(f"\n{len(results)} x 10 sync-rounds in {time.monotonic() - started:.0f} s under attack, none lost; "
           + "; ".join(f"{a['port']}, {a['attack']}: admitted in {a['during_s'] * 1e3:.0f} ms during, "
                       f"{a['after_s'] * 1e3:.0f} ms after" for a in admissions))
@@ -396,7 +421,7 @@ def home_service(tmp_path: Path, open_files: int):
     try:
         wait_for(lambda: port_file.exists() and port_file.read_text().strip() or service.poll() is not None, 180)
         assert service.poll() is None, log.read_text()[-2000:]
-        yield (LEGIT, int(port_file.read_text())), log
+        yield (LEGIT, int(port_file.read_text())), log, service.pid
     finally:
         service.terminate()
         try:
@@ -410,12 +435,7 @@ class FakeDaemon:
     """A registered device that beats every half second (a device daemon's part of the protocol, no workers)."""
 
     def __init__(self, address: tuple[str, int]):
-        raw = socket.create_connection(address, timeout=10)
-        try:
-            self.sock = join_home(raw, SECRET, 0, DAEMON)
-        except BaseException:
-            raw.close()
-            raise
+        self.sock = dial(address, SECRET, 0, DAEMON)
         send_message(self.sock, encode(describe_device("beating", "nano-10w", 100.0)))
         assert recv_message(self.sock)[0]["type"] == "registered"
         self.stop = threading.Event()
@@ -435,7 +455,7 @@ class FakeDaemon:
 def test_a_home_service_at_256_open_files_answers_at_once_after_a_flood_of_1000(tmp_path):
     """At `ulimit -n 256`: malformed hellos (one log line each), then 1,000 trickling connections from 100
     addresses; a registered device stays present throughout and `ecofl home status` answers at once after."""
-    with home_service(tmp_path, 256) as (address, log):
+    with home_service(tmp_path, 256) as (address, log, _):
         daemon = FakeDaemon(address)
         try:
             answers = Attacker(1).malformed(address)
@@ -462,3 +482,52 @@ def test_a_home_service_at_256_open_files_answers_at_once_after_a_flood_of_1000(
     assert "Traceback" not in text, text[-3000:]
     print(f"\nafter the flood: status answered in {answered_s * 1e3:.0f} ms (the CLI, with its imports, in "
           f"{cli_s:.1f} s); {status['refused']} refused; log lines: {len(text.splitlines())}")
+
+
+def open_files_and_threads(pid: int) -> tuple[int, int]:
+    return len(os.listdir(f"/proc/{pid}/fd")), len(os.listdir(f"/proc/{pid}/task"))
+
+
+@pytest.mark.slow
+def test_a_home_service_answers_status_while_300_addresses_attack_and_comes_back_to_its_baseline(tmp_path):
+    """300 silent connections, then 300 reconnecting tricklers, each from an address of its own (issue 44:
+    the many-address attack that once refused `home status` for the 10 s of every stranger's handshake).
+    Status is asked 3, 8 and 12 s into each attack; the service's open files and threads come back to what
+    they were before."""
+    probes_s = (3.0, 8.0, 12.0)
+    answered: dict[str, list[float]] = {}
+    with home_service(tmp_path, 1024) as (address, log, pid):
+        home_status(address, SECRET)
+        baseline = open_files_and_threads(pid)  # the status session's thread may be ending: at most this after
+        attacker = Attacker(first_source=1)
+        attacks = {
+            "300 silent": lambda: attacker.silent(address, probes_s[-1] + 1, connections=300, sources=300),
+            "300 reconnecting tricklers": lambda: attacker.trickle(address, probes_s[-1] + 1, connections=300,
+                                                                   sources=300, reconnect=True),
+        }
+        for name, attack in attacks.items():
+            attacking = threading.Thread(target=attack)
+            started = time.monotonic()
+            attacking.start()
+            try:
+                for at in probes_s:
+                    time.sleep(max(0.0, started + at - time.monotonic()))
+                    asked = time.monotonic()
+                    status = home_status(address, SECRET)  # refused (ChannelClosed) before the knock
+                    answered.setdefault(name, []).append(time.monotonic() - asked)
+                    assert status["name"] == "attacked"
+            finally:
+                attacking.join()
+        try:
+            wait_for(lambda: all(now <= before for now, before in zip(open_files_and_threads(pid), baseline)),
+                     timeout_s=60)
+        except AssertionError:
+            raise AssertionError(f"open files and threads {open_files_and_threads(pid)} a minute after the attacks, "
+                                 f"{baseline} before; status answered in {answered}") from None
+        text = log.read_text()
+    slowest = max(max(times) for times in answered.values())
+    assert slowest < ADMITTED_AT_ONCE_S, answered  # the issue asks for 2 s (figures printed): well under 10 s
+    assert "Traceback" not in text, text[-3000:]
+    print("\nstatus answered in " + "; ".join(f"{name}: " + ", ".join(f"{t * 1e3:.0f} ms" for t in times)
+                                             for name, times in answered.items())
+          + f" (at {', '.join(f'{p:g}' for p in probes_s)} s into each); open files and threads back to {baseline}")

@@ -1,8 +1,11 @@
 """Every connection inside a home proves the home's secret: mutual HMAC challenge-response, then a sealed channel.
 
 Runs first on every channel (control, heartbeat, tensor links, the home
-service's), before anything else is revealed or accepted::
+service's), before anything else is revealed or accepted, once the
+connector's knock (:mod:`.knock`, sent by :func:`~ecofl.net.dial.dial`) has
+let it past the door::
 
+    connector -> acceptor   knock: nonce | purpose | MAC, 116 bytes    (a knock under another secret: "rejected")
     acceptor  -> connector  {"type": "challenge", "nonce": Na}
     connector -> acceptor   {"type": "hello", "device": d, "purpose": p, "nonce": Nc,
                              "mac": HMAC(k, "device" | Na | Nc | d | p)}
@@ -146,7 +149,9 @@ def join_home(sock: socket.socket, secret: bytes, device: int, purpose: str = CO
     deadline = time.monotonic() + HANDSHAKE_DEADLINE_S if deadline is None else deadline
     timeout = sock.gettimeout()
     try:
-        challenge = read_preauth(sock, CHALLENGE, deadline)
+        challenge = read_preauth(sock, CHALLENGE_OR_REJECTED, deadline)
+        if isinstance(challenge, Rejected):
+            raise AuthenticationFailed(f"the home's door refused device {device}'s knock: wrong home secret")
         connector_nonce = secrets.token_hex(NONCE_BYTES)
         mac = _mac(secret, "device", challenge.nonce, connector_nonce, device, purpose)
         send_preauth(sock, Hello(device, purpose, connector_nonce, mac), deadline)
@@ -162,7 +167,7 @@ def join_home(sock: socket.socket, secret: bytes, device: int, purpose: str = CO
     return _sealed(sock, secret, challenge.nonce, connector_nonce, device, purpose, False)
 
 
-CHALLENGE, HELLO, ANSWER = MessageSet(Challenge), MessageSet(Hello), MessageSet(Welcome, Rejected)
+CHALLENGE_OR_REJECTED, HELLO, ANSWER = MessageSet(Challenge, Rejected), MessageSet(Hello), MessageSet(Welcome, Rejected)
 
 
 def _peer(sock: socket.socket) -> str:

@@ -8,6 +8,8 @@ the home service. One policy for all of them:
 - a listener that refuses or cannot be reached (it may still be starting) is
   tried again every :data:`RETRY_PAUSE_S` until ``retry_for_s`` has passed
   (0: one try); a caller's ``abort`` check runs between tries;
+- the first bytes on a new connection are its knock (:mod:`.knock`), sent
+  unasked: without it no door of a home looks further;
 - a connection that is made but whose handshake fails is not tried again: a
   wrong secret stays wrong, and a peer that breaks off is the caller's to judge;
 - one ``timeout_s`` bounds the connection attempt, the whole handshake, and
@@ -26,6 +28,7 @@ import time
 from typing import Callable
 
 from ecofl.net.auth import CONTROL, HANDSHAKE_DEADLINE_S, join_home
+from ecofl.net.knock import knock_frame
 from ecofl.net.sealed import SealedSocket
 
 RETRY_PAUSE_S = 0.1  # between two tries at a listener that is not there yet
@@ -58,6 +61,7 @@ def dial(address: tuple[str, int], secret: bytes, device: int, purpose: str = CO
         abort()
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(knock_frame(secret, purpose))
         return join_home(sock, secret, device, purpose, deadline=time.monotonic() + timeout_s)
     except BaseException:
         sock.close()

@@ -3,19 +3,22 @@
 The home service's port, the portal's control and heartbeat ports and every
 worker's data port are each served by a :class:`Door`, so that anyone on
 the home network who knows no secret can cost the home nothing but a few
-refused connections:
+refused connections, however many addresses it comes from:
 
-- one thread accepts, and does nothing else. A connection beyond the bound
-  of handshakes in flight (:class:`DoorLimits`: overall, and from one source
-  address) is closed at once, so a flood holds a bounded number of threads
-  and file descriptors; when all places are taken, a newcomer from a less
-  busy address takes the place of the busiest address's oldest handshake;
-- each handshake (:func:`.auth.admit_peer`) runs on a thread of its own,
-  with a deadline for the whole handshake: a peer that is silent, or sends a
-  byte every half second, is cut off when it passes;
+- one thread accepts, and reads every new connection's knock (:mod:`.knock`)
+  on its porch (:mod:`.porch`): a connection holds no thread and no place
+  until its first bytes prove the secret, and one that does not prove it
+  within a short deadline, or sends anything else, is closed. Members never
+  queue behind strangers: only a knocked peer reaches the handshake;
+- each knocked peer's handshake (:func:`.auth.admit_peer`, for the purpose
+  it knocked for) runs on a thread of its own, with a deadline for the whole
+  handshake, within a bound of handshakes in flight (:class:`DoorLimits`:
+  overall, and from one source address; when all places are taken, a
+  newcomer from a less busy address takes the place of the busiest
+  address's oldest handshake). Only members fill those places;
 - an admitted peer is handed to the owner's ``on_admitted``, which serves it
   elsewhere (the heartbeat monitor's thread, a thread of the home service,
-  the data listener's links), so no stranger ever holds up the thread that
+  the data listener's links), so no one ever holds up the thread that
   serves the admitted peers;
 - running out of file descriptors (EMFILE, ENFILE), buffers or threads
   pauses accepting, logged once, with short back-offs until it can go on;
@@ -28,6 +31,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import resource
+import selectors
 import socket
 import threading
 import time
@@ -36,10 +41,13 @@ from typing import Callable
 
 from ecofl.net.auth import HANDSHAKE_DEADLINE_S, Admitted, admit_peer
 from ecofl.net.errors import AuthenticationFailed
+from ecofl.net.knock import KNOCK_DEADLINE_S, PROCESS_LEDGER, KnockLedger
+from ecofl.net.porch import Porch
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1  # how soon the accepting thread notices it is to stop
+ACCEPTS_PER_WAKE = 64  # connections accepted before the porch is read again
 BACKOFF_S = (0.01, 0.25)  # first and longest pause while out of descriptors, buffers or threads
 LOGGED_SOURCES = 1024  # sources remembered as already logged (then forgotten, and logged again)
 
@@ -56,8 +64,11 @@ class DoorLimits:
     """How much a door gives peers that have not proved the secret yet."""
 
     deadline_s: float = HANDSHAKE_DEADLINE_S  # for a whole handshake
-    in_flight: int = 64  # handshakes at once
+    in_flight: int = 64  # handshakes at once (of knocked peers only)
     per_source: int = 16  # handshakes at once from one source address
+    knock_deadline_s: float = KNOCK_DEADLINE_S  # from accepting a connection to its whole knock
+    waiting: int = 256  # connections waiting to knock (at most a quarter of the open-file limit)
+    waiting_per_source: int = 64  # of them from one source address
 
 
 class Door:
@@ -66,20 +77,26 @@ class Door:
     ``on_admitted`` gets every admitted peer (on a handshake thread: it must
     hand the peer on quickly); ``on_refused`` the reason of every refusal.
     A peer with the secret that asks for a purpose the door does not serve
-    is refused too.
+    is refused too. ``ledger`` records the knocks accepted (the process's).
     """
 
     def __init__(self, host: str, port: int, secret: bytes, serves: Callable[[str], bool],
                  on_admitted: Callable[[Admitted], None], *, name: str,
-                 on_refused: Callable[[str], None] = lambda reason: None, limits: DoorLimits = DoorLimits()):
+                 on_refused: Callable[[str], None] = lambda reason: None, limits: DoorLimits = DoorLimits(),
+                 ledger: KnockLedger = PROCESS_LEDGER):
         self.secret, self.serves, self.name, self.limits = secret, serves, name, limits
         self.on_admitted, self.on_refused = on_admitted, on_refused
-        self.refused = 0  # handshakes that failed
+        self.refused = 0  # peers that did not prove the secret: a wrong or missing knock, a failed handshake
         self.turned_away = 0  # connections closed at once, beyond the bounds
         self.stopped: str | None = None  # why accepting stopped, once it has
         self._listener = socket.create_server((host, port))
-        self._listener.settimeout(POLL_S)
+        self._listener.setblocking(False)
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        places = min(limits.waiting, max(8, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4))
+        self._porch = Porch(self._selector, secret, ledger, limits.knock_deadline_s, places,
+                            limits.waiting_per_source, self._let_in, self._closed_on_porch)
         self._lock = threading.Lock()
         self._in_flight: dict[socket.socket, str] = {}  # handshake socket -> its source address
         self._per_source: dict[str, int] = {}
@@ -107,46 +124,94 @@ class Door:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- accepting -------------------------------------------------------------------
+    # -- accepting, and the porch ----------------------------------------------------------
 
     def _accept_loop(self) -> None:
-        paused_at: float | None = None
+        try:
+            self._serve()
+        finally:
+            self._porch.clear()
+            self._selector.close()
+
+    def _serve(self) -> None:
+        paused_since: float | None = None  # accepting has failed for want of a resource since (None: it works)
+        resume_at: float | None = None  # the listener is out of the selector until then
         backoff = BACKOFF_S[0]
         while not self._stop.is_set():
-            try:
-                sock, address = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError as error:
-                if self._stop.is_set():
-                    break
-                if error.errno in _PASSING:
+            if self._listener.fileno() < 0:
+                self._stop_accepting("accepting failed: the listening socket was closed")
+                return
+            now = time.monotonic()
+            if resume_at is not None and now >= resume_at:
+                self._selector.register(self._listener, selectors.EVENT_READ)
+                resume_at = None
+            wake = min(POLL_S, self._porch.next_deadline() - now, resume_at - now if resume_at else POLL_S)
+            for key, _ in self._selector.select(max(0.0, wake)):
+                if key.data is not None:  # a connection on the porch (unless pushed off it meanwhile)
+                    if key.fileobj in self._porch:
+                        self._porch.readable(key.fileobj)
+                    continue
+                accepted, error = self._accept_ready()
+                if accepted and paused_since is not None:
+                    log.warning("%s door accepts again, after %.1f s", self.name, time.monotonic() - paused_since)
+                    paused_since, backoff = None, BACKOFF_S[0]
+                if error is None:
                     continue
                 if error.errno not in _EXHAUSTED:
-                    self.stopped = f"accepting failed: {error}"
-                    log.error("%s door at %s:%d stops accepting: %s", self.name, *self.address, error)
+                    self._stop_accepting(f"accepting failed: {error}")
                     return
-                if paused_at is None:
-                    paused_at = time.monotonic()
+                if paused_since is None:
+                    paused_since = now
                     log.warning("%s door at %s:%d pauses accepting: %s; retrying every %.2f s at most",
                                 self.name, *self.address, error.strerror, BACKOFF_S[1])
-                self._stop.wait(backoff)
-                backoff = min(BACKOFF_S[1], backoff * 2)
-                continue
-            if paused_at is not None:
-                log.warning("%s door accepts again, after %.1f s", self.name, time.monotonic() - paused_at)
-                paused_at, backoff = None, BACKOFF_S[0]
-            self._let_in(sock, str(address[0]))
+                self._selector.unregister(self._listener)
+                resume_at, backoff = time.monotonic() + backoff, min(BACKOFF_S[1], backoff * 2)
+            self._porch.expire(time.monotonic())
         self.stopped = "closed"
 
-    def _let_in(self, sock: socket.socket, source: str) -> None:
-        """Start ``sock``'s handshake on a thread of its own, or close it at once beyond the bounds.
+    def _accept_ready(self) -> tuple[int, OSError | None]:
+        """Accept the connections waiting (up to :data:`ACCEPTS_PER_WAKE`), each onto the porch: how many, and
+        the error that stopped it, if any but 'none left'."""
+        accepted = 0
+        for _ in range(ACCEPTS_PER_WAKE):
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as error:
+                if error.errno in _PASSING:
+                    continue
+                return accepted, error
+            accepted += 1
+            self._porch.arrive(sock, str(address[0]))
+        return accepted, None
+
+    def _stop_accepting(self, why: str) -> None:
+        self.stopped = why
+        log.error("%s door at %s:%d stops accepting: %s", self.name, *self.address, why)
+
+    def _closed_on_porch(self, source: str, reason: str, refused: bool) -> None:
+        """The porch closed a connection from ``source``: counted, told and logged as a refusal, or turned away."""
+        if refused:
+            self.on_refused(f"a peer from {source} {reason}")
+            self._log_once(source, f"refused: {reason}")
+            with self._lock:
+                self.refused += 1
+        else:
+            self.turned_away += 1
+            self._log_once(source, f"turned away: {reason}")
+
+    def _let_in(self, sock: socket.socket, source: str, purpose: str) -> None:
+        """Start a knocked peer's handshake on a thread of its own, or close it at once beyond the bounds.
 
         When every place is taken, a peer from an address with fewer
         handshakes in flight than the busiest address takes the place of
-        that address's oldest handshake: to keep a newcomer out, a flood
-        needs as many addresses of its own as there are places.
+        that address's oldest handshake.
         """
+        if not self.serves(purpose):
+            sock.close()
+            self._closed_on_porch(source, f"knocked for a {purpose!r} channel at the {self.name} door", True)
+            return
         with self._lock:
             mine = self._per_source.get(source, 0)
             evicted = None
@@ -167,8 +232,8 @@ class Door:
             self._log_once(source, f"turned away: {self.limits.in_flight} handshakes in flight, "
                                    f"or {self.limits.per_source} from this address")
             return
-        thread = threading.Thread(target=self._handshake, args=(sock, source), name=f"{self.name}-handshake",
-                                  daemon=True)
+        thread = threading.Thread(target=self._handshake, args=(sock, source, purpose),
+                                  name=f"{self.name}-handshake", daemon=True)
         with self._lock:
             self._handshakes.add(thread)
         try:
@@ -181,24 +246,25 @@ class Door:
 
     # -- one handshake -----------------------------------------------------------------
 
-    def _handshake(self, sock: socket.socket, source: str) -> None:
+    def _handshake(self, sock: socket.socket, source: str, purpose: str) -> None:
         try:
-            self._admit(sock, source)
+            self._admit(sock, source, purpose)
         finally:
             self._done(sock, threading.current_thread())
 
-    def _admit(self, sock: socket.socket, source: str) -> None:
-        """Admit the peer on ``sock`` and hand it over, or refuse it (told, logged once per source, counted)."""
+    def _admit(self, sock: socket.socket, source: str, purpose: str) -> None:
+        """Admit the peer on ``sock``, which knocked for ``purpose``, and hand it over, or refuse it (told,
+        logged once per source, counted)."""
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             admitted = admit_peer(sock, self.secret, time.monotonic() + self.limits.deadline_s)
             with self._lock:
                 evicted = not self._release(sock)  # its place was taken at the last moment: it is being hung up
-            if evicted or not self.serves(admitted.purpose):
+            if evicted or admitted.purpose != purpose:
                 admitted.channel.close()
                 raise AuthenticationFailed("its place was taken by a peer from a less busy address" if evicted
-                                           else f"a peer asked for a {admitted.purpose!r} channel at the "
-                                                f"{self.name} door")
+                                           else f"a peer knocked for {purpose!r} and asked for a "
+                                                f"{admitted.purpose!r} channel")
         except (AuthenticationFailed, OSError) as error:  # OSError: TCP_NODELAY on a connection already reset
             sock.close()
             self.on_refused(str(error))
