@@ -6,7 +6,7 @@ and two device daemons per home, on loopback) first undisturbed and then
 under attack, and compares the two. The attacker is what issue 44 found
 breaking homes: every half second it looks up the TCP ports the homes'
 processes (``ecofl home serve``, ``ecofl device serve`` and the workers they
-fork) listen on, the home services' ports and every round's control,
+start) listen on, the home services' ports and every round's control,
 heartbeat and data ports alike, and sends each new one 100 reconnecting
 tricklers, each from a loopback address of its own (127.0.x.y), until the
 run ends. (It finds the ports by reading this machine's socket tables, as a
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the attacker of tests/test_strangers.
 from attacker import Attacker  # noqa: E402
 from benchmarks.markdown_section import replace_section  # noqa: E402
 
-HOMES_PROCESSES = ("ecofl home serve", "ecofl device serve")
+HOMES_PROCESSES = ("ecofl home serve", "ecofl device serve", "ecofl.pipeline.runtime.worker")
 ATTACKERS_PER_PORT = 100
 LISTEN = "0A"  # the LISTEN state in /proc/net/tcp
 

@@ -37,6 +37,7 @@ from ecofl.pipeline.runtime.calibration import (
     operating_micro_batch,
     plan_on_measured_speeds,
     plan_workload,
+    shared_by_identical,
     speed_from_step,
     whole_model,
 )
@@ -416,3 +417,49 @@ def test_two_sigterms_to_a_confined_home_train_still_remove_its_cgroups_and_work
     assert process.returncode == 130, stderr
     assert not [n for n in our_cgroups() if n.startswith(f"ecofl-{process.pid}-")]
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+@needs_cgroups
+def test_a_calibration_file_gives_a_second_run_the_first_runs_plan_and_prediction(tmp_path):
+    """--calibration FILE: the first run measures and writes, the second reuses (the same plan and predicted
+    sync-round, no measuring), and a run with other settings is refused before it measures anything."""
+    kept = tmp_path / "calibration.json"
+    command = [sys.executable, "-m", "ecofl.cli", "home", "train", "--model", "cnn", "--pool",
+               "nano-10w,tx2-maxq", "--dataset", "digits", "--batch", "32", "--rounds", "2",
+               "--emulate", "cgroup", "--json", "--cache-dir", str(tmp_path), "--calibration", str(kept)]
+    runs = []
+    for _ in range(2):
+        out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout))
+        assert kept.exists()
+    first, second = runs
+    assert [s["layers"] for s in first["stages"]] == [s["layers"] for s in second["stages"]]
+    assert [s["shares"] for s in first["stages"]] == [s["shares"] for s in second["stages"]]
+    assert second["predicted_sync_round_s"] == first["predicted_sync_round_s"]
+    assert [d["measured_speed"] for d in second["devices"]] == [d["measured_speed"] for d in first["devices"]]
+    other = subprocess.run([*command[:command.index("--batch") + 1], "16", *command[command.index("--batch") + 2:]],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert other.returncode != 0 and "calibrated for other settings" in other.stderr and "batch 32" in other.stderr
+    assert not left_behind()
+
+
+def test_a_file_that_is_no_calibration_is_refused_with_its_name(tmp_path):
+    from ecofl.cli.calibration_file import load_calibration
+    from ecofl.errors import UserError
+    from ecofl.pools import load_pool
+
+    garbage = tmp_path / "notes.json"
+    garbage.write_text('{"version": 1, "speeds": "fast"}')
+    with pytest.raises(UserError, match="notes.json is not a calibration file"):
+        load_calibration(garbage, {}, load_pool("nano-10w,tx2-maxq"))
+
+
+def test_identical_devices_share_one_measurement_and_others_keep_their_own():
+    nano, tx2 = DeviceLimits(0.5, 1 << 30), DeviceLimits(1.0, 1 << 31)
+    whole, stage = Work(4), Work(4, (0, 3))
+    limits = {0: nano, 1: nano, 2: tx2, 3: nano}
+    work = {0: whole, 1: whole, 2: whole, 3: stage}
+    shared = shared_by_identical({0: 1.0, 1: 1.2, 2: 0.5, 3: 0.9}, limits, work)
+    assert shared[0] == shared[1] == pytest.approx(1.1)  # the two nanos timing the whole model
+    assert shared[2] == 0.5 and shared[3] == 0.9  # another kind of device; a nano timing other work

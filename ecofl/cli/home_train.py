@@ -14,7 +14,9 @@ first time the whole model, then their own stages, in their cgroups
 (:mod:`ecofl.pipeline.runtime.calibration`), the planner plans from those
 measured speeds, and nothing forces measured
 and predicted to agree: the difference is the planner's error on a home of
-truly different devices. ``--emulate sleep`` makes every operation sleep
+truly different devices; ``--calibration FILE`` keeps those speeds and the
+plan in FILE for later runs (:mod:`ecofl.cli.calibration_file`), so that
+runs compared side by side share one plan. ``--emulate sleep`` makes every operation sleep
 until the cost model's time, so the two agree by construction except for
 communication and scheduling overhead. ``--emulate none`` (``--no-emulate``)
 runs every device at host speed (no link pacing, no memory budgets),
@@ -31,8 +33,10 @@ import dataclasses
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from ecofl.accelerator import check_accelerators
+from ecofl.cli.calibration_file import load_calibration, save_calibration
 from ecofl.cli.options import image_path
 from ecofl.devices import host_cores
 from ecofl.pools import load_pool
@@ -47,7 +51,7 @@ from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.prediction import predict_sync_round
-from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds
+from ecofl.pipeline.runtime.calibration import ConfinedPool, confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.cli.emulation_option import chosen_emulation
 
@@ -65,13 +69,10 @@ def run(args: argparse.Namespace) -> int:
     spec = ZooModel(args.model, shape, data.num_classes, args.granularity)
     plan = _plan(args, profile, pool)
     limits, calibration = None, {}
+    if args.calibration is not None and mode != Emulation.CGROUP:
+        raise UserError(f"--calibration keeps a confined home's measurements: it needs --emulate cgroup, not {mode}")
     if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
-        if not args.json:
-            print(f"each device times {args.model} in its cgroup ...", file=sys.stderr, flush=True)
-        presets = pool
-        confined, plan = plan_on_measured_speeds(
-            lambda devices: _plan(args, profile, devices), profile, presets,
-            lambda work: confine_pool(spec, shape, profile, presets, work))
+        confined, plan = _calibrate(args, spec, shape, profile, pool)
         pool, limits, calibration = confined.pool, confined.limits, confined.measured
     predicted = predict_sync_round(plan, profile, pool, mode, args.rounds, args.cache_dir)
     x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]
@@ -102,6 +103,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"timeline written to {image}", file=sys.stderr)
     print(json.dumps(report) if args.json else table(report))
     return 0
+
+
+def _calibrate(args: argparse.Namespace, spec: ZooModel, shape: tuple, profile, presets) -> tuple[ConfinedPool, Plan]:
+    """The devices' speeds measured in their cgroups and the plan made on them, or those kept in
+    ``--calibration`` (written there when it does not exist yet)."""
+    settings = {"model": args.model, "input_shape": list(shape), "pool": presets.name, "batch": args.batch,
+                "micro_batch": args.micro_batch, "planner": args.planner, "schedule": args.schedule,
+                "granularity": args.granularity, "bandwidth": args.bandwidth}
+    kept = Path(args.calibration) if args.calibration is not None else None
+    if kept is not None and kept.exists():
+        confined, plan, measured_at = load_calibration(kept, settings, presets)
+        if not args.json:
+            print(f"reusing the speeds and plan measured at {measured_at} ({kept})", file=sys.stderr)
+        return confined, plan
+    if not args.json:
+        print(f"each device times {args.model} in its cgroup ...", file=sys.stderr, flush=True)
+    confined, plan = plan_on_measured_speeds(
+        lambda devices: _plan(args, profile, devices), profile, presets,
+        lambda work: confine_pool(spec, shape, profile, presets, work))
+    if kept is not None:
+        save_calibration(kept, settings, confined, plan)
+    return confined, plan
 
 
 def _plan(args: argparse.Namespace, profile, pool) -> Plan:

@@ -161,6 +161,9 @@ def add_home_train(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     add_emulation(parser)
+    parser.add_argument("--calibration", default=None, metavar="FILE",
+                        help="cgroup: reuse the devices' measured speeds and plan in FILE, or measure and write "
+                             "them there (runs compared side by side then share one plan)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds any step may take before failing")
     parser.add_argument("--cache-dir", default=None, help=PROFILE_CACHE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -94,7 +94,9 @@ class Door:
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
-        places = min(limits.waiting, max(8, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4))
+        open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        places = limits.waiting if open_files == resource.RLIM_INFINITY else min(limits.waiting,
+                                                                                  max(8, open_files // 4))
         self._porch = Porch(self._selector, secret, ledger, limits.knock_deadline_s, places,
                             limits.waiting_per_source, self._let_in, self._closed_on_porch)
         self._lock = threading.Lock()

@@ -39,7 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -183,11 +183,24 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
                 process.wait()
             for device in devices:  # also one whose process had not started (or not been recorded)
                 confinement.release(device)
-    speeds = {d: speed_from_step(profile, work[d], s, objective) for d, s in measured.items()}
+    step_s = shared_by_identical(measured, confinement.limits, work)
+    speeds = {d: speed_from_step(profile, work[d], s, objective) for d, s in step_s.items()}
     report = {d: {"quota_cores": confinement.limits[d].cores, "objective": objective,
-                  "micro_batch": work[d].samples, "layers": work[d].layers, "step_s": measured[d],
-                  "measured_speed": speeds[d]} for d in devices}
+                  "micro_batch": work[d].samples, "layers": work[d].layers, "step_s": step_s[d],
+                  "own_step_s": measured[d], "measured_speed": speeds[d]} for d in devices}
     return with_speeds(pool, speeds), report
+
+
+def shared_by_identical(step_s: Mapping[int, float], limits: Mapping[int, DeviceLimits],
+                        work: Mapping[int, Work]) -> dict[int, float]:
+    """Each device's seconds per step, identical devices sharing one measurement: devices confined alike that
+    timed the same work get the mean of what they measured (two Jetson Nanos are one kind of device; the
+    planner should not tell them apart by the noise of their calibrations)."""
+    kinds: dict[tuple[DeviceLimits, Work], list[int]] = {}
+    for device in step_s:
+        kinds.setdefault((limits[device], work[device]), []).append(device)
+    return {device: statistics.fmean(step_s[twin] for twin in kinds[(limits[device], work[device])])
+            for device in step_s}
 
 
 def operating_micro_batch(plan: Plan) -> int:
