@@ -161,7 +161,8 @@ def main() -> int:
     out.write_text(json.dumps(result, indent=2) + "\n")
     table = "\n".join([
         f"Measured with `{result['command']}` on {result['machine']} (load {result['load_before']} before; "
-        "one run each, one after the other), 2 homes x 2 devices on loopback, devices sleeping to their presets.",
+        "one run each, one after the other), 2 homes x 2 devices on loopback, devices sleeping to their presets; "
+        "the attacker runs on the same cores.",
         "",
         "| run | updates | rounds per home | peers refused per home | total s | s per update after the first |",
         "|---|---:|---|---|---:|---:|",
