@@ -68,7 +68,8 @@ class Porch:
         """A connection just accepted: its knock read now if it is there, else it waits."""
         sock.setblocking(False)
         waiting = _Waiting(source, time.monotonic() + self.deadline_s)
-        if self._read(sock, waiting):
+        if (outcome := self._read(sock, waiting)) is not None:
+            outcome()
             return
         if self._per_source.get(source, 0) >= self.per_source:
             self._push_out(next(s for s, w in self._waiting.items() if w.source == source))
@@ -80,9 +81,9 @@ class Porch:
 
     def readable(self, sock: socket.socket) -> None:
         """More of a waiting connection's knock (or its end) has arrived."""
-        waiting = self._waiting[sock]
-        if self._read(sock, waiting):
+        if (outcome := self._read(sock, self._waiting[sock])) is not None:
             self._leave(sock)
+            outcome()
 
     def expire(self, now: float) -> None:
         """Close every waiting connection whose knock is late."""
@@ -105,21 +106,21 @@ class Porch:
 
     # -- one connection ----------------------------------------------------------------
 
-    def _read(self, sock: socket.socket, waiting: _Waiting) -> bool:
-        """Read what there is of ``sock``'s knock; True once it has been dealt with (handed on or closed)."""
+    def _read(self, sock: socket.socket, waiting: _Waiting) -> Callable[[], None] | None:
+        """Read what there is of ``sock``'s knock: None while more is to come, else what to do with the
+        connection once it has left the porch (hand it on, or close it)."""
         try:
             chunk = sock.recv(KNOCK_BYTES - len(waiting.received))
         except (BlockingIOError, InterruptedError):
-            return False
+            return None
         except OSError as error:
-            self._close(sock, waiting.source, f"broke off before knocking: {error}", True)
-            return True
+            why = f"broke off before knocking: {error}"
+            return lambda: self._close(sock, waiting.source, why, True)
         if not chunk:
-            self._close(sock, waiting.source, "hung up before knocking", True)
-            return True
+            return lambda: self._close(sock, waiting.source, "hung up before knocking", True)
         waiting.received += chunk
         if len(waiting.received) < KNOCK_BYTES:
-            return False
+            return None
         try:
             purpose = check_knock(bytes(waiting.received), self.secret, self.ledger)
         except AuthenticationFailed as error:
@@ -128,11 +129,13 @@ class Porch:
                     send_message(sock, encode(Rejected()))
                 except OSError:
                     pass
-            self._close(sock, waiting.source, str(error), True)
-            return True
+            why = str(error)
+            return lambda: self._close(sock, waiting.source, why, True)
+        return lambda: self._hand_on(sock, waiting.source, purpose)
+
+    def _hand_on(self, sock: socket.socket, source: str, purpose: str) -> None:
         sock.setblocking(True)
-        self.on_knocked(sock, waiting.source, purpose)
-        return True
+        self.on_knocked(sock, source, purpose)
 
     def _push_out(self, sock: socket.socket) -> None:
         waiting = self._waiting[sock]
