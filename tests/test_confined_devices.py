@@ -463,3 +463,31 @@ def test_identical_devices_share_one_measurement_and_others_keep_their_own():
     shared = shared_by_identical({0: 1.0, 1: 1.2, 2: 0.5, 3: 0.9}, limits, work)
     assert shared[0] == shared[1] == pytest.approx(1.1)  # the two nanos timing the whole model
     assert shared[2] == 0.5 and shared[3] == 0.9  # another kind of device; a nano timing other work
+
+
+def test_a_plan_with_two_identical_devices_swapped_is_not_measured_again():
+    """Two identical devices: planned on the whole model's speeds, device 0 gets the short stage; on their
+    stages' speeds the planner swaps them. The swapped plan's work was measured already, by the twin: nothing
+    is measured a third time, and each device takes its twin's speed on that work."""
+    presets = HomePool("home", (DeviceSpec("nano", 1.0, GB, 1e9),) * 2)
+    profile = synthetic_profile(4)
+    nano = DeviceLimits(1.0, GB)
+    swapped = Plan("two", (StagePlan((0, 0), (1,), (8,), 2), StagePlan((1, 3), (0,), (8,), 1)), 8, 4)
+    measured: list[Workload] = []
+
+    def measure(workload: Workload) -> ConfinedPool:
+        measured.append(workload)
+        speed = {None: 1.0, (0, 0): 0.5, (1, 3): 0.9}  # per sample: seconds of a stage's layers differ
+        reports = {d: {"micro_batch": w.samples, "layers": w.layers, "measured_speed": speed[w.layers]}
+                   for d, w in workload}
+        pool = with_speeds(presets, {d: r["measured_speed"] for d, r in reports.items()})
+        return ConfinedPool(pool, {0: nano, 1: nano}, reports, workload)
+
+    def plan_for(pool: HomePool) -> Plan:
+        return two_stages(0) if pool.devices[0].speed == pool.devices[1].speed else swapped
+
+    confined, plan = plan_on_measured_speeds(plan_for, profile, presets, measure)
+    assert measured == [whole_model(range(2), 8), plan_workload(two_stages(0), range(2))]
+    assert plan in (two_stages(0), swapped)
+    speeds = {work: confined.pool.devices[d].speed for d, work in plan_workload(plan, range(2))}
+    assert speeds == {Work(8, (0, 0)): 0.5, Work(8, (1, 3)): 0.9}  # each device at its stage's measured speed

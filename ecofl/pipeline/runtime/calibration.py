@@ -259,24 +259,48 @@ def plan_on_measured_speeds(plan_for: Callable[[HomePool], Plan], profile: Model
     the one they were measured on. So the cost model predicts each device at the speed it showed on the layers
     and samples it will run (Asteroid §3.3 profiles each layer on each device at every batch size it plans
     with; FTPipeHD §III-D re-estimates a device's capacity from the layers it runs). ``calibrated`` caches the
-    measurements by workload, across calls on the same model and devices.
+    measurements by workload, across calls on the same model and devices; a workload whose every device's work
+    was timed by a device confined alike (a plan with two identical devices swapped) is not measured again.
     """
     calibrated = {} if calibrated is None else calibrated
     devices = range(len(presets.devices))
     workload = whole_model(devices, operating_micro_batch(plan_for(presets)))
     plans: list[Plan] = []
     for _ in range(MAX_CALIBRATIONS):
-        if workload not in calibrated:
+        if not _known(workload, calibrated):
             calibrated[workload] = measure(workload)
         plans.append(plan_for(calibrated[workload].pool))
         workload = plan_workload(plans[-1], devices)
-        if workload in calibrated:
+        if _known(workload, calibrated):
             break
-    if workload not in calibrated:
+    if not _known(workload, calibrated):
         calibrated[workload] = measure(workload)
     measured = [(plan, calibrated[plan_workload(plan, devices)]) for plan in plans]
     plan, confined = min(measured, key=lambda pair: seconds_per_sample(pair[0], profile, pair[1].pool))
     return confined, plan
+
+
+def _known(workload: Workload, calibrated: dict[Workload, ConfinedPool]) -> bool:
+    """Whether ``workload`` is measured already: itself, or each device's work by a device confined alike (the
+    same plan with two identical devices swapped needs no new measurement); such a workload is added to
+    ``calibrated`` with its devices' speeds taken from their twins' reports."""
+    if workload in calibrated:
+        return True
+    if not calibrated:
+        return False
+    reports: dict[tuple[DeviceLimits, Work], dict] = {}
+    for confined in calibrated.values():
+        for device, report in confined.measured.items():
+            layers = report.get("layers")
+            work = Work(report["micro_batch"], None if layers is None else tuple(layers))
+            reports.setdefault((confined.limits[device], work), report)
+    base = next(iter(calibrated.values()))
+    twins = {device: reports.get((base.limits[device], work)) for device, work in workload}
+    if any(report is None for report in twins.values()):
+        return False
+    pool = with_speeds(base.pool, {device: report["measured_speed"] for device, report in twins.items()})
+    calibrated[workload] = ConfinedPool(pool, base.limits, twins, workload)
+    return True
 
 
 def _timed(device: int, said: str) -> float | None:
