@@ -1,5 +1,6 @@
 """A stranger on a home's network: the attacks of tests/test_strangers.py, and a peer with the secret timing its
-admission. A stranger knows no knock (ecofl.net.knock): what it sends goes where a knock belongs. Its own module, so that an attacker run in another network namespace imports it alone."""
+admission. A stranger knows no knock (ecofl.net.knock): what it sends goes where a knock belongs. Its own module,
+so that an attacker run in another network namespace imports it alone."""
 
 from __future__ import annotations
 

@@ -64,8 +64,11 @@ def test_a_peer_without_the_secret_is_never_watched_and_learns_nothing():
         with pytest.raises(Exception):
             HeartbeatSender(monitor.address, new_secret(), 0, 0.1)
         with socket.create_connection(monitor.address, timeout=30) as intruder:
-            for _ in range(8):  # beats where a knock belongs: more than a knock's bytes
-                send_message(intruder, {"type": "beat"})
+            try:
+                for _ in range(8):  # beats where a knock belongs: more than a knock's bytes
+                    send_message(intruder, {"type": "beat"})
+            except (ConnectionResetError, BrokenPipeError):
+                pass  # the door hung up as soon as it had read a knock's worth
             assert answer_of(intruder) == "closed"  # without a word, not even a challenge
             holds_for(lambda: monitor.connected() == set(), 0.3, what="no one watched")
         assert monitor.connected() == set()
