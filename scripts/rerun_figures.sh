@@ -2,7 +2,8 @@
 # Figs. 7-9, one run at a time, each archived as soon as it ends well (docs/results/runs/<archive>/<run>:
 # metrics.json, summary.json, .hydra). A run already archived is skipped, so the script resumes where a stopped one
 # left off; a run with a failed or missing home, or that stopped before its time limit, is tried once more and never
-# archived.
+# archived. Stop it to free the machine (kill its session; the unfinished run is made again on resume): a run frozen
+# with SIGSTOP for minutes outlives Flower's message TTL and is not archived.
 #   bash scripts/rerun_figures.sh [paper7] [paper8] [paper9] [fig7] [fig8] [fig9] [fedat_weights]
 #   bash scripts/rerun_figures.sh paper7_sync paper8 paper9 paper7_fedasync   # the long FedAsync runs last
 # paper7-9 (the default): the paper's conditions, synchronous rounds that wait for every home (conf/experiment's
@@ -29,7 +30,9 @@ run() {  # archive run-name overrides...
     echo "$(date +%T) start $archive/$name (attempt $attempt)"
     .venv/bin/python -m simulations.run -m "$@" "hydra.sweep.dir=$scratch" "hydra.sweep.subdir='$name'" \
       > "$SCRATCH/last.log" 2>&1
-    if [ -f "$scratch/$name/summary.json" ] && ended_well "$scratch/$name/summary.json"; then
+    # A run whose process was stopped (SIGSTOP) longer than Flower's message TTL lost messages: never archived.
+    if [ -f "$scratch/$name/summary.json" ] && ended_well "$scratch/$name/summary.json" \
+        && ! grep -q "TTL has expired" "$scratch/$name/run.log" 2>/dev/null; then
       mkdir -p "$dest"
       cp -r "$scratch/$name/.hydra" "$scratch/$name/metrics.json" "$scratch/$name/summary.json" "$dest/"
       echo "$(date +%T) archived $dest"
