@@ -64,13 +64,13 @@ def run(args: argparse.Namespace) -> int:
     check_accelerators(pool.devices, f"pool {pool.name}")
     data = load_dataset(args.dataset, args.data_root, args.download)
     shape = tuple(int(d) for d in data.input_shape)
+    mode = chosen_emulation(args)  # after the data: a missing dataset is the one line a user sees
+    if args.calibration is not None and mode != Emulation.CGROUP:
+        raise UserError(f"--calibration keeps a confined home's measurements: it needs --emulate cgroup, not {mode}")
     profile = profile_zoo_model(args.model, shape, data.num_classes, args.granularity, args.cache_dir)
-    mode = chosen_emulation(args)
     spec = ZooModel(args.model, shape, data.num_classes, args.granularity)
     plan = _plan(args, profile, pool)
     limits, calibration = None, {}
-    if args.calibration is not None and mode != Emulation.CGROUP:
-        raise UserError(f"--calibration keeps a confined home's measurements: it needs --emulate cgroup, not {mode}")
     if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
         confined, plan = _calibrate(args, spec, shape, profile, pool)
         pool, limits, calibration = confined.pool, confined.limits, confined.measured
