@@ -257,7 +257,7 @@ class _Links:
         self.timeline = timeline
         self.free: dict[tuple[int, int], float] = {}  # when each (sender, receiver) channel is free; (-1, d):
         # the portal's input feed to device d, apart from what the portal sends d as a stage
-        self.unblocked: list[Worker] = []  # receivers whose inputs arrived while booking: to offer
+        self.unblocked: list[Worker] = []  # receivers whose inputs arrived in the last sent(): to offer
 
     def feed(self, w: Worker) -> None:
         """The portal's input of every micro-batch for stage-0 device ``w``, each once ``w`` has room."""
@@ -275,7 +275,7 @@ class _Links:
         for receiver, seconds in receivers:
             self._transfer(w, receiver, m, end, seconds, forward)
         if forward and not receivers:
-            self._released(w, m)
+            self._released(w)
         return self.unblocked
 
     def _transfer(self, sender: Worker | None, receiver: Worker | None, m: int, ready: float, seconds: float,
@@ -313,11 +313,11 @@ class _Links:
             sender.release[m] = max(sender.release[m], end)
             sender.unsent[m] -= 1
             if not sender.unsent[m]:
-                self._released(sender, m)
+                self._released(sender)
 
-    def _released(self, w: Worker, m: int) -> None:
-        """Micro-batch ``m`` has left ``w``: book the transfers into ``w`` that waited for that room, each
-        channel's in order."""
+    def _released(self, w: Worker) -> None:
+        """A micro-batch has left ``w``: book the transfers into ``w`` that waited for that room, each channel's
+        in order."""
         still: list[tuple[Worker | None, int, float, float]] = []
         for sender, waiting_m, ready, seconds in w.waiting:
             room = w.room(waiting_m)
