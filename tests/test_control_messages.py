@@ -34,7 +34,7 @@ EXAMPLES = [
     Epoch(2, None, 1, [("10.0.0.1", 4000), ("10.0.0.2", 4001)]),
     Setup(Optimization(lr=0.1, momentum=0.9)),
     TrainPass(version=3, batch_size=32, num_micro_batches=4, slowdown=2.0, keep=(1,)),
-    Replicate(5, None, [(1, 2, 0, 3)], 1e6),
+    TrainPass(version=5, batch_size=32, num_micro_batches=4, replicate=Replicate(5, None, [(1, 2, 0, 3)], 1e6)),
     Reconfigure(3, {"stage": 0}, 0, [("h", 1)], restore=2, moves=[(0, 1, 0)], optimization=Optimization(lr=0.5),
                 link_bps=None, recovery=True),
     Done([("F", 0, 1.0, 2.0)], 0.5, 2, 100, 200, None, 1 << 20, []),
@@ -43,7 +43,7 @@ EXAMPLES = [
 ]
 
 
-@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: m.TYPE)
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: f"{m.TYPE}-{EXAMPLES.index(m)}")
 def test_every_message_round_trips_through_json(msg):
     header = json.loads(json.dumps(encode(msg)))
     assert header["type"] == msg.TYPE
@@ -61,8 +61,9 @@ def test_every_message_round_trips_through_json(msg):
      "train_pass: unknown field"),
     ({"type": "setup", "optimization": {"lr": 1e400}}, "setup.optimization.lr: expected a finite number"),
     ({"type": "setup", "optimization": {"lr": 0.1, "beta": 1}}, "setup.optimization: unknown field"),
-    ({"type": "replicate", "version": 1, "to": None, "sources": [[1, 2, 3]], "link_bps": None},
-     r"replicate.sources\[0\]: expected 4 items"),
+    ({"type": "train_pass", "version": 1, "batch_size": 1, "num_micro_batches": 1,
+      "replicate": {"version": 1, "to": None, "sources": [[1, 2, 3]], "link_bps": None}},
+     r"train_pass.replicate.sources\[0\]: expected 4 items"),
     ({"type": "epoch", "epoch": 0, "role": [], "rank": 0, "addresses": []}, "epoch.role: expected"),
     ({"type": "pickle"}, "unknown message type 'pickle'"),
     (["train_pass"], "must be a JSON object"),

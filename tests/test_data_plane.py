@@ -17,11 +17,12 @@ import torch
 from ecofl.net.auth import CONTROL, admit_peer, join_home
 from ecofl.net.dial import dial
 from ecofl.net.errors import ChannelClosed
-from ecofl.net.links import PeerLost
+from ecofl.net.links import REPLICA_TAG, PeerLost
 from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
 from ecofl.net.wire import recv_message, send_message
+from ecofl.pipeline.runtime.replica import PIECE_BYTES, ReplicaExchange, pieces
 from helpers import SECRET, answer_of, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -217,6 +218,55 @@ def test_closing_a_link_ends_a_wait_on_it_with_peer_lost():
         thread.join(timeout=30)
         assert not thread.is_alive() and isinstance(errors[0], PeerLost)
         assert b.send(0, torch.ones(1), 0).done.wait(30)  # a later send fails instead of hanging
+    finally:
+        close_all(listeners, [a, b])
+
+
+def test_a_background_post_gives_way_to_the_pipelines_own_tensors():
+    """A replica's pieces travel in the background of a link: an activation posted behind twenty of them
+    leaves after at most the piece being sent, and each kind keeps its own order."""
+    listeners, (a, b) = meshes(2)
+    try:
+        piece = 64 << 10
+        link = TokenBucket(20 * piece, burst_bytes=0)  # twenty pieces: about a second on this link
+        pieces = [torch.full((piece // 4,), float(i)) for i in range(20)]
+        background = [a.send(1, t, REPLICA_TAG, link, background=True) for t in pieces]
+        activation = a.send(1, torch.ones(8), 3, link)
+        assert activation.done.wait(30) and all(t.done.wait(30) for t in background)
+        assert sum(t.start < activation.start for t in background) <= 10  # not behind the queue
+        assert torch.equal(b.recv(0, 3), torch.ones(8))
+        assert all(torch.equal(b.recv(0, REPLICA_TAG), t) for t in pieces)  # in the order posted
+    finally:
+        close_all(listeners, [a, b])
+
+
+def test_closing_a_link_fails_the_posts_still_queued():
+    listeners, (a, b) = meshes(2)
+    try:
+        slow = TokenBucket(64 << 10, burst_bytes=0)  # a second per piece
+        tickets = [a.send(1, torch.zeros(16 << 10), REPLICA_TAG, slow, background=True) for _ in range(10)]
+        a.close()
+        assert all(t.done.wait(30) for t in tickets)  # none is left waiting for its timeout
+        assert isinstance(tickets[-1].error, PeerLost)
+    finally:
+        close_all(listeners, [a, b])
+
+
+def test_a_replica_is_cut_into_pieces_and_kept_only_once_all_of_it_arrived():
+    listeners, (a, b) = meshes(2)
+    state = {"w": torch.randn(100_000), "b": torch.randn(3, 5), "n": torch.zeros(0)}
+    kept: list[dict[str, torch.Tensor]] = []
+    try:
+        assert len(pieces(state["w"])) == -(-400_000 // PIECE_BYTES) and len(pieces(state["n"])) == 1
+        receiver = ReplicaExchange(b, [], [(0, {k: torch.empty_like(v) for k, v in state.items()})], {}, kept.append)
+        sender = ReplicaExchange(a, [(1, state)], [], {1: None}, kept.append)
+        sender.finish(lambda: None)
+        receiver.finish(lambda: None)
+        [replica] = kept
+        assert all(torch.equal(replica[k], state[k]) for k in state) and receiver.complete_after_s is not None
+        waiting = ReplicaExchange(b, [], [(0, {"w": torch.empty(10)})], {}, kept.append)  # nothing will come
+        waiting.stop()
+        assert len(kept) == 1 and waiting.complete_after_s is None  # an interrupted replica is not kept
     finally:
         close_all(listeners, [a, b])
 

@@ -104,7 +104,7 @@ def test_topology_driven_backups():
     hybrid = Plan("hpp", (StagePlan((0, 3), (0,), (4,), 3), StagePlan((4, 7), (1, 2), (2, 2), 1)), 4, 4)
     assert backup_targets(hybrid, {1: GB, 2: 2 * GB}) == {0: 2}  # a replicated stage backs up to no one
     profile = random_profile(np.random.default_rng(5), 8)
-    assert backup_bytes(hybrid, profile, {1: GB, 2: 2 * GB}) == {2: stage_state_bytes(profile, (0, 3))}
+    assert backup_bytes(hybrid, profile, {1: GB, 2: 2 * GB}) == {2: 2 * stage_state_bytes(profile, (0, 3))}
     assert restore_source(hybrid, 1, {1}, {}) == 2  # a surviving peer
     assert restore_source(single, 1, {1}, backup_targets(single)) == 2  # its backup
     assert restore_source(single, 1, {1, 2}, backup_targets(single)) is None  # both lost: the global copy

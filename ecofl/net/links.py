@@ -10,6 +10,12 @@ hands out a tag's tensors in the order they were sent. Tags say what a tensor
 is: a micro-batch's activation or gradient (the micro-batch index), a
 replica, a migrated layer, a step of an all-reduce.
 
+A post is *foreground* (the pipeline's own tensors) or *background* (a
+replica sent while the stage computes, :mod:`ecofl.pipeline.runtime.replica`):
+the sender takes a background post only when no foreground one waits, so an
+activation waits behind at most the one background piece being sent. Posts of
+one kind leave in the order they were posted.
+
 A tensor travels as a fixed header (tag, dtype, shape) and its raw bytes on
 the link's :class:`~ecofl.net.sealed.SealedSocket`; nothing is unpickled.
 Every wait checks an :data:`AbortCheck`, so the portal can interrupt a
@@ -20,6 +26,7 @@ peer that froze or died cannot hold a worker forever).
 from __future__ import annotations
 
 import collections
+import itertools
 import queue
 import struct
 import threading
@@ -65,6 +72,10 @@ REPLICA_TAG = 1 << 20
 MIGRATION_TAG = 1 << 21
 ALLREDUCE_TAG = 1 << 22
 CREDIT_TAG = 1 << 23  # a stream's back-pressure: the receiver has room for one more micro-batch
+#: A queued send: the tensor, its tag, the bucket pacing it, its ticket.
+Post = tuple[torch.Tensor, int, "TokenBucket | None", "Ticket"]
+#: The sender's order: closing first, then foreground posts, then background ones.
+CLOSING, FOREGROUND, BACKGROUND = 0, 1, 2
 
 
 class Ticket:
@@ -110,7 +121,9 @@ class PeerLink:
 
     def __init__(self, channel: SealedSocket, peer: int):
         self.channel, self.peer = channel, peer
-        self._outbox: queue.Queue[tuple[torch.Tensor, int, TokenBucket | None, Ticket] | None] = queue.Queue()
+        #: (priority, post number, post or None to stop); the post number keeps posts of one priority in order.
+        self._outbox: queue.PriorityQueue[tuple[int, int, Post | None]] = queue.PriorityQueue()
+        self._posted = itertools.count()
         self._inbox: dict[int, collections.deque[torch.Tensor]] = collections.defaultdict(collections.deque)
         self._arrived = threading.Condition()
         self.error: PeerLost | None = None
@@ -122,8 +135,10 @@ class PeerLink:
 
     # -- sending -------------------------------------------------------------------------
 
-    def post(self, tensor: torch.Tensor, tag: int, bucket: TokenBucket | None = None) -> Ticket:
-        """Queue ``tensor`` for the peer under ``tag`` (paced by ``bucket``); the returned ticket says when it left.
+    def post(self, tensor: torch.Tensor, tag: int, bucket: TokenBucket | None = None,
+             background: bool = False) -> Ticket:
+        """Queue ``tensor`` for the peer under ``tag`` (paced by ``bucket``; ``background``: only while no
+        foreground post waits); the returned ticket says when it left.
 
         The tensor must not change until then (pass a copy if it will).
         """
@@ -134,11 +149,12 @@ class PeerLink:
             ticket.error = self.error
             ticket.finish()
         else:
-            self._outbox.put((host_copy(tensor.detach()), tag, bucket, ticket))
+            item = (host_copy(tensor.detach()), tag, bucket, ticket)
+            self._outbox.put((BACKGROUND if background else FOREGROUND, next(self._posted), item))
         return ticket
 
     def _send_loop(self) -> None:
-        while (item := self._outbox.get()) is not None:
+        while (item := self._outbox.get()[2]) is not None:
             tensor, tag, bucket, ticket = item
             ticket.start = time.time()
             try:
@@ -161,6 +177,11 @@ class PeerLink:
                 ticket.error = error
             ticket.end = time.time()
             ticket.finish()
+        while not self._outbox.empty():  # closed: what was still queued fails
+            _, _, post = self._outbox.get()
+            if post is not None:
+                post[3].error = self.error
+                post[3].finish()
 
     # -- receiving -----------------------------------------------------------------------
 
@@ -215,4 +236,4 @@ class PeerLink:
         except OSError:
             pass
         self.channel.close()
-        self._outbox.put(None)
+        self._outbox.put((CLOSING, next(self._posted), None))

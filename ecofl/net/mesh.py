@@ -138,9 +138,10 @@ class EpochMesh:
             self.close()
             raise
 
-    def send(self, dst: int, tensor: torch.Tensor, tag: int, bucket: TokenBucket | None = None) -> Ticket:
+    def send(self, dst: int, tensor: torch.Tensor, tag: int, bucket: TokenBucket | None = None,
+             background: bool = False) -> Ticket:
         """Post ``tensor`` to rank ``dst`` under ``tag``; see :meth:`.links.PeerLink.post`."""
-        return self._link(dst).post(tensor, tag, bucket)
+        return self._link(dst).post(tensor, tag, bucket, background)
 
     def recv(self, src: int, tag: int, timeout_s: float | None = None, abort: AbortCheck = never_aborted
              ) -> torch.Tensor:

@@ -144,6 +144,9 @@ def checked(value: Any, annotation: Any, where: str) -> Any:
             raise MalformedMessage(f"{where}: expected null, got {_kind(value)}")
         return None
     if origin in (Union, types.UnionType):
+        present = [option for option in typing.get_args(annotation) if option is not type(None)]
+        if value is not None and len(present) == 1:  # an optional field that is there: its own errors, by field
+            return checked(value, present[0], where)
         for option in typing.get_args(annotation):
             try:
                 return checked(value, option, where)

@@ -12,7 +12,8 @@ lost together with its backup, at the price of the rounds since that copy.
 
 A backup occupies the backup device's memory: :func:`backup_bytes` is what
 the re-planner and the runtime's memory ledger add to the device's own
-stage.
+stage. Replicas travel while a sync-round computes, and the one kept stays
+until the new one is complete, so a backup holds two of each during a round.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from collections.abc import Collection, Mapping
 
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
+
+
+#: Replicas of one stage a backup holds at most: the one kept, and the one arriving while a sync-round computes.
+REPLICAS_HELD = 2
 
 
 def backup_targets(plan: Plan, memory_bytes: Mapping[int, int] | None = None) -> dict[int, int]:
@@ -49,11 +54,12 @@ def stage_state_bytes(profile: ModelProfile, layers: tuple[int, int]) -> int:
 
 
 def backup_bytes(plan: Plan, profile: ModelProfile, memory_bytes: Mapping[int, int] | None = None) -> dict[int, int]:
-    """Bytes each backup device holds for the stages it backs up."""
+    """Bytes each backup device holds at most for the stages it backs up: the replica it keeps and the one
+    arriving during a sync-round (:mod:`ecofl.pipeline.runtime.replica`)."""
     held: dict[int, int] = {}
     stage_of = {d: stage for stage in plan.stages for d in stage.devices}
     for source, target in backup_targets(plan, memory_bytes).items():
-        held[target] = held.get(target, 0) + stage_state_bytes(profile, stage_of[source].layers)
+        held[target] = held.get(target, 0) + REPLICAS_HELD * stage_state_bytes(profile, stage_of[source].layers)
     return held
 
 

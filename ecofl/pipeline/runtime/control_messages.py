@@ -11,8 +11,8 @@ and the replies they get::
     Setup        stage weights (+ FedProx reference)        -> Ok
     Load         stage weights (inference)                  -> Loaded
     Infer        stage 0: inputs; stream the micro-batches  -> Inferred (+ outputs)
-    TrainPass    stage 0: inputs; last stage: labels        -> Done
-    Replicate    my stage to my backup; others' to me       -> Replicated
+    TrainPass    stage 0: inputs; last stage: labels; the   -> Done
+                 replicas to send and keep while it runs
     Collect      my stage's weights (+ momentum)            -> StageWeights
     GetState     layers' state at a version                 -> State
     Reconfigure  a new epoch from a committed version       -> Reconfigured
@@ -27,6 +27,7 @@ fails says ``Error`` and ends.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from ecofl.net.schema import JsonObject, Matches, MessageSet, message
@@ -68,6 +69,16 @@ class Infer:
     num_micro_batches: int
 
 
+@dataclass(frozen=True)
+class Replicate:
+    """The replicas of a sync-round (:mod:`.replica`): my stage at ``version`` to my backup, others' to me."""
+
+    version: int
+    to: int | None  # the rank of my backup
+    sources: list[tuple[int, int, int, int]]  # (device, rank, first layer, last layer) I back up
+    link_bps: float | None
+
+
 @message("train_pass")
 class TrainPass:
     """Train one batch of micro-batches from a committed version: a sync-round of 1F1B-Sync or GPipe (ended by
@@ -78,14 +89,7 @@ class TrainPass:
     num_micro_batches: int
     slowdown: float = 1.0
     keep: tuple[int, ...] = ()  # other committed versions whose copies must stay
-
-
-@message("replicate")
-class Replicate:
-    version: int
-    to: int | None  # the rank of my backup
-    sources: list[tuple[int, int, int, int]]  # (device, rank, first layer, last layer) I back up
-    link_bps: float | None
+    replicate: Replicate | None = None  # the replicas that travel while the round computes
 
 
 @message("collect")
@@ -172,12 +176,7 @@ class Done:
     baseline_rss_bytes: int | None
     weight_versions: list[tuple[int, int, int]]
     peak_accelerator_bytes: int | None = None  # measured by torch on the worker's GPU (None on a CPU)
-
-
-@message("replicated")
-class Replicated:
-    received_bytes: int
-    seconds: float
+    replica_after_s: float | None = None  # when the replicas kept here were complete, from the round's start
 
 
 @message("stage_weights")
@@ -225,12 +224,12 @@ class Error:
     time: float
 
 
-REQUESTS = MessageSet(Config, Epoch, Setup, Load, Infer, TrainPass, Replicate, Collect, GetState, Reconfigure, Arm,
+REQUESTS = MessageSet(Config, Epoch, Setup, Load, Infer, TrainPass, Collect, GetState, Reconfigure, Arm,
                       Abort, Stop)
-REPLIES = MessageSet(Ready, Entered, Ok, Loaded, Inferred, Done, Replicated, StageWeights, State, Reconfigured, Armed,
+REPLIES = MessageSet(Ready, Entered, Ok, Loaded, Inferred, Done, StageWeights, State, Reconfigured, Armed,
                      Interrupted, Trapped, Error)
 
-Request = (Config | Epoch | Setup | Load | Infer | TrainPass | Replicate | Collect | GetState | Reconfigure | Arm
+Request = (Config | Epoch | Setup | Load | Infer | TrainPass | Collect | GetState | Reconfigure | Arm
            | Abort | Stop)
-Reply = (Ready | Entered | Ok | Loaded | Inferred | Done | Replicated | StageWeights | State | Reconfigured | Armed
+Reply = (Ready | Entered | Ok | Loaded | Inferred | Done | StageWeights | State | Reconfigured | Armed
          | Interrupted | Trapped | Error)

@@ -21,8 +21,8 @@ One mechanism with two triggers (Eco-FL §4.4; Asteroid §3.4; FTPipeHD
   sync-rounds; its speed is re-estimated (FTPipeHD eqs. 1-3) and the pipeline
   re-planned between sync-rounds, with no replay.
 
-Between sync-rounds the portal also replicates every single-device stage to
-its backup and keeps a global copy (:mod:`.copies`). Its parts: the injected
+While sync-rounds compute, every single-device stage is replicated to its
+backup, and between them the portal keeps a global copy (:mod:`.copies`). Its parts: the injected
 faults (:mod:`.fault_injection`), the copies, the speed monitor
 (:mod:`.slowdown_watch`) and the record of every event (:mod:`.fault_log`);
 :class:`Recovery` restores, re-plans and migrates.
@@ -39,7 +39,7 @@ from ecofl.errors import UserError
 from ecofl.pipeline.migration import Holders, restore_point
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.replan import full_replan, lightweight_replan, measured_speeds, with_speeds
-from ecofl.pipeline.runtime.control_messages import Config, Done
+from ecofl.pipeline.runtime.control_messages import Config, Done, Replicate
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.copies import Copies
 from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
@@ -90,6 +90,10 @@ class Recovery:
             self.join(device, r)
         self.copies.before_round(r)
 
+    def replication(self, r: int) -> dict[int, Replicate]:
+        """The replicas each device sends and keeps while sync-round ``r`` computes ({}: none due)."""
+        return {} if self.copies is None else self.copies.replication(r)
+
     def kept_versions(self, r: int) -> list[int]:
         """The committed versions besides ``r`` that the workers keep copies of during sync-round ``r``."""
         return [] if self.copies is None else self.copies.kept_versions(r)
@@ -102,6 +106,8 @@ class Recovery:
 
     def after_round(self, r: int, replies: dict[int, Done], seconds: float) -> None:
         self.log.round_completed(seconds)
+        if self.copies is not None:
+            self.copies.round_completed(r)
         confined = self.control.devices.confinement is not None
         if self.ft is not None and self.ft.adapt and (self.layout.sleeps or confined):
             slow, measured = self.watch.slow_devices(self.layout, self.speeds, replies, self.epoch)

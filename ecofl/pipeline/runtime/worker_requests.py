@@ -8,9 +8,9 @@ epoch and that role's executor, and serves the portal's requests::
     Load         stage weights (inference)                                     -> Loaded
     Infer        stage 0: inputs [M, share, ...]; stream M micro-batches       -> Inferred (+ outputs)
     GetState     layers' state at a version (heavy rescheduling's gather)      -> State
-    TrainPass    stage 0: inputs [M, share, ...]; last stage: labels               -> Done + measurements
-    Abort        (while in a round, replication or re-configuration; or idle)  -> Interrupted + holdings
-    Replicate    send my committed stage to my backup / keep others' replicas  -> Replicated
+    TrainPass    stage 0: inputs [M, share, ...]; last stage: labels; the        -> Done + measurements
+                 replicas to send and keep meanwhile (:mod:`.replica`)
+    Abort        (while in a round or a re-configuration; or idle)             -> Interrupted + holdings
     Collect      my stage's weights (+ momentum)                               -> StageWeights
     Reconfigure  a new epoch: role, roll back to a version, migrate layers     -> Reconfigured
     Arm          a phase-targeted failure of this device (:mod:`.traps`)       -> Armed
@@ -18,7 +18,7 @@ epoch and that role's executor, and serves the portal's requests::
 
 The messages are typed and validated on receipt (:mod:`.control_messages`).
 
-A sync-round, a replication or a re-configuration that cannot finish (a peer
+A sync-round or a re-configuration that cannot finish (a peer
 died or froze, the portal aborted) answers ``Interrupted`` and the worker
 waits: the live tensors are then *dirty* (half a round applied), and only a
 ``Reconfigure`` that rolls them back to a committed copy makes them usable
@@ -58,7 +58,6 @@ from ecofl.pipeline.runtime.control_messages import (
     Reconfigure,
     Reconfigured,
     Replicate,
-    Replicated,
     TrainPass,
     Setup,
     State,
@@ -66,11 +65,13 @@ from ecofl.pipeline.runtime.control_messages import (
     StageWeights,
 )
 from ecofl.net.heartbeat import HeartbeatSender
-from ecofl.net.links import MIGRATION_TAG, REPLICA_TAG, PeerLost, RoundAborted
+from ecofl.net.links import MIGRATION_TAG, PeerLost, RoundAborted
 from ecofl.net.mesh import DataListener, EpochMesh
+from ecofl.net.pacing import TokenBucket
 from ecofl.pipeline.runtime.migration_io import exchange_layer_states, pace
 from ecofl.pipeline.runtime.model_spec import spec_from_json, stage_module
 from ecofl.pipeline.runtime.process_memory import peak_rss_bytes, reset_peak
+from ecofl.pipeline.runtime.replica import ReplicaExchange
 from ecofl.net.sealed import SealedSocket
 from ecofl.pipeline.runtime.stage import Optimization, ShareExecutor
 from ecofl.pipeline.runtime.stage_state import StageState, as_arrays, from_arrays
@@ -170,7 +171,7 @@ class Worker:
         """Serve the portal's requests until it says :class:`Stop`; each handler sends its own reply."""
         handlers = {
             Epoch: self._epoch, Setup: self._setup, Load: self._load, Infer: self._infer, TrainPass: self._round,
-            Replicate: self._replicate, Collect: self._collect, GetState: self._send_state,
+            Collect: self._collect, GetState: self._send_state,
             Reconfigure: self._reconfigure, Arm: self._arm, Abort: self._abort,
         }
         while True:
@@ -213,7 +214,10 @@ class Worker:
     def _round(self, request: TrainPass, arrays: Arrays) -> None:
         """Sync-round ``version``: from the committed state of that version; commits ``version + 1``.
 
-        ``keep``: the versions the portal may still restore from; copies of others are dropped.
+        ``keep``: the versions the portal may still restore from; copies of
+        others are dropped. ``replicate``: the replicas of ``version`` that
+        travel while the round computes (:mod:`.replica`); the round is done
+        when they are.
         """
         version = request.version
         self._require_clean(f"run sync-round {version}")
@@ -222,17 +226,25 @@ class Worker:
         self.state.keep({version, *request.keep})
         executor = self.executor
         executor.slowdown = request.slowdown
-        executor.reserved_bytes = self.state.held_bytes(self.stage_keys)
         inputs = torch.from_numpy(arrays["inputs"]).to(self.accelerator) if "inputs" in arrays else None
         labels = torch.from_numpy(arrays["labels"]).to(self.accelerator) if "labels" in arrays else None
         reset_peak(), reset_peak_memory(self.accelerator)
         self.clean = False
+        replicas = self._replicas(request.replicate) if request.replicate is not None else None
+        executor.reserved_bytes = self.state.held_bytes(self.stage_keys) + (replicas.received_bytes if replicas else 0)
         try:
             program = mode_of(self.role).pass_program(self.role, request.num_micro_batches)  # None: the role's
             stats = executor.run_round(inputs, labels, request.batch_size, self.channel.abort_check, program)
+            if replicas is not None:
+                replicas.finish(self.channel.abort_check)
         except INTERRUPTIONS as error:
+            if replicas is not None:
+                replicas.stop()  # before the holdings: a replica not complete is not kept
             self.channel.interrupted(error, self.state.holdings())
             return
+        finally:
+            if replicas is not None:
+                replicas.stop()
         self._commit(version + 1)
         self.channel.reply(Done(
             events=stats.events, loss_sum=float(stats.loss_sum), peak_resident=stats.peak_resident,
@@ -240,7 +252,21 @@ class Worker:
             peak_rss_bytes=peak_rss_bytes(),  # measured: the process's peak during this sync-round
             baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions,
             peak_accelerator_bytes=peak_memory_bytes(self.accelerator),
+            replica_after_s=replicas.complete_after_s if replicas is not None and replicas.receives else None,
         ))
+
+    def _replicas(self, request: Replicate) -> ReplicaExchange:
+        """Post my stage at ``request.version`` to my backup in the background of the link, and receive the
+        stages I back up (Asteroid §3.4, off the critical path: :mod:`.replica`)."""
+        version = request.version
+        sends = [] if request.to is None else [(request.to, self.state.layers_state(self.stage_layers, version))]
+        receives = [(rank, self.state.empty_like_layers(range(first, last + 1), self._with_momentum()))
+                    for _source, rank, first, last in request.sources]
+        buckets = {rank: self.executor.links.get(rank) or (TokenBucket(request.link_bps) if request.link_bps else None)
+                   for rank, _ in sends}
+        replicas = ReplicaExchange(self.mesh, sends, receives, buckets, lambda buffers: self.state.hold(version, buffers))
+        self.traps.reached("replicate")
+        return replicas
 
     def _infer(self, request: Infer, arrays: Arrays) -> None:
         """Stream the call's micro-batches through my stage (pipelined inference)."""
@@ -253,30 +279,6 @@ class Worker:
             return
         outputs = {} if stats.outputs is None else {"outputs": host_array(stats.outputs)}
         self.channel.reply(Inferred(stats.events, stats.peak_held, peak_rss_bytes(), self.baseline_rss), outputs)
-
-    def _replicate(self, request: Replicate, _arrays: Arrays) -> None:
-        """Send my stage at ``version`` to my backup; keep the stages my peers send me (Asteroid §3.4).
-
-        A replica is kept only once all of it arrived; an interrupted copy
-        leaves the copies held before untouched.
-        """
-        version = request.version
-        self._require_clean("replicate")
-        if version != self.version:
-            raise RuntimeError(f"asked to replicate version {version}, but my state is at version {self.version}")
-        sends = [] if request.to is None else [(request.to, self.state.layers_state(self.stage_layers, version))]
-        receives = [(rank, self.state.empty_like_layers(range(first, last + 1), self._with_momentum()))
-                    for _source, rank, first, last in request.sources]
-        started = time.time()
-        try:
-            received = exchange_layer_states(self.mesh, sends, receives, REPLICA_TAG, request.link_bps,
-                                             self.channel.abort_check, lambda: self.traps.reached("replicate"))
-        except INTERRUPTIONS as error:
-            self.channel.interrupted(error, self.state.holdings())
-            return
-        for _, buffers in receives:
-            self.state.hold(version, buffers)
-        self.channel.reply(Replicated(received, time.time() - started))
 
     def _collect(self, request: Collect, _arrays: Arrays) -> None:
         """My stage's live weights (+ momentum), from the first replica of a stage only."""

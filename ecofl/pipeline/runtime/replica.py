@@ -1,0 +1,116 @@
+"""Replication off the critical path: a stage's replica travels while the stage computes.
+
+Asteroid §3.4 backs every single-device stage up on a device of the next
+stage (:mod:`ecofl.pipeline.replication` says who backs up whom). Sent between
+sync-rounds, the copy holds the whole home up: on a slow link it took about a
+second of every round. Here the replica of version ``r`` (the committed state
+sync-round ``r`` starts from, which the worker holds as a snapshot that
+training never changes) travels *during* sync-round ``r``:
+
+- cut into pieces of at most ``PIECE_BYTES``, posted in the background of the
+  link to the backup (:meth:`ecofl.net.links.PeerLink.post`), so that an
+  activation or gradient waits behind at most one piece;
+- paced by the same token bucket as the stage's own tensors to that device
+  (one emulated link carries both);
+- received by a thread at the backup, which keeps the replica the moment all
+  of it has arrived: a failure later in the round restores from version ``r``.
+
+The price of taking it off the critical path: until a replica is complete,
+the backup still keeps the previous one (the portal's ``keep``), so a failure
+early in the round replays one sync-round more, and the backup holds two
+replicas during the round (:func:`ecofl.pipeline.replication.backup_bytes`).
+A round waits for its replicas only where the link cannot carry them in the
+time the round computes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from ecofl.net.links import REPLICA_TAG, AbortCheck, Ticket
+from ecofl.net.mesh import EpochMesh
+from ecofl.net.pacing import TokenBucket
+from ecofl.pipeline.runtime.stage_state import State
+
+#: The largest piece of a replica on a link: what an activation may wait behind.
+PIECE_BYTES = 64 << 10
+
+
+class ReplicaStopped(Exception):
+    """The receiving thread was told to stop (the round was interrupted)."""
+
+
+def pieces(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """``tensor``'s elements in order, as flat pieces of at most ``PIECE_BYTES`` (at least one element each)."""
+    flat = tensor.detach().reshape(-1)
+    per_piece = max(1, PIECE_BYTES // max(1, flat.element_size()))
+    return list(flat.split(per_piece)) if flat.numel() else [flat]
+
+
+class ReplicaExchange:
+    """One worker's replicas of one sync-round: the one it sends to its backup, the ones it keeps for others.
+
+    ``sends``: (rank, state) to post, each state's tensors in key order, paced
+    by ``buckets[rank]``; ``receives``: (rank, buffers) to fill in key order.
+    ``keep(buffers)`` is called on the receiving thread as soon as one
+    replica is complete.
+    """
+
+    def __init__(self, mesh: EpochMesh, sends: list[tuple[int, State]], receives: list[tuple[int, State]],
+                 buckets: dict[int, TokenBucket | None], keep: Callable[[State], None]):
+        self.mesh, self.receives, self.keep = mesh, receives, keep
+        self.started = time.time()
+        self.complete_after_s: float | None = None  # when the last replica kept here was complete
+        self.error: BaseException | None = None
+        self.tickets: list[Ticket] = [
+            mesh.send(rank, piece, REPLICA_TAG, buckets.get(rank), background=True)
+            for rank, state in sends for key in sorted(state) for piece in pieces(state[key])
+        ]
+        self._stop = threading.Event()
+        self._receiver = threading.Thread(target=self._receive, daemon=True, name="replica-receiver")
+        self._receiver.start()
+
+    @property
+    def received_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for _, buffers in self.receives for b in buffers.values())
+
+    def _stopped(self) -> None:
+        if self._stop.is_set():
+            raise ReplicaStopped()
+
+    def _receive(self) -> None:
+        try:
+            for rank, buffers in self.receives:
+                for key in sorted(buffers):
+                    for target in pieces(buffers[key]):
+                        piece = self.mesh.recv(rank, REPLICA_TAG, abort=self._stopped)
+                        if piece.shape != target.shape or piece.dtype != target.dtype:
+                            raise ValueError(f"rank {rank} sent a {piece.dtype} {tuple(piece.shape)} replica piece "
+                                             f"of {key} where {target.dtype} {tuple(target.shape)} was expected")
+                        with torch.no_grad():
+                            target.copy_(piece)
+                self.keep(buffers)
+                self.complete_after_s = time.time() - self.started
+        except ReplicaStopped:
+            pass
+        except BaseException as error:  # noqa: BLE001 - re-raised by finish() on the worker's thread
+            self.error = error
+
+    def finish(self, abort: AbortCheck) -> None:
+        """Wait until every replica is sent and every one for me is kept; re-raise what went wrong."""
+        for ticket in self.tickets:
+            ticket.wait(self.mesh.timeout_s, abort, "sending a replica")
+        while self._receiver.is_alive():
+            abort()
+            self._receiver.join(0.02)
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        """Stop receiving (an interrupted round): a replica not complete is not kept."""
+        self._stop.set()
+        self._receiver.join()
