@@ -107,6 +107,7 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
         "measured_speeds": {str(d): m for d, m in confined.measured.items()},
         "whole_model_speeds": {str(d): m for d, m in whole.measured.items()},
         "devices_alone_throughput": alone, "efficiency": run["throughput"] / alone,
+        "bound": schedule_bound(run), "of_bound": run["throughput"] / alone / schedule_bound(run),
         "confined": {**run, "plan_text": describe_plan(plan, confined.pool)},
         "sleep": {**sleep, "plan_text": describe_plan(preset_plan, presets)},
     }

@@ -1,5 +1,5 @@
-"""Do confined runs repeat? The same home train command several times on one calibration, and once with
-fault tolerance on the same plan.
+"""Do confined runs repeat, what does safety cost, and how fast does a home resume after a kill? All on one
+calibration.
 
 Issue 43: two runs of ``ecofl home train --emulate cgroup`` each calibrated
 afresh and planned on what they measured, so the same command predicted 4.93
@@ -7,14 +7,20 @@ and then 4.34 s per sync-round and measured 5.5 and then 4.0 s, and a
 comparison of two runs moved with the calibration. Here every run shares one
 ``--calibration FILE`` (the first run measures and writes it, the others
 reuse its speeds and plan): the runs differ only by the machine's noise and
-by the factor compared. Reported: each run's measured and predicted
-sync-round (median of its rounds), their spread, and what fault tolerance
-(heartbeats, replication every sync-round, a global copy every 5) costs on the
-same plan, beside the plain runs measured in the same sitting.
+by the factor compared. Reported:
 
-``python benchmarks/steady_runs.py [--runs 3] [--rounds 6]`` writes
-``benchmarks/results/steady_runs.json`` and a table in ``docs/pipeline.md``.
-Run it with the machine otherwise idle: the load is given.
+- each run's measured and predicted sync-round (median of its rounds) and the
+  plain runs' spread;
+- what fault tolerance (heartbeats, replication every sync-round while it
+  computes, a global copy every 5) costs: runs with it alternate with plain
+  runs, and each is compared with the mean of the plain runs either side;
+- ``--kills`` runs with ``--inject kill:2@4``: detection, kill to resumed (the
+  next sync-round sent), kill to the first completed round, and that round's
+  own time (the replayed round on the survivors' plan, beside its prediction).
+
+``python benchmarks/steady_runs.py [--pairs 3] [--kills 2] [--rounds 6]``
+writes ``benchmarks/results/steady_runs.json`` and a table in
+``docs/pipeline.md``. Run it with the machine otherwise idle: the load is given.
 """
 
 from __future__ import annotations
@@ -36,62 +42,93 @@ from benchmarks.markdown_section import replace_section  # noqa: E402
 
 COMMAND = ["home", "train", "--model", "mobilenet_v2", "--pool", "ecofl-3stage", "--dataset", "fashion_mnist",
            "--emulate", "cgroup", "--json"]
+KILL = "kill:2@4"  # device 2 killed as sync-round 4 starts
 
 
-def train(rounds: int, calibration: Path, fault_tolerance: bool) -> dict:
-    """One run: its sync-round measured and predicted, the load before it and its wall time."""
+def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | None = None) -> dict:
+    """One run: its sync-round measured and predicted, its fault events, the load before it and its wall time."""
     load = os.getloadavg()[0]
     start = time.monotonic()
     command = [sys.executable, "-m", "ecofl", *COMMAND, "--rounds", str(rounds), "--calibration", str(calibration)]
-    done = subprocess.run(command + (["--fault-tolerance"] if fault_tolerance else []), cwd=ROOT,
-                          capture_output=True, text=True, timeout=1800)
+    command += ["--fault-tolerance"] if fault_tolerance else []
+    command += ["--inject", inject] if inject else []
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-3000:]}")
     report = json.loads(done.stdout)
-    return {"fault_tolerance": fault_tolerance, "sync_round_s": report["sync_round_s"],
+    return {"fault_tolerance": fault_tolerance, "inject": inject, "sync_round_s": report["sync_round_s"],
             "predicted_sync_round_s": report["predicted_sync_round_s"],
             "error": report["sync_round_s"] / report["predicted_sync_round_s"] - 1,
+            "sync_rounds_s": report["sync_rounds_s"], "events": report["events"],
             "stages": [s["layers"] for s in report["stages"]], "rounds_completed": report["rounds_completed"],
             "load_before": round(load, 2), "wall_s": round(time.monotonic() - start, 1)}
 
 
+def kill_figures(run: dict) -> dict:
+    """Kill to detected, to resumed and to the first completed round, and that round's own time: the round
+    replayed from the version restored, on the survivors' plan (its prediction beside it)."""
+    [event] = run["events"]
+    replayed = event["round"] - event["lost_rounds"]
+    return {"detected_s": event["detected_after_s"], "resumed_s": event["resumed_after_s"],
+            "first_round_after_s": event["recovered_after_s"], "lost_rounds": event["lost_rounds"],
+            "replayed_round_s": run["sync_rounds_s"][replayed], "replayed_round_predicted_s": run["predicted_sync_round_s"],
+            "rescheduling_s": event["rescheduling_s"], "bytes_moved": event["bytes_moved"]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=3, help="plain runs (then one with fault tolerance, then one "
-                                                            "more plain)")
+    parser.add_argument("--pairs", type=int, default=3, help="runs with fault tolerance, each between plain runs")
+    parser.add_argument("--kills", type=int, default=2, help="runs with --inject kill:2@4 (at least 6 rounds)")
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         calibration = Path(work) / "calibration.json"
-        order = [False] * args.runs + [True, False]
+        order = [(False, None)] + [(True, None), (False, None)] * args.pairs + [(True, KILL)] * args.kills
         runs = []
-        for i, tolerant in enumerate(order):
-            print(f"run {i + 1} of {len(order)}{' (fault tolerance)' if tolerant else ''} ...", flush=True)
-            runs.append(train(args.rounds, calibration, tolerant))
-            print(json.dumps(runs[-1]), flush=True)
-    plain = [r["sync_round_s"] for r in runs if not r["fault_tolerance"]]
-    tolerant = [r["sync_round_s"] for r in runs if r["fault_tolerance"]][0]
+        for i, (tolerant, inject) in enumerate(order):
+            print(f"run {i + 1} of {len(order)}{' (fault tolerance)' if tolerant else ''} {inject or ''}...",
+                  flush=True)
+            runs.append(train(max(args.rounds, 8) if inject else args.rounds, calibration, tolerant, inject))
+            print(json.dumps({k: v for k, v in runs[-1].items() if k != "events"}), flush=True)
+    plain_runs = [i for i, r in enumerate(runs) if not r["fault_tolerance"]]
+    plain = [runs[i]["sync_round_s"] for i in plain_runs]
+    costs = [runs[i]["sync_round_s"] / ((runs[i - 1]["sync_round_s"] + runs[i + 1]["sync_round_s"]) / 2) - 1
+             for i in range(1, 2 * args.pairs + 1, 2)]
+    kills = [kill_figures(r) for r in runs if r["inject"]]
     result = {
-        "command": f"python benchmarks/steady_runs.py --runs {args.runs} --rounds {args.rounds}",
+        "command": f"python benchmarks/steady_runs.py --pairs {args.pairs} --kills {args.kills} --rounds {args.rounds}",
         "runs_of": "ecofl " + " ".join(COMMAND) + f" --rounds {args.rounds} --calibration FILE",
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "measured_at": time.strftime("%Y-%m-%d %H:%M"),
         "runs": runs,
         "plain_spread": max(plain) / min(plain) - 1,
-        "fault_tolerance_cost": tolerant / (sum(plain) / len(plain)) - 1,
+        "fault_tolerance_costs": costs,
+        "fault_tolerance_cost": sum(costs) / len(costs) if costs else None,
+        "kills": kills,
     }
     (ROOT / "benchmarks" / "results" / "steady_runs.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = "\n".join([
-        f"Measured with `{result['command']}` on {result['machine']}: each run is `{result['runs_of']}`, all on "
-        "one calibration (the first run measures and writes it).",
+    lines = [
+        f"Measured with `{result['command']}` on {result['machine']}, {result['measured_at']}: each run is "
+        f"`{result['runs_of']}` (`--fault-tolerance`, `--inject {KILL}` where said), all on one calibration "
+        "(the first run measures and writes it).",
         "",
         "| run | fault tolerance | sync-round s | predicted s | error | load before |",
         "|---:|---|---:|---:|---:|---:|",
-        *(f"| {i + 1} | {'on' if r['fault_tolerance'] else 'off'} | {r['sync_round_s']:.2f} | "
-          f"{r['predicted_sync_round_s']:.2f} | {r['error']:+.1%} | {r['load_before']} |" for i, r in enumerate(runs)),
+        *(f"| {i + 1} | {'on' if r['fault_tolerance'] else 'off'}{', ' + r['inject'] if r['inject'] else ''} | "
+          f"{r['sync_round_s']:.2f} | {r['predicted_sync_round_s']:.2f} | {r['error']:+.1%} | {r['load_before']} |"
+          for i, r in enumerate(runs)),
         "",
-        f"Plain runs within {result['plain_spread']:.1%} of each other; fault tolerance "
-        f"{result['fault_tolerance_cost']:+.1%} against their mean, on the same plan.",
-    ])
+        f"Plain runs within {result['plain_spread']:.1%} of each other."
+        + (f" Fault tolerance, each run against the plain runs either side: "
+           f"{', '.join(f'{c:+.1%}' for c in costs)} (mean {result['fault_tolerance_cost']:+.1%})." if costs else ""),
+    ]
+    if kills:
+        lines += ["", "| kill run | detected s | resumed s | first round after s | its round s (predicted) | "
+                      "lost rounds | re-scheduling s | bytes moved |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {i + 1} | {k['detected_s']:.2f} | {k['resumed_s']:.2f} | {k['first_round_after_s']:.2f} | "
+                  f"{k['replayed_round_s']:.2f} ({k['replayed_round_predicted_s']:.2f}) | {k['lost_rounds']} | "
+                  f"{k['rescheduling_s']:.2f} | {k['bytes_moved']} |" for i, k in enumerate(kills)]
+    table = "\n".join(lines)
     if not replace_section(ROOT / "docs" / "pipeline.md", table, "steady_runs"):
         print("docs/pipeline.md has no steady_runs section: the table is not written there", file=sys.stderr)
     print(table)
