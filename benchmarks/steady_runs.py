@@ -71,7 +71,8 @@ def kill_figures(run: dict) -> dict:
     replayed = event["round"] - event["lost_rounds"]
     return {"detected_s": event["detected_after_s"], "resumed_s": event["resumed_after_s"],
             "first_round_after_s": event["recovered_after_s"], "lost_rounds": event["lost_rounds"],
-            "replayed_round_s": run["sync_rounds_s"][replayed], "replayed_round_predicted_s": run["predicted_sync_round_s"],
+            "replayed_round_s": run["sync_rounds_s"][replayed],
+            "replayed_round_predicted_s": run["predicted_sync_round_s"],
             "rescheduling_s": event["rescheduling_s"], "bytes_moved": event["bytes_moved"]}
 
 

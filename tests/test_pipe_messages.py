@@ -34,7 +34,8 @@ def test_every_pipe_message_arrives_as_it_was_sent_as_one_line(sent, accepted):
 @pytest.mark.parametrize("line, accepted, why", [
     ('{"type": "forked", "id": 3, "pid": "4242"}', FORK_REPLIES, "forked.pid: expected an integer"),
     ('{"type": "exited", "pid": 4242}', FORK_REPLIES, "missing field 'code'"),
-    ('{"type": "timed", "seconds_per_step": NaN}', CALIBRATION_REPLIES, "timed.seconds_per_step: expected a finite number"),
+    ('{"type": "timed", "seconds_per_step": NaN}', CALIBRATION_REPLIES,
+     "timed.seconds_per_step: expected a finite number"),
     ('{"type": "go"}', CALIBRATION_REPLIES, "unknown message type 'go'"),
     ('{"type": "session", "portal": ["h", 1], "device": 1, "secret": "x"}', SESSION_REQUESTS, "unknown field"),
     ("ready", SESSION_REPLIES, "not a message: 'ready'"),

@@ -54,7 +54,8 @@ def test_a_kill_of_the_first_device_mid_backward_is_exact():
     # stage 0's only layer with state, from device 1's replica (device 0 backs up to the next stage): the one sent
     # as round 3 started, or the one before it if that one was not complete yet
     [restored] = event["restored_from"]
-    assert {k: restored[k] for k in ("layers", "source", "device")} == {"layers": [0, 0], "source": "backup", "device": 1}
+    restored_where = {k: restored[k] for k in ("layers", "source", "device")}
+    assert restored_where == {"layers": [0, 0], "source": "backup", "device": 1}
     assert 0 not in devices_of(final) and event["lost_rounds"] == 3 - restored["version"] in (0, 1)
     assert 0 < event["detected_after_s"] <= event["recovered_after_s"]
 

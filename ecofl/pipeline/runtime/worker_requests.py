@@ -169,11 +169,9 @@ class Worker:
 
     def serve(self) -> None:
         """Serve the portal's requests until it says :class:`Stop`; each handler sends its own reply."""
-        handlers = {
-            Epoch: self._epoch, Setup: self._setup, Load: self._load, Infer: self._infer, TrainPass: self._round,
-            Collect: self._collect, GetState: self._send_state,
-            Reconfigure: self._reconfigure, Arm: self._arm, Abort: self._abort,
-        }
+        handlers = {Epoch: self._epoch, Setup: self._setup, Load: self._load, Infer: self._infer,
+                    TrainPass: self._round, Collect: self._collect, GetState: self._send_state,
+                    Reconfigure: self._reconfigure, Arm: self._arm, Abort: self._abort}
         while True:
             header, arrays = recv_message(self.channel.sock)
             request = REQUESTS.decode(header)
@@ -256,15 +254,15 @@ class Worker:
         ))
 
     def _replicas(self, request: Replicate) -> ReplicaExchange:
-        """Post my stage at ``request.version`` to my backup in the background of the link, and receive the
-        stages I back up (Asteroid §3.4, off the critical path: :mod:`.replica`)."""
+        """My stage at version r to my backup, and the stages I back up, off the critical path (:mod:`.replica`)."""
         version = request.version
         sends = [] if request.to is None else [(request.to, self.state.layers_state(self.stage_layers, version))]
         receives = [(rank, self.state.empty_like_layers(range(first, last + 1), self._with_momentum()))
                     for _source, rank, first, last in request.sources]
         buckets = {rank: self.executor.links.get(rank) or (TokenBucket(request.link_bps) if request.link_bps else None)
                    for rank, _ in sends}
-        replicas = ReplicaExchange(self.mesh, sends, receives, buckets, lambda buffers: self.state.hold(version, buffers))
+        replicas = ReplicaExchange(self.mesh, sends, receives, buckets,
+                                   lambda buffers: self.state.hold(version, buffers))  # a complete replica
         self.traps.reached("replicate")
         return replicas
 
