@@ -22,7 +22,7 @@ from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
 from ecofl.net.wire import recv_message, send_message
-from ecofl.pipeline.runtime.replica import PIECE_BYTES, ReplicaExchange, pieces
+from ecofl.pipeline.runtime.replica import MAX_PIECE_BYTES, MIN_PIECE_BYTES, ReplicaExchange, piece_bytes, pieces
 from helpers import SECRET, answer_of, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -252,14 +252,21 @@ def test_closing_a_link_fails_the_posts_still_queued():
         close_all(listeners, [a, b])
 
 
+def test_replica_pieces_are_what_the_link_carries_in_a_moment():
+    assert piece_bytes(TokenBucket(12.5e6)) == 625_000  # 100 Mbps: 50 ms
+    assert piece_bytes(TokenBucket(1e5)) == MIN_PIECE_BYTES and piece_bytes(None) == MAX_PIECE_BYTES
+    assert [p.numel() for p in pieces(torch.randn(2, 50), 160)] == [40, 40, 20] and len(pieces(torch.zeros(0), 8)) == 1
+
+
 def test_a_replica_is_cut_into_pieces_and_kept_only_once_all_of_it_arrived():
     listeners, (a, b) = meshes(2)
     state = {"w": torch.randn(100_000), "b": torch.randn(3, 5), "n": torch.zeros(0)}
     kept: list[dict[str, torch.Tensor]] = []
     try:
-        assert len(pieces(state["w"])) == -(-400_000 // PIECE_BYTES) and len(pieces(state["n"])) == 1
         receiver = ReplicaExchange(b, [], [(0, {k: torch.empty_like(v) for k, v in state.items()})], {}, kept.append)
-        sender = ReplicaExchange(a, [(1, state)], [], {1: None}, kept.append)
+        # paced at 1 MB/s: pieces of 64 KiB, the receiver fills its buffers from whatever size comes
+        sender = ReplicaExchange(a, [(1, state)], [], {1: TokenBucket(1e6)}, kept.append)
+        assert len(sender.tickets) == -(-400_000 // MIN_PIECE_BYTES) + 2
         sender.finish(lambda: None)
         receiver.finish(lambda: None)
         [replica] = kept
@@ -267,6 +274,20 @@ def test_a_replica_is_cut_into_pieces_and_kept_only_once_all_of_it_arrived():
         waiting = ReplicaExchange(b, [], [(0, {"w": torch.empty(10)})], {}, kept.append)  # nothing will come
         waiting.stop()
         assert len(kept) == 1 and waiting.complete_after_s is None  # an interrupted replica is not kept
+    finally:
+        close_all(listeners, [a, b])
+
+
+def test_a_replica_piece_that_does_not_fit_fails_the_exchange_and_nothing_is_kept():
+    listeners, (a, b) = meshes(2)
+    kept: list[dict[str, torch.Tensor]] = []
+    try:
+        receiver = ReplicaExchange(b, [], [(0, {"w": torch.empty(10)})], {}, kept.append)
+        a.send(1, torch.zeros(6), REPLICA_TAG)
+        a.send(1, torch.zeros(6), REPLICA_TAG)  # 12 elements for a buffer of 10
+        with pytest.raises(ValueError, match="4 torch.float32 elements were left to fill"):
+            receiver.finish(lambda: None)
+        assert kept == []
     finally:
         close_all(listeners, [a, b])
 

@@ -7,9 +7,14 @@ second of every round. Here the replica of version ``r`` (the committed state
 sync-round ``r`` starts from, which the worker holds as a snapshot that
 training never changes) travels *during* sync-round ``r``:
 
-- cut into pieces of at most ``PIECE_BYTES``, posted in the background of the
-  link to the backup (:meth:`ecofl.net.links.PeerLink.post`), so that an
-  activation or gradient waits behind at most one piece;
+- cut into pieces of what the link carries in ``PIECE_S``
+  (:func:`piece_bytes`), posted in the background of the link to the backup
+  (:meth:`ecofl.net.links.PeerLink.post`), so that an activation or gradient
+  waits behind at most one piece. Small pieces cost CPU, and a confined
+  device pays it out of its own quota: every piece is a message sealed,
+  sent, received and opened. With 64 KiB pieces each device of Eco-FL's
+  confined testbed (MobileNetV2, 100 Mbps links) spent 25-45% more CPU per
+  sync-round (its process's CPU time, one run);
 - paced by the same token bucket as the stage's own tensors to that device
   (one emulated link carries both);
 - received by a thread at the backup, which keeps the replica the moment all
@@ -20,7 +25,9 @@ the backup still keeps the previous one (the portal's ``keep``), so a failure
 early in the round replays one sync-round more, and the backup holds two
 replicas during the round (:func:`ecofl.pipeline.replication.backup_bytes`).
 A round waits for its replicas only where the link cannot carry them in the
-time the round computes.
+time the round computes. Off the critical path is not free where the CPU is
+the bottleneck: a confined device seals, copies and opens its replicas out of
+the quota it computes with (``benchmarks/steady_runs.py`` measures the cost).
 """
 
 from __future__ import annotations
@@ -36,18 +43,26 @@ from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
 from ecofl.pipeline.runtime.stage_state import State
 
-#: The largest piece of a replica on a link: what an activation may wait behind.
-PIECE_BYTES = 64 << 10
+#: A replica piece is what its link carries in this long: how long an activation may wait behind one.
+PIECE_S = 0.05
+MIN_PIECE_BYTES, MAX_PIECE_BYTES = 64 << 10, 4 << 20  # 4 MiB: an unpaced link's (a real network's) pieces
 
 
 class ReplicaStopped(Exception):
     """The receiving thread was told to stop (the round was interrupted)."""
 
 
-def pieces(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """``tensor``'s elements in order, as flat pieces of at most ``PIECE_BYTES`` (at least one element each)."""
+def piece_bytes(bucket: TokenBucket | None) -> int:
+    """The bytes of one replica piece on a link paced by ``bucket`` (None: not paced here)."""
+    if bucket is None:
+        return MAX_PIECE_BYTES
+    return int(min(MAX_PIECE_BYTES, max(MIN_PIECE_BYTES, bucket.rate * PIECE_S)))
+
+
+def pieces(tensor: torch.Tensor, size_bytes: int) -> list[torch.Tensor]:
+    """``tensor``'s elements in order, as flat pieces of at most ``size_bytes`` (at least one element each)."""
     flat = tensor.detach().reshape(-1)
-    per_piece = max(1, PIECE_BYTES // max(1, flat.element_size()))
+    per_piece = max(1, size_bytes // max(1, flat.element_size()))
     return list(flat.split(per_piece)) if flat.numel() else [flat]
 
 
@@ -55,7 +70,8 @@ class ReplicaExchange:
     """One worker's replicas of one sync-round: the one it sends to its backup, the ones it keeps for others.
 
     ``sends``: (rank, state) to post, each state's tensors in key order, paced
-    by ``buckets[rank]``; ``receives``: (rank, buffers) to fill in key order.
+    by ``buckets[rank]`` in pieces sized for it; ``receives``: (rank, buffers)
+    to fill in key order, from pieces of any size the sender chose.
     ``keep(buffers)`` is called on the receiving thread as soon as one
     replica is complete.
     """
@@ -68,7 +84,8 @@ class ReplicaExchange:
         self.error: BaseException | None = None
         self.tickets: list[Ticket] = [
             mesh.send(rank, piece, REPLICA_TAG, buckets.get(rank), background=True)
-            for rank, state in sends for key in sorted(state) for piece in pieces(state[key])
+            for rank, state in sends for key in sorted(state)
+            for piece in pieces(state[key], piece_bytes(buckets.get(rank)))
         ]
         self._stop = threading.Event()
         self._receiver = threading.Thread(target=self._receive, daemon=True, name="replica-receiver")
@@ -86,19 +103,30 @@ class ReplicaExchange:
         try:
             for rank, buffers in self.receives:
                 for key in sorted(buffers):
-                    for target in pieces(buffers[key]):
-                        piece = self.mesh.recv(rank, REPLICA_TAG, abort=self._stopped)
-                        if piece.shape != target.shape or piece.dtype != target.dtype:
-                            raise ValueError(f"rank {rank} sent a {piece.dtype} {tuple(piece.shape)} replica piece "
-                                             f"of {key} where {target.dtype} {tuple(target.shape)} was expected")
-                        with torch.no_grad():
-                            target.copy_(piece)
+                    self._fill(rank, key, buffers[key].detach().view(-1))
                 self.keep(buffers)
                 self.complete_after_s = time.time() - self.started
         except ReplicaStopped:
             pass
         except BaseException as error:  # noqa: BLE001 - re-raised by finish() on the worker's thread
             self.error = error
+
+    def _fill(self, rank: int, key: str, flat: torch.Tensor) -> None:
+        """Fill ``flat`` (a view of the buffer of ``key``) in order from the pieces ``rank`` sends for it (an
+        empty tensor travels as one empty piece)."""
+        filled = 0
+        while True:
+            piece = self.mesh.recv(rank, REPLICA_TAG, abort=self._stopped)
+            left = flat.numel() - filled
+            fits = 0 < piece.numel() <= left or left == 0 == piece.numel()
+            if piece.dim() != 1 or piece.dtype != flat.dtype or not fits:
+                raise ValueError(f"rank {rank} sent a {piece.dtype} {tuple(piece.shape)} replica piece of {key}: "
+                                 f"{left} {flat.dtype} elements were left to fill")
+            with torch.no_grad():
+                flat[filled:filled + piece.numel()].copy_(piece)
+            filled += piece.numel()
+            if filled == flat.numel():
+                return
 
     def finish(self, abort: AbortCheck) -> None:
         """Wait until every replica is sent and every one for me is kept; re-raise what went wrong."""
