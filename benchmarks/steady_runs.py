@@ -61,6 +61,7 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
             "error": report["sync_round_s"] / report["predicted_sync_round_s"] - 1,
             "sync_rounds_s": report["sync_rounds_s"], "events": report["events"],
             "stages": [s["layers"] for s in report["stages"]], "rounds_completed": report["rounds_completed"],
+            "cpu_s_per_round": [s["cpu_s_per_round"] for s in report["stages"]],
             "load_before": round(load, 2), "wall_s": round(time.monotonic() - start, 1)}
 
 

@@ -66,6 +66,7 @@ def test_home_train_at_host_speed_reports_real_memory_and_a_host_prediction(tmp_
     assert report["emulation"] == "none" and report["cores"] >= 1
     for stage in report["stages"]:
         assert stage["peak_rss_bytes"] > stage["training_rss_bytes"] > 0  # measured, above the bare process
+        assert 0 < stage["cpu_s_per_round"] < 2 * max(report["sync_rounds_s"]) * report["cores"]  # its process's
     # The prediction is the host's: the devices as processes sharing its cores, each operation costing the
     # runtime's measured overhead on this host; not the emulated boards' (ten times slower than a core).
     from ecofl.data import load_dataset

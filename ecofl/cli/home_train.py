@@ -203,6 +203,7 @@ def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,
             "in_flight": stage.in_flight,
             "busy_fraction": result.busy_fraction[s],
             "predicted_busy_fraction": predicted.busy_fraction[s],
+            "cpu_s_per_round": result.cpu_s[s],  # measured: CPU seconds of the busiest worker process a round
             "peak_memory_bytes": result.peak_memory_bytes[s],
             "predicted_memory_bytes": predicted.stage_memory_bytes[s],
             "peak_rss_bytes": result.peak_rss_bytes[s],

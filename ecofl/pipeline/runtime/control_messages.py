@@ -177,6 +177,7 @@ class Done:
     weight_versions: list[tuple[int, int, int]]
     peak_accelerator_bytes: int | None = None  # measured by torch on the worker's GPU (None on a CPU)
     replica_after_s: float | None = None  # when the replicas kept here were complete, from the round's start
+    cpu_s: float | None = None  # measured: the worker process's CPU time (every thread) during the sync-round
 
 
 @message("stage_weights")

@@ -29,6 +29,8 @@ class PipelineResult:
     forward_s: tuple[float, ...]  # mean seconds of one micro-batch's forward (slowest device of the stage)
     backward_s: tuple[float, ...]
     busy_fraction: tuple[float, ...]  # compute time / sync-round time (busiest device, mean over rounds)
+    # measured: CPU seconds a sync-round of the stage's busiest worker process, every thread (None: not reported)
+    cpu_s: tuple[float | None, ...]
     peak_resident: tuple[int, ...]  # most micro-batches whose activations a device held at once
     peak_activation_bytes: tuple[int, ...]
     peak_memory_bytes: tuple[int, ...]  # accounted: weights + gradients + optimizer state + peak activations
@@ -75,6 +77,7 @@ def pipeline_result(
     fwd = [[] for _ in range(num_stages)]
     bwd = [[] for _ in range(num_stages)]
     busy = [[0.0] * len(rounds) for _ in range(num_stages)]
+    cpu: list[dict[int, float]] = [{} for _ in range(num_stages)]  # round -> its busiest worker's CPU seconds
     resident, act, memory = [0] * num_stages, [0] * num_stages, [0] * num_stages
     rss: list[int | None] = [None] * num_stages
     training_rss: list[int | None] = [None] * num_stages
@@ -100,6 +103,8 @@ def pipeline_result(
                     per_device = per_device_f if kind == ActionKind.FORWARD else per_device_b
                     per_device.setdefault(device, []).append(end - start)
             busy[s][r] = max(busy[s][r], compute / round_s[r])
+            if reply.get("cpu_s") is not None:
+                cpu[s][r] = max(cpu[s].get(r, 0.0), reply["cpu_s"])
             resident[s] = max(resident[s], reply["peak_resident"])
             act[s] = max(act[s], reply["peak_activation_bytes"])
             memory[s] = max(memory[s], reply["fixed_bytes"] + reply["peak_activation_bytes"])
@@ -118,6 +123,7 @@ def pipeline_result(
         forward_s=tuple(max(t, default=0.0) for t in fwd),
         backward_s=tuple(max(t, default=0.0) for t in bwd),
         busy_fraction=tuple(float(np.mean(b)) for b in busy),
+        cpu_s=tuple(float(np.mean(list(c.values()))) if c else None for c in cpu),
         peak_resident=tuple(resident),
         peak_activation_bytes=tuple(act),
         peak_memory_bytes=tuple(memory),

@@ -227,7 +227,7 @@ class Worker:
         inputs = torch.from_numpy(arrays["inputs"]).to(self.accelerator) if "inputs" in arrays else None
         labels = torch.from_numpy(arrays["labels"]).to(self.accelerator) if "labels" in arrays else None
         reset_peak(), reset_peak_memory(self.accelerator)
-        self.clean = False
+        self.clean, cpu_start = False, time.process_time()
         replicas = self._replicas(request.replicate) if request.replicate is not None else None
         executor.reserved_bytes = self.state.held_bytes(self.stage_keys) + (replicas.received_bytes if replicas else 0)
         try:
@@ -251,6 +251,7 @@ class Worker:
             baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions,
             peak_accelerator_bytes=peak_memory_bytes(self.accelerator),
             replica_after_s=replicas.complete_after_s if replicas is not None and replicas.receives else None,
+            cpu_s=time.process_time() - cpu_start,
         ))
 
     def _replicas(self, request: Replicate) -> ReplicaExchange:
