@@ -170,7 +170,8 @@ def test_trickling_and_silent_strangers_are_cut_off_at_the_knock_deadline_and_ne
             stop.set()
             trickler.join()
         wait_for(lambda: len(admitted) == 3)  # the door hands a peer on just after welcoming it
-        assert admitted == [0, 1, 2] and max(joins) < ADMITTED_AT_ONCE_S, joins
+        # handshakes run on their own threads, so a peer may be handed on after the next one's welcome
+        assert sorted(admitted) == [0, 1, 2] and max(joins) < ADMITTED_AT_ONCE_S, joins
         assert hung_up and hung_up[0] < 10, "the trickler was never cut off"
         assert d.turned_away >= 50 - 4  # one address has at most waiting_per_source connections on the porch
         assert not d._in_flight  # no stranger ever held a handshake's place
