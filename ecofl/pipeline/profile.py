@@ -39,6 +39,7 @@ from tqdm import tqdm
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ecofl.allocator import keep_freed_memory
 from ecofl.devices import DeviceSpec
 from ecofl.errors import UserError
 from ecofl.models import GRANULARITIES, build_model, layer_sequence, named_layer_sequence
@@ -158,6 +159,7 @@ def profile_model(
     path = path / f"{_safe(name)}-{_cache_key(name, layers, input_shape, sizes)}.npz"
     if path.exists():
         return load_profile(path)
+    keep_freed_memory()  # as a worker does (ecofl.allocator): the steps timed allocate as the stages' will
     threads = torch.get_num_threads()
     modes = [layer.training for layer in layers]
     buffers = [[b.detach().clone() for b in layer.buffers()] for layer in layers]

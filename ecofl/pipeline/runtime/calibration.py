@@ -52,6 +52,7 @@ from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import with_speeds
 from ecofl.cgroups import DeviceLimits
+from ecofl.allocator import keep_freed_memory
 from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
 from ecofl.pipeline.runtime.worker_environment import worker_environment
@@ -343,6 +344,7 @@ def main() -> int:
     if args.objective == "inference":
         stage.eval()
     freeze_heap()  # as a worker does: no full collection of torch's objects inside the timed steps
+    keep_freed_memory()  # as a worker does: the timed steps allocate as the stage's will (ecofl.allocator)
     x.requires_grad_(first > 0 and args.objective == "training")  # a stage sends its input's gradient back
     with torch.no_grad():
         out = stage(x)

@@ -24,6 +24,7 @@ import time
 import traceback
 from typing import Callable
 
+from ecofl.allocator import keep_freed_memory
 from ecofl.net.schema import encode
 from ecofl.net.dial import dial
 from ecofl.pipeline.runtime.control_messages import REQUESTS, Config, Error, Ready
@@ -46,6 +47,7 @@ def serve_session(portal: tuple[str, int], device: int, secret: bytes, connect_t
     session's threads and sockets are closed. Any other failure is reported
     to the portal, then raised.
     """
+    keep_freed_memory()  # a step's freed tensors stay for the next, not faulted in again (ecofl.allocator)
     sock = dial(portal, secret, device, timeout_s=connect_timeout_s, retry_for_s=connect_timeout_s)
     sock.settimeout(None)  # the configuration comes once every device has joined: the portal's deadline rules
     listener: DataListener | None = None
