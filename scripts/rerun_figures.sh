@@ -2,8 +2,9 @@
 # Figs. 7-9, one run at a time, each archived as soon as it ends well (docs/results/runs/<archive>/<run>:
 # metrics.json, summary.json, .hydra). A run already archived is skipped, so the script resumes where a stopped one
 # left off; a run with a failed or missing home, or that stopped before its time limit, is tried once more and never
-# archived. Stop it to free the machine (kill its session; the unfinished run is made again on resume): a run frozen
-# with SIGSTOP for minutes outlives Flower's message TTL and is not archived.
+# archived. Stop it to free the machine with SIGTERM to its session (the run under way stops its SuperLink and Ray
+# within a minute; wait for them; the unfinished run is made again on resume). A run frozen with SIGSTOP for minutes
+# outlives Flower's message TTL and is not archived.
 #   bash scripts/rerun_figures.sh [paper7] [paper8] [paper9] [fig7] [fig8] [fig9] [fedat_weights]
 #   bash scripts/rerun_figures.sh paper7_sync paper8 paper9 paper7_fedasync   # the long FedAsync runs last
 # paper7-9 (the default): the paper's conditions, synchronous rounds that wait for every home (conf/experiment's

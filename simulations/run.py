@@ -52,8 +52,10 @@ log = logging.getLogger(__name__)
 
 @contextmanager
 def stop_on_interrupt(stop: threading.Event) -> Iterator[None]:
-    """The first Ctrl-C sets ``stop`` (the run ends at its next wait for homes, outputs written); a second aborts
-    (and the SuperLink with everything it started is stopped)."""
+    """The first Ctrl-C or SIGTERM sets ``stop`` (the run ends at its next wait for homes, outputs written); a
+    second aborts (and the SuperLink with everything it started is stopped). SIGTERM's default would end the
+    process at once and leave the SuperLink and Ray running (their own sessions: a ``kill`` of the run's
+    session does not reach them)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -64,11 +66,12 @@ def stop_on_interrupt(stop: threading.Event) -> Iterator[None]:
         stop.set()
         log.warning("stopping: writing the updates applied so far (Ctrl-C again to abort)")
 
-    previous = signal.signal(signal.SIGINT, on_interrupt)
+    previous = {signum: signal.signal(signum, on_interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def simulate(exp: Experiment, out_dir: Path, progress: bool = True) -> dict:

@@ -94,8 +94,10 @@ def test_flower_simulation_on_the_wall_clock_applies_rounds_as_their_replies_arr
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_a_simulation_at_once_and_keeps_what_it_applied(tmp_path):
-    """SIGINT to the process group, as a terminal's Ctrl-C: Ray's workers die with it, the run must not hang."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_a_simulation_at_once_and_keeps_what_it_applied(tmp_path, signum):
+    """SIGINT to the process group, as a terminal's Ctrl-C, or SIGTERM, as ``kill`` of a sweep's session: Ray's
+    workers die with it, the run must not hang, and nothing it started outlives it."""
     process = subprocess.Popen(
         [sys.executable, "-m", "simulations.run", "+experiment=smoke", "homes=12", "loop.max_updates=100000",
          "loop.target_accuracy=null", "loop.checkpoint_every=1", f"hydra.run.dir={tmp_path}"],
@@ -106,7 +108,7 @@ def test_ctrl_c_stops_a_simulation_at_once_and_keeps_what_it_applied(tmp_path):
         while not any((tmp_path / "checkpoints").glob("*.json")):  # an update has been applied
             assert process.poll() is None and time.monotonic() < deadline, "the run never applied an update"
             time.sleep(0.2)
-        os.killpg(process.pid, signal.SIGINT)
+        os.killpg(process.pid, signum)
         output, _ = process.communicate(timeout=60)  # stops within a minute, or TimeoutExpired fails the test
     finally:
         if process.poll() is None:
