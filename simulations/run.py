@@ -64,7 +64,7 @@ def stop_on_interrupt(stop: threading.Event) -> Iterator[None]:
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        log.warning("stopping: writing the updates applied so far (Ctrl-C again to abort)")
+        log.warning("stopping: writing the updates applied so far (Ctrl-C or SIGTERM again to abort)")
 
     previous = {signum: signal.signal(signum, on_interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
