@@ -260,13 +260,16 @@ def test_replica_pieces_are_what_the_link_carries_in_a_moment():
 
 def test_a_replica_is_cut_into_pieces_and_kept_only_once_all_of_it_arrived():
     listeners, (a, b) = meshes(2)
-    state = {"w": torch.randn(100_000), "b": torch.randn(3, 5), "n": torch.zeros(0)}
+    # a stage's state: weights, a batch norm's few bytes and its int64 count, an empty tensor
+    state = {"w": torch.randn(100_000), "b": torch.randn(3, 5), "n": torch.zeros(0), "count": torch.tensor(7),
+             "mask": torch.tensor([True, False, True])}
     kept: list[dict[str, torch.Tensor]] = []
     try:
         receiver = ReplicaExchange(b, [], [(0, {k: torch.empty_like(v) for k, v in state.items()})], {}, kept.append)
-        # paced at 1 MB/s: pieces of 64 KiB, the receiver fills its buffers from whatever size comes
+        # paced at 1 MB/s: the state as one stream of bytes in pieces of 64 KiB (not a message per tensor); the
+        # receiver fills its buffers from pieces of whatever size comes, across the tensors' boundaries
         sender = ReplicaExchange(a, [(1, state)], [], {1: TokenBucket(1e6)}, kept.append)
-        assert len(sender.tickets) == -(-400_000 // MIN_PIECE_BYTES) + 2
+        assert len(sender.tickets) == -(-(400_000 + 60 + 8 + 3) // MIN_PIECE_BYTES)
         sender.finish(lambda: None)
         receiver.finish(lambda: None)
         [replica] = kept
@@ -283,10 +286,14 @@ def test_a_replica_piece_that_does_not_fit_fails_the_exchange_and_nothing_is_kep
     kept: list[dict[str, torch.Tensor]] = []
     try:
         receiver = ReplicaExchange(b, [], [(0, {"w": torch.empty(10)})], {}, kept.append)
-        a.send(1, torch.zeros(6), REPLICA_TAG)
-        a.send(1, torch.zeros(6), REPLICA_TAG)  # 12 elements for a buffer of 10
-        with pytest.raises(ValueError, match="4 torch.float32 elements were left to fill"):
+        a.send(1, torch.zeros(24, dtype=torch.uint8), REPLICA_TAG)
+        a.send(1, torch.zeros(24, dtype=torch.uint8), REPLICA_TAG)  # 48 bytes for a buffer of 40
+        with pytest.raises(ValueError, match="16 bytes were left to fill"):
             receiver.finish(lambda: None)
+        floats = ReplicaExchange(b, [], [(0, {"w": torch.empty(10)})], {}, kept.append)
+        a.send(1, torch.zeros(10), REPLICA_TAG)  # the right size, but not bytes
+        with pytest.raises(ValueError, match="torch.float32 .10,. replica piece: 40 bytes were left"):
+            floats.finish(lambda: None)
         assert kept == []
     finally:
         close_all(listeners, [a, b])

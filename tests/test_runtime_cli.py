@@ -67,6 +67,9 @@ def test_home_train_at_host_speed_reports_real_memory_and_a_host_prediction(tmp_
     for stage in report["stages"]:
         assert stage["peak_rss_bytes"] > stage["training_rss_bytes"] > 0  # measured, above the bare process
         assert 0 < stage["cpu_s_per_round"] < 2 * max(report["sync_rounds_s"]) * report["cores"]  # its process's
+        by_job = stage["cpu_s_per_round_by_job"]  # the same CPU time, by what its threads did
+        assert by_job["MainThread"] > 0 and any(job.startswith("recv-from") for job in by_job), by_job
+        assert sum(by_job.values()) == pytest.approx(stage["cpu_s_per_round"], rel=0.2, abs=0.05), by_job
     # The prediction is the host's: the devices as processes sharing its cores, each operation costing the
     # runtime's measured overhead on this host; not the emulated boards' (ten times slower than a core).
     from ecofl.data import load_dataset

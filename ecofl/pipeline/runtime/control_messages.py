@@ -178,6 +178,7 @@ class Done:
     peak_accelerator_bytes: int | None = None  # measured by torch on the worker's GPU (None on a CPU)
     replica_after_s: float | None = None  # when the replicas kept here were complete, from the round's start
     cpu_s: float | None = None  # measured: the worker process's CPU time (every thread) during the sync-round
+    cpu_s_by_job: dict[str, float] | None = None  # measured: the same by what each thread does (:mod:`.thread_cpu`)
 
 
 @message("stage_weights")

@@ -7,14 +7,19 @@ second of every round. Here the replica of version ``r`` (the committed state
 sync-round ``r`` starts from, which the worker holds as a snapshot that
 training never changes) travels *during* sync-round ``r``:
 
-- cut into pieces of what the link carries in ``PIECE_S``
-  (:func:`piece_bytes`), posted in the background of the link to the backup
-  (:meth:`ecofl.net.links.PeerLink.post`), so that an activation or gradient
-  waits behind at most one piece. Small pieces cost CPU, and a confined
-  device pays it out of its own quota: every piece is a message sealed,
-  sent, received and opened. With 64 KiB pieces each device of Eco-FL's
-  confined testbed (MobileNetV2, 100 Mbps links) spent 25-45% more CPU per
-  sync-round (its process's CPU time, one run);
+- as one stream of bytes (every tensor of the state in key order, packed
+  by :func:`packed`), cut into pieces of what the link carries in
+  ``PIECE_S`` (:func:`piece_bytes`), posted in the background of the link to
+  the backup (:meth:`ecofl.net.links.PeerLink.post`), so that an activation
+  or gradient waits behind at most one piece. Every piece is a message
+  sealed, sent, received and opened, and each costs CPU the bytes do not
+  explain (a wake-up of every thread waiting on the link, the GIL handed
+  round): a confined device pays it out of the quota it computes with. With
+  64 KiB pieces each device of Eco-FL's confined testbed (MobileNetV2, 100
+  Mbps links) spent 25-45% more CPU per sync-round; with a piece per tensor
+  (a MobileNetV2 stage has some hundred, most of them a batch norm's few
+  hundred bytes) 0.1-0.2 CPU-s more a sync-round at every stage, however few
+  its bytes (one run each);
 - paced by the same token bucket as the stage's own tensors to that device
   (one emulated link carries both);
 - received by a thread at the backup, which keeps the replica the moment all
@@ -59,6 +64,17 @@ def piece_bytes(bucket: TokenBucket | None) -> int:
     return int(min(MAX_PIECE_BYTES, max(MIN_PIECE_BYTES, bucket.rate * PIECE_S)))
 
 
+def byte_views(state: State) -> list[torch.Tensor]:
+    """Each tensor of ``state`` in key order as a flat view of its bytes (writing one writes the tensor)."""
+    return [state[key].detach().view(-1).view(torch.uint8) for key in sorted(state)]
+
+
+def packed(state: State) -> torch.Tensor:
+    """Every byte of ``state``'s tensors in key order, as one flat ``uint8`` tensor (a copy)."""
+    views = [state[key].detach().reshape(-1).view(torch.uint8) for key in sorted(state)]
+    return torch.cat(views) if views else torch.empty(0, dtype=torch.uint8)
+
+
 def pieces(tensor: torch.Tensor, size_bytes: int) -> list[torch.Tensor]:
     """``tensor``'s elements in order, as flat pieces of at most ``size_bytes`` (at least one element each)."""
     flat = tensor.detach().reshape(-1)
@@ -66,10 +82,33 @@ def pieces(tensor: torch.Tensor, size_bytes: int) -> list[torch.Tensor]:
     return list(flat.split(per_piece)) if flat.numel() else [flat]
 
 
+class ByteSink:
+    """Flat byte views filled in order from pieces of any size (a piece may span several views)."""
+
+    def __init__(self, views: list[torch.Tensor]):
+        self.views = [view for view in views if view.numel()]
+        self.total = sum(view.numel() for view in self.views)
+        self.filled = 0
+        self._view = self._offset = 0  # where the next byte goes
+
+    def write(self, piece: torch.Tensor) -> None:
+        """Copy ``piece`` (flat ``uint8``, at most the bytes left) into the views, where the last one ended."""
+        at = 0
+        with torch.no_grad():
+            while at < piece.numel():
+                view = self.views[self._view]
+                n = min(view.numel() - self._offset, piece.numel() - at)
+                view[self._offset:self._offset + n].copy_(piece[at:at + n])
+                at, self._offset = at + n, self._offset + n
+                if self._offset == view.numel():
+                    self._view, self._offset = self._view + 1, 0
+        self.filled += piece.numel()
+
+
 class ReplicaExchange:
     """One worker's replicas of one sync-round: the one it sends to its backup, the ones it keeps for others.
 
-    ``sends``: (rank, state) to post, each state's tensors in key order, paced
+    ``sends``: (rank, state) to post, each state's bytes in key order, paced
     by ``buckets[rank]`` in pieces sized for it; ``receives``: (rank, buffers)
     to fill in key order, from pieces of any size the sender chose.
     ``keep(buffers)`` is called on the receiving thread as soon as one
@@ -81,11 +120,11 @@ class ReplicaExchange:
         self.mesh, self.receives, self.keep = mesh, receives, keep
         self.started = time.time()
         self.complete_after_s: float | None = None  # when the last replica kept here was complete
+        self.receiver_cpu_s = 0.0  # the receiving thread's CPU time, measured by itself when it ends
         self.error: BaseException | None = None
         self.tickets: list[Ticket] = [
             mesh.send(rank, piece, REPLICA_TAG, buckets.get(rank), background=True)
-            for rank, state in sends for key in sorted(state)
-            for piece in pieces(state[key], piece_bytes(buckets.get(rank)))
+            for rank, state in sends for piece in pieces(packed(state), piece_bytes(buckets.get(rank)))
         ]
         self._stop = threading.Event()
         self._receiver = threading.Thread(target=self._receive, daemon=True, name="replica-receiver")
@@ -102,30 +141,32 @@ class ReplicaExchange:
     def _receive(self) -> None:
         try:
             for rank, buffers in self.receives:
-                for key in sorted(buffers):
-                    self._fill(rank, key, buffers[key].detach().view(-1))
+                self._fill(rank, ByteSink(byte_views(buffers)))
                 self.keep(buffers)
                 self.complete_after_s = time.time() - self.started
         except ReplicaStopped:
             pass
         except BaseException as error:  # noqa: BLE001 - re-raised by finish() on the worker's thread
             self.error = error
+        finally:
+            self.receiver_cpu_s = time.thread_time()
 
-    def _fill(self, rank: int, key: str, flat: torch.Tensor) -> None:
-        """Fill ``flat`` (a view of the buffer of ``key``) in order from the pieces ``rank`` sends for it (an
-        empty tensor travels as one empty piece)."""
-        filled = 0
+    def ended_cpu_s(self) -> dict[str, float]:
+        """The CPU seconds of this exchange's threads that have ended (:meth:`.ThreadClock.by_job`'s
+        ``finished``)."""
+        return {} if self._receiver.is_alive() else {self._receiver.name: self.receiver_cpu_s}
+
+    def _fill(self, rank: int, sink: ByteSink) -> None:
+        """Fill ``sink`` from the pieces ``rank`` sends (a state without bytes travels as one empty piece)."""
         while True:
             piece = self.mesh.recv(rank, REPLICA_TAG, abort=self._stopped)
-            left = flat.numel() - filled
+            left = sink.total - sink.filled
             fits = 0 < piece.numel() <= left or left == 0 == piece.numel()
-            if piece.dim() != 1 or piece.dtype != flat.dtype or not fits:
-                raise ValueError(f"rank {rank} sent a {piece.dtype} {tuple(piece.shape)} replica piece of {key}: "
-                                 f"{left} {flat.dtype} elements were left to fill")
-            with torch.no_grad():
-                flat[filled:filled + piece.numel()].copy_(piece)
-            filled += piece.numel()
-            if filled == flat.numel():
+            if piece.dim() != 1 or piece.dtype != torch.uint8 or not fits:
+                raise ValueError(f"rank {rank} sent a {piece.dtype} {tuple(piece.shape)} replica piece: "
+                                 f"{left} bytes were left to fill")
+            sink.write(piece)
+            if sink.filled == sink.total:
                 return
 
     def finish(self, abort: AbortCheck) -> None:

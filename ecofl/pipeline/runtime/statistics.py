@@ -31,6 +31,8 @@ class PipelineResult:
     busy_fraction: tuple[float, ...]  # compute time / sync-round time (busiest device, mean over rounds)
     # measured: CPU seconds a sync-round of the stage's busiest worker process, every thread (None: not reported)
     cpu_s: tuple[float | None, ...]
+    # measured: the same worker's CPU seconds a sync-round by what its threads do (:mod:`.thread_cpu`; {}: none)
+    cpu_s_by_job: tuple[dict[str, float], ...]
     peak_resident: tuple[int, ...]  # most micro-batches whose activations a device held at once
     peak_activation_bytes: tuple[int, ...]
     peak_memory_bytes: tuple[int, ...]  # accounted: weights + gradients + optimizer state + peak activations
@@ -63,6 +65,12 @@ class PipelineResult:
         return len(self.sync_round_s)
 
 
+def _mean_by_job(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each job's mean CPU seconds over the rounds (a round where a job's thread did not run counts 0)."""
+    jobs = sorted({job for by_job in rounds for job in by_job})
+    return {job: round(sum(by_job.get(job, 0.0) for by_job in rounds) / len(rounds), 4) for job in jobs}
+
+
 def pipeline_result(
     weights: Weights, batch_size: int, num_stages: int, rounds: list[dict[int, dict[str, Any]]],
     round_s: list[float], origin: float, events: tuple[dict, ...] = (), lost_rounds: int = 0,
@@ -78,6 +86,7 @@ def pipeline_result(
     bwd = [[] for _ in range(num_stages)]
     busy = [[0.0] * len(rounds) for _ in range(num_stages)]
     cpu: list[dict[int, float]] = [{} for _ in range(num_stages)]  # round -> its busiest worker's CPU seconds
+    cpu_jobs: list[dict[int, dict[str, float]]] = [{} for _ in range(num_stages)]  # round -> that worker's by job
     resident, act, memory = [0] * num_stages, [0] * num_stages, [0] * num_stages
     rss: list[int | None] = [None] * num_stages
     training_rss: list[int | None] = [None] * num_stages
@@ -103,8 +112,8 @@ def pipeline_result(
                     per_device = per_device_f if kind == ActionKind.FORWARD else per_device_b
                     per_device.setdefault(device, []).append(end - start)
             busy[s][r] = max(busy[s][r], compute / round_s[r])
-            if reply.get("cpu_s") is not None:
-                cpu[s][r] = max(cpu[s].get(r, 0.0), reply["cpu_s"])
+            if reply.get("cpu_s") is not None and reply["cpu_s"] >= cpu[s].get(r, 0.0):
+                cpu[s][r], cpu_jobs[s][r] = reply["cpu_s"], reply.get("cpu_s_by_job") or {}
             resident[s] = max(resident[s], reply["peak_resident"])
             act[s] = max(act[s], reply["peak_activation_bytes"])
             memory[s] = max(memory[s], reply["fixed_bytes"] + reply["peak_activation_bytes"])
@@ -124,6 +133,7 @@ def pipeline_result(
         backward_s=tuple(max(t, default=0.0) for t in bwd),
         busy_fraction=tuple(float(np.mean(b)) for b in busy),
         cpu_s=tuple(float(np.mean(list(c.values()))) if c else None for c in cpu),
+        cpu_s_by_job=tuple(_mean_by_job(list(jobs.values())) for jobs in cpu_jobs),
         peak_resident=tuple(resident),
         peak_activation_bytes=tuple(act),
         peak_memory_bytes=tuple(memory),

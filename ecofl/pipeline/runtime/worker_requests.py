@@ -78,6 +78,7 @@ from ecofl.pipeline.runtime.stage_state import StageState, as_arrays, from_array
 from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.stream_stage import StreamExecutor
 from ecofl.pipeline.runtime.topology import WorkerRole
+from ecofl.pipeline.runtime.thread_cpu import ThreadClock
 from ecofl.pipeline.runtime.traps import Trap, Traps
 from ecofl.net.wire import recv_message
 from ecofl.pipeline.runtime.worker_channel import WorkerChannel
@@ -227,7 +228,7 @@ class Worker:
         inputs = torch.from_numpy(arrays["inputs"]).to(self.accelerator) if "inputs" in arrays else None
         labels = torch.from_numpy(arrays["labels"]).to(self.accelerator) if "labels" in arrays else None
         reset_peak(), reset_peak_memory(self.accelerator)
-        self.clean, cpu_start = False, time.process_time()
+        self.clean, cpu = False, ThreadClock()
         replicas = self._replicas(request.replicate) if request.replicate is not None else None
         executor.reserved_bytes = self.state.held_bytes(self.stage_keys) + (replicas.received_bytes if replicas else 0)
         try:
@@ -251,7 +252,7 @@ class Worker:
             baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions,
             peak_accelerator_bytes=peak_memory_bytes(self.accelerator),
             replica_after_s=replicas.complete_after_s if replicas is not None and replicas.receives else None,
-            cpu_s=time.process_time() - cpu_start,
+            cpu_s=cpu.process_s(), cpu_s_by_job=cpu.by_job(replicas.ended_cpu_s() if replicas else None),
         ))
 
     def _replicas(self, request: Replicate) -> ReplicaExchange:
