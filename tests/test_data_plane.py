@@ -22,7 +22,8 @@ from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
 from ecofl.net.wire import recv_message, send_message
-from ecofl.pipeline.runtime.replica import MAX_PIECE_BYTES, MIN_PIECE_BYTES, ReplicaExchange, piece_bytes, pieces
+from ecofl.pipeline.runtime.replica import (MAX_PIECE_BYTES, MIN_PIECE_BYTES, ReplicaExchange, byte_pieces,
+                                            piece_bytes)
 from helpers import SECRET, answer_of, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -255,7 +256,12 @@ def test_closing_a_link_fails_the_posts_still_queued():
 def test_replica_pieces_are_what_the_link_carries_in_a_moment():
     assert piece_bytes(TokenBucket(12.5e6)) == 625_000  # 100 Mbps: 50 ms
     assert piece_bytes(TokenBucket(1e5)) == MIN_PIECE_BYTES and piece_bytes(None) == MAX_PIECE_BYTES
-    assert [p.numel() for p in pieces(torch.randn(2, 50), 160)] == [40, 40, 20] and len(pieces(torch.zeros(0), 8)) == 1
+    state = {"a": torch.randn(2, 50), "b": torch.zeros(3, dtype=torch.int64), "c": torch.zeros(0), "d": torch.ones(1)}
+    cut = byte_pieces(state, 160)
+    assert [p.numel() for p in cut] == [160, 160, 108] and all(p.dtype == torch.uint8 for p in cut)
+    assert cut[0].data_ptr() == state["a"].data_ptr()  # within one tensor: a view, nothing copied
+    assert torch.equal(torch.cat(cut), torch.cat([state[k].reshape(-1).view(torch.uint8) for k in "abcd"]))
+    assert [p.numel() for p in byte_pieces({"c": torch.zeros(0)}, 8)] == [0] and byte_pieces({}, 8)[0].numel() == 0
 
 
 def test_a_replica_is_cut_into_pieces_and_kept_only_once_all_of_it_arrived():

@@ -7,8 +7,8 @@ second of every round. Here the replica of version ``r`` (the committed state
 sync-round ``r`` starts from, which the worker holds as a snapshot that
 training never changes) travels *during* sync-round ``r``:
 
-- as one stream of bytes (every tensor of the state in key order, packed
-  by :func:`packed`), cut into pieces of what the link carries in
+- as one stream of bytes (every tensor of the state in key order), cut
+  into pieces of what the link carries in
   ``PIECE_S`` (:func:`piece_bytes`), posted in the background of the link to
   the backup (:meth:`ecofl.net.links.PeerLink.post`), so that an activation
   or gradient waits behind at most one piece. Every piece is a message
@@ -69,17 +69,25 @@ def byte_views(state: State) -> list[torch.Tensor]:
     return [state[key].detach().view(-1).view(torch.uint8) for key in sorted(state)]
 
 
-def packed(state: State) -> torch.Tensor:
-    """Every byte of ``state``'s tensors in key order, as one flat ``uint8`` tensor (a copy)."""
-    views = [state[key].detach().reshape(-1).view(torch.uint8) for key in sorted(state)]
-    return torch.cat(views) if views else torch.empty(0, dtype=torch.uint8)
-
-
-def pieces(tensor: torch.Tensor, size_bytes: int) -> list[torch.Tensor]:
-    """``tensor``'s elements in order, as flat pieces of at most ``size_bytes`` (at least one element each)."""
-    flat = tensor.detach().reshape(-1)
-    per_piece = max(1, size_bytes // max(1, flat.element_size()))
-    return list(flat.split(per_piece)) if flat.numel() else [flat]
+def byte_pieces(state: State, size_bytes: int) -> list[torch.Tensor]:
+    """Every byte of ``state``'s tensors in key order, as flat ``uint8`` pieces of ``size_bytes`` (the last one
+    shorter; one empty piece for a state without bytes). A piece within one tensor is a view of it; one across
+    tensors (a batch norm's few bytes beside its neighbours) copies their parts."""
+    result: list[torch.Tensor] = []
+    parts: list[torch.Tensor] = []
+    room = size_bytes
+    for key in sorted(state):
+        view, at = state[key].detach().reshape(-1).view(torch.uint8), 0
+        while at < view.numel():
+            n = min(room, view.numel() - at)
+            parts.append(view[at:at + n])
+            at, room = at + n, room - n
+            if room == 0:
+                result.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+                parts, room = [], size_bytes
+    if parts or not result:
+        result.append(torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8))
+    return result
 
 
 class ByteSink:
@@ -124,7 +132,7 @@ class ReplicaExchange:
         self.error: BaseException | None = None
         self.tickets: list[Ticket] = [
             mesh.send(rank, piece, REPLICA_TAG, buckets.get(rank), background=True)
-            for rank, state in sends for piece in pieces(packed(state), piece_bytes(buckets.get(rank)))
+            for rank, state in sends for piece in byte_pieces(state, piece_bytes(buckets.get(rank)))
         ]
         self._stop = threading.Event()
         self._receiver = threading.Thread(target=self._receive, daemon=True, name="replica-receiver")
