@@ -306,6 +306,19 @@ def test_a_door_at_the_open_file_limit_pauses_says_so_once_and_goes_on():
           + "\n".join(line for line in text.splitlines() if "pauses" in line or "again" in line))
 
 
+def test_an_idle_door_sleeps_until_it_is_closed_and_then_wakes_at_once():
+    """Every wake-up of the accepting thread costs a confined device CPU: idle, it does not poll its stop."""
+    with door() as (d, _):
+        woke = []
+        select = d._selector.select
+        d._selector.select = lambda timeout=None: woke.append(timeout) or select(timeout)
+        time.sleep(3)
+        idle = len(woke)
+        d.close()
+        assert not d._thread.is_alive()  # closing woke it: it did not wait out a poll
+    assert idle <= 4, woke  # a second between wake-ups while nobody knocks (it polled every 0.1 s)
+
+
 def test_an_accept_loop_that_cannot_go_on_says_why(caplog):
     with caplog.at_level(logging.ERROR, logger="ecofl.net.door"), door() as (d, _):
         d._listener.close()  # what no door does to itself: the port gone from under it
