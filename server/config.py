@@ -34,7 +34,8 @@ SILENT_HOMES = ("continue", "stop")
 #: The ``strategy`` and ``grouping`` sections' keys, and the LoopConfig field each sets.
 STRATEGY_FIELDS = {"name": "strategy", "alpha": "alpha", "staleness": "staleness",
                    "staleness_a": "staleness_a", "staleness_b": "staleness_b"}
-GROUPING_FIELDS = {"num_groups": "num_groups", "lambda": "lam", "rt": "rt", "rt_scale": "rt_scale"}
+GROUPING_FIELDS = {"num_groups": "num_groups", "lambda": "lam", "rt": "rt", "rt_scale": "rt_scale",
+                   "latency_units": "latency_units"}
 #: Keys of the ``loop`` section: LoopConfig's fields that no other section sets.
 LOOP_KEYS = tuple(
     name for name in loop_config_fields()

@@ -177,6 +177,19 @@ def test_regroup_picks_the_cheapest_group_by_labels_when_two_fit():
     assert moved.group_of(3) == 0
 
 
+def test_latency_in_seconds_outweighs_the_labels_that_latency_over_rt_lets_win():
+    """Eq. 4 as printed adds seconds to a divergence; over RT both terms lie in [0, 1] (the default)."""
+    hists = {0: np.array([0, 10.0, 0]), 1: np.array([10.0, 0, 0]), 2: np.array([0, 10.0, 0]), 3: np.array([0, 10.0, 0])}
+    grouping = Grouping(groups=((0,), (1,), (2, 3)), centres=(10.0, 20.0, 50.0), waiting=())
+    # home 3 (class 1) leaves group 2: 4 s from group 0 (class 1 already), 6 s from group 1 (class 0)
+    latencies = {0: 10.0, 1: 20.0, 2: 50.0, 3: 14.0}
+    over_rt = regroup(grouping, latencies, hists, rt=8.0, lam=1.0)  # 0.50 + JS 0.46 against 0.75 + JS 0.19
+    in_seconds = regroup(grouping, latencies, hists, rt=8.0, lam=1.0, latency_units="seconds")  # 4 + 0.46, 6 + 0.19
+    assert over_rt.group_of(3) == 1 and in_seconds.group_of(3) == 0
+    with pytest.raises(UserError, match="latency_units must be one of rt, seconds"):
+        regroup(grouping, latencies, hists, rt=8.0, lam=1.0, latency_units="ms")
+
+
 def test_baseline_groupings_cover_every_home():
     homes, latencies, hists = rlg_niid(seed=5)
     tiers = latency_tiers(homes, latencies, num_tiers=5, seed=0)

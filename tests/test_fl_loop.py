@@ -419,6 +419,8 @@ def test_rt_scale_multiplies_the_derived_threshold():
     assert loops[1].rt == pytest.approx(2.5 * loops[0].rt)
     with pytest.raises(UserError, match="rt_scale"):
         LoopConfig(rt_scale=0.0)
+    with pytest.raises(UserError, match="latency_units must be one of rt, seconds"):
+        LoopConfig(latency_units="minutes")
 
 
 @pytest.mark.parametrize("limit", ["updates", "virtual_time"])

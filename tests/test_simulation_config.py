@@ -217,6 +217,14 @@ def test_simulation_settings_join_a_cluster_or_start_a_private_instance():
         experiment({"server": {"silent_homes": "maybe"}})
 
 
+def test_eq_4s_latency_units_reach_the_loop_from_hydra_and_the_run_config():
+    assert experiment(composed()).loop.latency_units == "rt"
+    assert experiment(composed("grouping.latency_units=seconds")).loop.latency_units == "seconds"
+    assert experiment_from_run_config({"grouping.latency_units": "seconds"}).loop.latency_units == "seconds"
+    with pytest.raises(UserError, match="latency_units must be one of rt, seconds"):
+        experiment(composed("grouping.latency_units=ms"))
+
+
 def test_a_null_or_empty_round_deadline_waits_for_every_home_never_the_default():
     """Hydra's null and the run config's "" mean none (documented in conf/config.yaml), not a silent rt."""
     assert experiment(composed("loop.round_deadline=null")).loop.round_deadline == "none"

@@ -15,6 +15,9 @@ earlier version of this module read it otherwise:
   latency distance by RT, so both terms lie in [0, 1] for every feasible
   home (feasible means ``|L_s - L_n| <= RT``), and lambda weighs two
   dimensionless quantities whatever the time scale of the simulation.
+  ``latency_units="seconds"`` takes the formula as printed instead (the
+  distance in seconds): where latencies are seconds apart and RT exceeds a
+  second, the latency term then outweighs the divergence by that factor.
 * **Groups take turns, as the paper says.** "The Eco-FL server will pick a
   client with the smallest cost for each group in turn until nobody in the
   client pool can be associated with any group": group 0 takes its cheapest
@@ -52,6 +55,8 @@ from ecofl.data.stats import js_to_uniform
 from ecofl.errors import UserError
 
 KMEANS_N_INIT = 10
+#: Units of eq. 4's latency term |L_s - L_n|: RT (dimensionless, the default) or seconds (as the paper prints it).
+LATENCY_UNITS = ("rt", "seconds")
 
 
 @dataclass(frozen=True)
@@ -140,21 +145,25 @@ def derive_rt(latencies: Sequence[float], num_groups: int, seed: int) -> float:
 class CostTable:
     """COST(s, n) of eq. 4 for every group and home, given the groups' current label sums."""
 
-    def __init__(self, centres: np.ndarray, latencies: np.ndarray, hists: np.ndarray, rt: float, lam: float):
+    def __init__(self, centres: np.ndarray, latencies: np.ndarray, hists: np.ndarray, rt: float, lam: float,
+                 latency_units: str = "rt"):
         if not rt > 0:
             raise UserError(f"RT must be positive, got {rt}")
         if lam < 0:
             raise UserError(f"lambda must be non-negative, got {lam}")
+        if latency_units not in LATENCY_UNITS:
+            raise UserError(f"latency_units must be one of {', '.join(LATENCY_UNITS)}, got {latency_units!r}")
         self.distance = np.abs(centres[:, None] - latencies[None, :])  # groups x homes
         self.feasible = self.distance <= rt
         self.hists = hists
         self.rt = rt
         self.lam = lam
+        self.latency_unit = rt if latency_units == "rt" else 1.0
 
     def costs(self, group_sums: np.ndarray, homes: np.ndarray, groups: Sequence[int] | None = None) -> np.ndarray:
         """Costs of ``homes`` for ``groups`` (default: all), whose label sums are ``group_sums``; infeasible: +inf."""
         rows = np.arange(len(self.distance)) if groups is None else np.asarray(groups)
-        cost = self.distance[np.ix_(rows, homes)] / self.rt
+        cost = self.distance[np.ix_(rows, homes)] / self.latency_unit
         if self.lam > 0:
             union = group_sums[:, None, :] + self.hists[None, homes, :]
             cost = cost + self.lam * js_to_uniform(union.reshape(-1, union.shape[-1])).reshape(cost.shape)
@@ -181,6 +190,7 @@ def initial_grouping(
     rt: float,
     lam: float,
     seed: int,
+    latency_units: str = "rt",
 ) -> Grouping:
     """Eco-FL's initial grouping (§5.2): K-means centres, then each group in turn takes its cheapest home (eq. 4).
 
@@ -201,7 +211,7 @@ def initial_grouping(
     """
     ids, lat, hists = as_arrays(homes, latencies, label_hists)
     _, centres = kmeans_centres(lat, num_groups, seed)
-    table = CostTable(centres, lat, hists, rt, lam)
+    table = CostTable(centres, lat, hists, rt, lam, latency_units)
     nearest = _NearestByHistogram(table, hists)
     g = len(centres)
     sums = np.zeros((g, hists.shape[1]))
@@ -304,6 +314,7 @@ def regroup(
     label_hists: Mapping[int, np.ndarray],
     rt: float,
     lam: float,
+    latency_units: str = "rt",
 ) -> Grouping:
     """Dynamic re-grouping, Eco-FL Algorithm 1.
 
@@ -317,7 +328,7 @@ def regroup(
     ids, lat, hists = as_arrays(homes, latencies, label_hists)
     position = {int(h): i for i, h in enumerate(ids)}
     centres = np.asarray(grouping.centres, dtype=float)
-    table = CostTable(centres, lat, hists, rt, lam)
+    table = CostTable(centres, lat, hists, rt, lam, latency_units)
     members = [set(g) for g in grouping.groups]
     waiting = set(grouping.waiting)
     sums = np.stack([hists[[position[h] for h in g]].sum(axis=0) for g in members]) if members else None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 
 from ecofl.errors import UserError
 from ecofl.fl.aggregation import STALENESS_FUNCTIONS
+from ecofl.fl.grouping import LATENCY_UNITS
 
 #: The strategies of :mod:`ecofl.fl.strategies` (Eco-FL and the baselines of §6).
 STRATEGIES = ("ecofl", "ecofl_wo_dg", "fedavg", "fedasync", "fedat", "astraea", "fedat_equal_weights")
@@ -68,6 +69,7 @@ class LoopConfig:
     rt: float | None = None
     rt_scale: float = 1.0
     lam: float = 1.0
+    latency_units: str = "rt"  # eq. 4's latency term over RT, or in seconds (:mod:`ecofl.fl.grouping`)
     alpha: float = 0.6
     staleness: str = "polynomial"
     staleness_a: float = 0.5
@@ -96,6 +98,8 @@ class LoopConfig:
             problems.append("rt_scale must be positive")
         if self.lam < 0:
             problems.append("lam must be non-negative")
+        if self.latency_units not in LATENCY_UNITS:
+            problems.append(f"latency_units must be one of {', '.join(LATENCY_UNITS)}")
         if not 0 < self.alpha <= 1:
             problems.append("alpha must lie in (0, 1]")
         if self.staleness not in STALENESS_FUNCTIONS:

@@ -94,6 +94,7 @@ class PolicySettings:
     homes_per_round: int
     max_concurrent: int
     lam: float
+    latency_units: str
     alpha: float
     staleness: str
     staleness_a: float
@@ -119,14 +120,14 @@ class Policy:
     def group(self, homes: Sequence[int], latencies: Mapping[int, float], label_hists: Mapping[int, np.ndarray],
               rt: float) -> Grouping:
         s = self.settings
-        return initial_grouping(homes, latencies, label_hists, s.num_groups, rt, s.lam, s.seed)
+        return initial_grouping(homes, latencies, label_hists, s.num_groups, rt, s.lam, s.seed, s.latency_units)
 
     def regroup(self, grouping: Grouping, latencies: Mapping[int, float], label_hists: Mapping[int, np.ndarray],
                 rt: float) -> Grouping:
         """Algorithm 1, or the grouping unchanged for policies that do not re-group."""
         if not self.regroups:
             return grouping
-        return regroup(grouping, latencies, label_hists, rt, self.settings.lam)
+        return regroup(grouping, latencies, label_hists, rt, self.settings.lam, self.settings.latency_units)
 
     def round_size(self) -> int:
         """How many homes a group round samples (fewer when the group is smaller)."""
