@@ -5,12 +5,14 @@
 # archived. Stop it to free the machine with SIGTERM to its session (the run under way stops its SuperLink and Ray
 # within a minute; wait for them; the unfinished run is made again on resume). A run frozen with SIGSTOP for minutes
 # outlives Flower's message TTL and is not archived.
-#   bash scripts/rerun_figures.sh [paper7] [paper8] [paper9] [fig7] [fig8] [fig9] [fedat_weights]
+#   bash scripts/rerun_figures.sh [paper7] [paper8] [paper9] [fig7] [fig8] [fig9] [fedat_weights] [ablations]
 #   bash scripts/rerun_figures.sh paper7_sync paper8 paper9 paper7_fedasync   # the long FedAsync runs last
 # paper7-9 (the default): the paper's conditions, synchronous rounds that wait for every home (conf/experiment's
 # defaults), Fig. 7 to 600 virtual s and Figs. 8-9 to 300 s, into <figure>_paper_conditions. fig7-9: the deadline
 # variant as archived in <figure>_<time>_closing_rule (rounds close at centre + RT). fedat_weights: the FedAT
-# ablation beside Fig. 8 on RLG-IID.
+# ablation beside Fig. 8 on RLG-IID. ablations: Fig. 7 in the paper's conditions with one factor changed, seed 0
+# (issue 39: which difference keeps Eco-FL from beating FedAsync), each into fig7_ablation_<factor>; compare each
+# with its seed-0 runs in fig7_paper_conditions (python -m simulations.claims ... --seeds 0 --until 300).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export RAY_memory_usage_threshold=0.98  # Ray's memory monitor otherwise kills an actor on this 24 GiB machine
@@ -105,11 +107,33 @@ fedat_weights() {  # the ablation beside Fig. 8 on RLG-IID: FedAT with every tie
   done
 }
 
+ablations() {  # one factor at a time, on seed 0, cheapest first; FedAsync has no rounds and no grouping
+  run fig7_ablation_latency_seconds "03_seed=0,strategy=ecofl" +experiment=fig7 seed=0 strategy=ecofl \
+    grouping.latency_units=seconds loop.max_virtual_time_s=300
+  for i in 0 3; do
+    local strategy=${FIG7_STRATEGIES[$i]}
+    run fig7_ablation_homes_per_round "0${i}_seed=0,strategy=$strategy" +experiment=fig7 seed=0 strategy=$strategy \
+      loop.homes_per_round=10 loop.max_virtual_time_s=300
+  done
+  for i in 0 3 1; do
+    local strategy=${FIG7_STRATEGIES[$i]}
+    run fig7_ablation_churn "0${i}_seed=0,strategy=$strategy" +experiment=fig7 seed=0 strategy=$strategy \
+      latency.change_prob=0.5 loop.max_virtual_time_s=300
+  done
+  for i in 0 3 1; do  # the paper's lr, four times as long (it moves the CNN slowly)
+    local strategy=${FIG7_STRATEGIES[$i]}
+    run fig7_ablation_lr_1e-4 "0${i}_seed=0,strategy=$strategy" +experiment=fig7 seed=0 strategy=$strategy \
+      train.lr=0.0001 loop.max_virtual_time_s=1200
+  done
+}
+
 mkdir -p "$SCRATCH"
 for figure in ${@:-paper7 paper8 paper9}; do
   case $figure in
-    paper7 | paper7_sync | paper7_fedasync | paper8 | paper9 | fig7 | fig8 | fig9 | fedat_weights) "$figure" ;;
-    *) echo "unknown figure: $figure (paper7[_sync|_fedasync], paper8, paper9, fig7, fig8, fig9 or fedat_weights)" >&2
+    paper7 | paper7_sync | paper7_fedasync | paper8 | paper9 | fig7 | fig8 | fig9 | fedat_weights | ablations)
+      "$figure" ;;
+    *) echo "unknown figure: $figure (paper7[_sync|_fedasync], paper8, paper9, fig7, fig8, fig9, fedat_weights or" \
+         "ablations)" >&2
        exit 2 ;;
   esac
 done

@@ -11,7 +11,12 @@ many did, and the ratio to Eco-FL's under the same condition), the late
 accuracy (mean of the second half's evaluations) with its spread over
 seeds, the stragglers per run, the mean time from a round's start to its
 close, and the updates per run. ``--until S`` cuts every run at virtual
-second S first, so sweeps of different lengths are compared on one horizon.
+second S first, so sweeps of different lengths are compared on one horizon;
+``--seeds`` keeps only the runs of those seeds (a one-seed ablation beside
+a three-seed sweep):
+
+    python -m simulations.claims paper=docs/results/runs/fig7_paper_conditions \
+        churn=docs/results/runs/fig7_ablation_churn --seeds 0 --until 300
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from simulations.compare import LABELS, load_sweep, other_values, settings_of, time_to_accuracy_table
-from simulations.lambda_table import until
+from simulations.lambda_table import seed_of, until
 from simulations.plot import Run
 
 
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("conditions", nargs="+", metavar="NAME=SWEEP", help="a condition's name and its runs")
     parser.add_argument("--targets", type=float, nargs="+", default=[0.6, 0.7, 0.75])
     parser.add_argument("--until", type=float, default=None, help="cut every run at this virtual second")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="only the runs of these seeds")
     args = parser.parse_args(argv)
     rows = []
     for condition in args.conditions:
@@ -81,6 +87,10 @@ def main(argv: list[str] | None = None) -> None:
         if not sep or not name:
             parser.error(f"expected NAME=SWEEP, got {condition!r}")
         runs = load_sweep(Path(sweep))
+        if args.seeds is not None:
+            runs = [run for run in runs if seed_of(run) in args.seeds]
+            if not runs:
+                parser.error(f"{sweep} has no run of seed {', '.join(map(str, args.seeds))}")
         if args.until is not None:
             runs = [until(run, args.until) for run in runs]
         rows += condition_rows(name, runs, args.targets)

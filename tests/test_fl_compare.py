@@ -253,3 +253,7 @@ def test_claims_set_two_conditions_side_by_side_cut_to_one_horizon(sweep, tmp_pa
     assert table[0].startswith("| condition | strategy | to 60%")
     cut_fedat = next(line for line in table if line.startswith("| cut | FedAT"))
     assert "| - | - |" in cut_fedat  # cut at 10 s, FedAT reaches neither 60% nor 70%
+    claims_main([f"seed0={sweep}", "--seeds", "0", "--targets", "0.6"])  # a one-seed ablation's baseline
+    assert all("(1/1" in line or "| - |" in line for line in capsys.readouterr().out.splitlines()[2:])
+    with pytest.raises(SystemExit):
+        claims_main([f"seed7={sweep}", "--seeds", "7"])
