@@ -16,7 +16,13 @@ by the factor compared. Reported:
   runs, and each is compared with the mean of the plain runs either side;
 - ``--kills`` runs with ``--inject kill:2@4``: detection, kill to resumed (the
   next sync-round sent), kill to the first completed round, and that round's
-  own time (the replayed round on the survivors' plan, beside its prediction).
+  own time (the replayed round on the survivors' plan, beside its prediction);
+- each stage's CPU a sync-round, and the part of it that is not the stage's
+  own thread (sending, receiving, replicas, heartbeats);
+- the host's own speed before each run (:func:`host_reference_s`: the CPU
+  seconds of one fixed piece of work): on a shared virtual machine it moves
+  by itself, and a run that is slower than its neighbours on a slower host
+  says nothing about the runtime.
 
 ``python benchmarks/steady_runs.py [--pairs 3] [--kills 2] [--rounds 6]``
 writes ``benchmarks/results/steady_runs.json`` and a table in
@@ -45,9 +51,27 @@ COMMAND = ["home", "train", "--model", "mobilenet_v2", "--pool", "ecofl-3stage",
 KILL = "kill:2@4"  # device 2 killed as sync-round 4 starts
 
 
+def host_reference_s(repeats: int = 5) -> float:
+    """The host's speed now: the median CPU seconds of one fixed convolution workload on one thread (the same
+    work every time; on this 2-core VM it took 0.17-0.43 s over an hour)."""
+    import torch
+
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(0)
+    x, conv = torch.randn(16, 32, 56, 56, generator=generator), torch.nn.Conv2d(32, 32, 3, padding=1)
+    times = []
+    for _ in range(repeats):
+        start = time.thread_time()
+        with torch.no_grad():
+            for _ in range(4):
+                conv(x)
+        times.append(time.thread_time() - start)
+    return sorted(times)[len(times) // 2]
+
+
 def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | None = None) -> dict:
     """One run: its sync-round measured and predicted, its fault events, the load before it and its wall time."""
-    load = os.getloadavg()[0]
+    load, reference = os.getloadavg()[0], host_reference_s()
     start = time.monotonic()
     command = [sys.executable, "-m", "ecofl", *COMMAND, "--rounds", str(rounds), "--calibration", str(calibration)]
     command += ["--fault-tolerance"] if fault_tolerance else []
@@ -62,7 +86,18 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
             "sync_rounds_s": report["sync_rounds_s"], "events": report["events"],
             "stages": [s["layers"] for s in report["stages"]], "rounds_completed": report["rounds_completed"],
             "cpu_s_per_round": [s["cpu_s_per_round"] for s in report["stages"]],
-            "load_before": round(load, 2), "wall_s": round(time.monotonic() - start, 1)}
+            "cpu_s_per_round_by_job": [s["cpu_s_per_round_by_job"] for s in report["stages"]],
+            "host_reference_s": round(reference, 4), "load_before": round(load, 2), "wall_s": round(time.monotonic() - start, 1)}
+
+
+def _not_the_stages_thread(run: dict) -> list[float | None]:
+    """Each stage's CPU a sync-round outside its own thread (``MainThread``): links, replicas, heartbeats."""
+    return [None if cpu is None else cpu - jobs.get("MainThread", 0.0)
+            for cpu, jobs in zip(run["cpu_s_per_round"], run["cpu_s_per_round_by_job"])]
+
+
+def _stages(values: list[float | None]) -> str:
+    return ", ".join("-" if v is None else f"{v:.2f}" for v in values)
 
 
 def kill_figures(run: dict) -> dict:
@@ -114,11 +149,13 @@ def main() -> int:
         f"`{result['runs_of']}` (`--fault-tolerance`, `--inject {KILL}` where said), all on one calibration "
         "(the first run measures and writes it).",
         "",
-        "| run | fault tolerance | sync-round s | predicted s | error | load before |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| run | fault tolerance | sync-round s | predicted s | error | CPU s a sync-round (stages) | of it not the "
+        "stage's thread | host reference s | load before |",
+        "|---:|---|---:|---:|---:|---|---|---:|---:|",
         *(f"| {i + 1} | {'on' if r['fault_tolerance'] else 'off'}{', ' + r['inject'] if r['inject'] else ''} | "
-          f"{r['sync_round_s']:.2f} | {r['predicted_sync_round_s']:.2f} | {r['error']:+.1%} | {r['load_before']} |"
-          for i, r in enumerate(runs)),
+          f"{r['sync_round_s']:.2f} | {r['predicted_sync_round_s']:.2f} | {r['error']:+.1%} | "
+          f"{_stages(r['cpu_s_per_round'])} | {_stages(_not_the_stages_thread(r))} | {r['host_reference_s']:.3f} | "
+          f"{r['load_before']} |" for i, r in enumerate(runs)),
         "",
         f"Plain runs within {result['plain_spread']:.1%} of each other."
         + (f" Fault tolerance, each run against the plain runs either side: "

@@ -39,7 +39,7 @@ def _thread_cpu_s(thread: threading.Thread) -> float | None:
 
 
 class ThreadClock:
-    """CPU seconds since :meth:`start`, by thread job (and :data:`ENDED`); empty where threads have no clocks."""
+    """CPU seconds since it was made, by thread job (and :data:`ENDED`); empty where threads have no clocks."""
 
     def __init__(self) -> None:
         self._process = time.process_time()
