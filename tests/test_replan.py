@@ -100,7 +100,7 @@ def test_full_replan_plans_the_survivors_in_original_indices():
 
 def test_topology_driven_backups():
     single = three_stage_plan()
-    assert backup_targets(single) == {0: 1, 1: 2, 2: 0}  # next stage, the last to the first
+    assert backup_targets(single) == {0: 1, 1: 2, 2: 1}  # next stage, the last to the one before it
     hybrid = Plan("hpp", (StagePlan((0, 3), (0,), (4,), 3), StagePlan((4, 7), (1, 2), (2, 2), 1)), 4, 4)
     assert backup_targets(hybrid, {1: GB, 2: 2 * GB}) == {0: 2}  # a replicated stage backs up to no one
     profile = random_profile(np.random.default_rng(5), 8)
@@ -123,6 +123,18 @@ def test_only_layers_that_change_owner_move():
     assert bytes_moved(moves) == stage_state_bytes(profile, (4, 4)) + stage_state_bytes(profile, (5, 5))
     both = layer_moves(old, new, profile, lost={1, 2}, backups=backups)
     assert {m.source for m in both if m.layer in (4, 5, 6, 7)} == {GLOBAL_COPY}
+
+
+def test_a_lost_last_stage_is_restored_where_a_lightweight_re_plan_puts_its_layers():
+    """Its backup is the stage before it, which takes its layers: nothing of it travels (Asteroid's backup on the
+    first stage sent all of it there)."""
+    profile = random_profile(np.random.default_rng(8), 12)
+    old = three_stage_plan()
+    new = lightweight_replan(old, profile, pool_of(1.0, 1.0, 1.0), lost={2})
+    moves = layer_moves(old, new, profile, lost={2}, backups=backup_targets(old))
+    lost_layers = set(range(old.stages[2].layers[0], old.stages[2].layers[1] + 1))
+    assert lost_layers <= set(layer_owners(new)) and all(layer_owners(new)[layer] == (1,) for layer in lost_layers)
+    assert all(m.source == m.target == 1 for m in moves if m.layer in lost_layers)
 
 
 def test_heavy_rescheduling_moves_every_layer_through_the_portal():
