@@ -87,7 +87,8 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
             "stages": [s["layers"] for s in report["stages"]], "rounds_completed": report["rounds_completed"],
             "cpu_s_per_round": [s["cpu_s_per_round"] for s in report["stages"]],
             "cpu_s_per_round_by_job": [s["cpu_s_per_round_by_job"] for s in report["stages"]],
-            "host_reference_s": round(reference, 4), "load_before": round(load, 2), "wall_s": round(time.monotonic() - start, 1)}
+            "host_reference_s": round(reference, 4), "load_before": round(load, 2),
+            "wall_s": round(time.monotonic() - start, 1)}
 
 
 def _not_the_stages_thread(run: dict) -> list[float | None]:

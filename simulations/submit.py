@@ -113,7 +113,8 @@ def run_on_superlink(exp: Experiment, simulation: SimulationSettings, progress: 
                 if stop.is_set() and not files.stop.exists():
                     files.stop.touch()
                 show_from(bar, files.progress)
-                if forwarder.ended and files.status() is None and superlink.status(run_id).startswith("finished"):
+                # the ServerApp writes its status before its run is finished: read it only once the run is
+                if forwarder.ended and superlink.status(run_id).startswith("finished") and files.status() is None:
                     raise UserError(f"the run ended ({superlink.status(run_id)}) without its ServerApp's result; "
                                     f"its log: {out_dir / 'flower.log'}")
                 time.sleep(0.25)

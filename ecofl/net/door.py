@@ -129,8 +129,7 @@ class Door:
             _hang_up(sock)
         for thread in threads:
             thread.join(timeout=self.limits.deadline_s)
-        self._listener.close()
-        self._wake_up.close(), self._waker.close()
+        self._listener.close(), self._wake_up.close(), self._waker.close()
 
     def __enter__(self) -> "Door":
         return self
