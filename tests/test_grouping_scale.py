@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from ecofl.fl.grouping import CostTable, as_arrays, initial_grouping, kmeans_centres
+from ecofl.fl.grouping import LATENCY_UNITS, CostTable, as_arrays, initial_grouping, kmeans_centres
 
 
-def every_home_each_turn(homes, latencies, label_hists, num_groups, rt, lam, seed):
+def every_home_each_turn(homes, latencies, label_hists, num_groups, rt, lam, seed, latency_units="rt"):
     """The grouping as §5.2 states it: each group in turn takes the unassigned home of smallest COST."""
     ids, lat, hists = as_arrays(homes, latencies, label_hists)
     _, centres = kmeans_centres(lat, num_groups, seed)
-    table = CostTable(centres, lat, hists, rt, lam)
+    table = CostTable(centres, lat, hists, rt, lam, latency_units)
     sums = np.zeros((len(centres), hists.shape[1]))
     members = [[] for _ in centres]
     unassigned = np.arange(len(ids))
@@ -44,11 +44,19 @@ def federation(seed, homes, kind):
 
 
 @pytest.mark.parametrize("kind", ["two classes", "dirichlet", "tied latencies"])
-@pytest.mark.parametrize("lam, rt", [(1.0, 3.0), (0.0, 3.0), (50.0, 1.0), (1.0, 0.4)])
+@pytest.mark.parametrize("lam, rt", [(1.0, 3.0), (0.0, 3.0), (50.0, 1.0), (1.0, 0.4), (30.0, 6.0)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_initial_grouping_equals_comparing_every_home_every_turn(kind, lam, rt, seed):
+@pytest.mark.parametrize("latency_units", ["rt", "seconds"])
+def test_initial_grouping_equals_comparing_every_home_every_turn(kind, lam, rt, seed, latency_units):
     homes, latencies, hists = federation(seed, 150, kind)
-    grouping = initial_grouping(homes, latencies, hists, 5, rt, lam, seed)
-    groups, waiting = every_home_each_turn(homes, latencies, hists, 5, rt, lam, seed)
+    grouping = initial_grouping(homes, latencies, hists, 5, rt, lam, seed, latency_units)
+    groups, waiting = every_home_each_turn(homes, latencies, hists, 5, rt, lam, seed, latency_units)
     assert [list(g) for g in grouping.groups] == groups
     assert list(grouping.waiting) == waiting
+
+
+def test_the_latency_terms_units_change_the_initial_groups():
+    """At RT 6 s the latency term over RT is a sixth of itself in seconds: lambda weighs the labels more."""
+    homes, latencies, hists = federation(0, 150, "two classes")
+    over_rt, in_seconds = (initial_grouping(homes, latencies, hists, 5, 6.0, 1.0, 0, units) for units in LATENCY_UNITS)
+    assert over_rt.groups != in_seconds.groups

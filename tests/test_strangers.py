@@ -306,8 +306,9 @@ def test_a_door_at_the_open_file_limit_pauses_says_so_once_and_goes_on():
           + "\n".join(line for line in text.splitlines() if "pauses" in line or "again" in line))
 
 
-def test_an_idle_door_sleeps_until_it_is_closed_and_then_wakes_at_once():
-    """Every wake-up of the accepting thread costs a confined device CPU: idle, it does not poll its stop."""
+def test_an_idle_door_sleeps_until_a_peer_knocks_or_it_is_closed():
+    """Every wake-up of the accepting thread costs a confined device CPU: idle, it does not poll its stop (and
+    closing still ends it)."""
     with door() as (d, _):
         woke = []
         select = d._selector.select
@@ -315,7 +316,7 @@ def test_an_idle_door_sleeps_until_it_is_closed_and_then_wakes_at_once():
         time.sleep(3)
         idle = len(woke)
         d.close()
-        assert not d._thread.is_alive()  # closing woke it: it did not wait out a poll
+        assert not d._thread.is_alive()  # closing ended it
     assert idle <= 4, woke  # a second between wake-ups while nobody knocks (it polled every 0.1 s)
 
 

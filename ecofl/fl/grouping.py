@@ -156,14 +156,18 @@ class CostTable:
         self.distance = np.abs(centres[:, None] - latencies[None, :])  # groups x homes
         self.feasible = self.distance <= rt
         self.hists = hists
-        self.rt = rt
         self.lam = lam
         self.latency_unit = rt if latency_units == "rt" else 1.0
+
+    def latency_term(self, groups: np.ndarray | int, homes: np.ndarray | int) -> np.ndarray | float:
+        """Eq. 4's |L_s - L_n| in its units (over RT, or seconds) for ``groups`` x ``homes`` (index arrays as
+        :func:`numpy.ix_` makes them, or single indices)."""
+        return self.distance[groups, homes] / self.latency_unit
 
     def costs(self, group_sums: np.ndarray, homes: np.ndarray, groups: Sequence[int] | None = None) -> np.ndarray:
         """Costs of ``homes`` for ``groups`` (default: all), whose label sums are ``group_sums``; infeasible: +inf."""
         rows = np.arange(len(self.distance)) if groups is None else np.asarray(groups)
-        cost = self.distance[np.ix_(rows, homes)] / self.latency_unit
+        cost = self.latency_term(*np.ix_(rows, homes))
         if self.lam > 0:
             union = group_sums[:, None, :] + self.hists[None, homes, :]
             cost = cost + self.lam * js_to_uniform(union.reshape(-1, union.shape[-1])).reshape(cost.shape)
@@ -268,7 +272,7 @@ class _NearestByHistogram:
             return None
         table = self.table
         label_term = table.lam * js_to_uniform(group_sum[None, :] + self.distinct[kinds]) if table.lam > 0 else None
-        cost = table.distance[group, self.head[group, kinds]] / table.rt
+        cost = table.latency_term(group, self.head[group, kinds])
         if label_term is not None:
             cost = cost + label_term
         best = cost.min()
@@ -285,7 +289,7 @@ class _NearestByHistogram:
         for index in queue[self.position[group, k] + 1:]:
             if self.assigned[index]:
                 continue
-            cost = table.distance[group, index] / table.rt
+            cost = table.latency_term(group, index)
             if label_term is not None:
                 cost = cost + label_term
             if cost != best:
