@@ -158,12 +158,13 @@ def _event_line(event: dict) -> str:
     def rate(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
+    stopping = "" if event["stopping_s"] is None else f"survivors stopped in {seconds(event['stopping_s'])}, "
     return (f"event {event['kind']} device {event['device']} at sync-round {event['round']}: detected after "
-            f"{seconds(event['detected_after_s'])}, recovered after {seconds(event['recovered_after_s'])} "
-            f"({event['replan'] or 'no'} re-plan, {event['bytes_moved'] / 2**20:.2f} MiB moved, "
-            f"{event['lost_rounds']} rounds replayed, resumed after {seconds(event['resumed_after_s'])}); "
-            f"samples/s {rate(event['throughput_before'])} -> "
-            f"{rate(event['throughput_after'])}")
+            f"{seconds(event['detected_after_s'])}, {stopping}re-scheduled in {seconds(event['rescheduling_s'])}, "
+            f"resumed after {seconds(event['resumed_after_s'])}, recovered after "
+            f"{seconds(event['recovered_after_s'])} ({event['replan'] or 'no'} re-plan, "
+            f"{event['bytes_moved'] / 2**20:.2f} MiB moved, {event['lost_rounds']} rounds replayed); "
+            f"samples/s {rate(event['throughput_before'])} -> {rate(event['throughput_after'])}")
 
 
 def _progress(total: int):

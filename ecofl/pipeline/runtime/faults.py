@@ -124,6 +124,7 @@ class FaultEvent:
     struck_at: float | None = None
     detected_after_s: float | None = None
     resumed_after_s: float | None = None  # until the first sync-round after the recovery started (FTPipeHD's)
+    stopping_s: float | None = None  # a recovery's survivors aborted and answered with what they hold
     recovered_after_s: float | None = None  # until the first sync-round completed after the recovery
     replan: str | None = None  # lightweight | full | heavy
     rescheduling_s: float | None = None  # re-planning and migrating, until every device is reconfigured

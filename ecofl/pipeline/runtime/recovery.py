@@ -157,8 +157,11 @@ class Recovery:
             raise lost
         plan = self.layout.plan  # the plan the lost devices served in
         found = dict.fromkeys(lost.failures, time.time())  # device -> when its loss was detected
+        stopping = 0.0
         while True:
+            stopped = time.time()
             holdings = self._settle(found)
+            stopping += time.time() - stopped
             version, holders = restore_point(holdings, self.layout.stateful, r, self.copies.global_copy[0])
             kind = self.ft.replan
             rescheduling = time.time()
@@ -174,7 +177,7 @@ class Recovery:
             event = self._event_of(device, r, detected)
             event.detected_after_s = detected - event.struck_at
             event.replan, event.bytes_moved, event.lost_rounds = kind, moved, r - version
-            event.rescheduling_s = rescheduling
+            event.stopping_s, event.rescheduling_s = stopping, rescheduling
             event.restored_from = restored_from(plan, device, holders, version, self.layout.stateful)
             self.log.recovered(event)
         return version

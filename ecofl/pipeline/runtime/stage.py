@@ -51,6 +51,7 @@ from ecofl.pipeline.instructions import (
 )
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.emulation import MemoryLedger, dilate, saved_bytes
+from ecofl.pipeline.runtime.layer_abort import abort_between_layers
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.weight_stash import WeightVersions
 from ecofl.pipeline.schedule import ActionKind
@@ -143,12 +144,21 @@ class ShareExecutor:
         ``inputs`` / ``labels``: [M, samples, ...]; each sample's loss is scaled by 1 / ``batch_size``.
 
         Gradients accumulate from zero: whatever an interrupted round left
-        in ``.grad`` is dropped first. ``abort`` is checked in every wait; an
-        aborted round leaves weights, buffers and gradients half updated, so
-        the caller restores the stage from a committed copy.
+        in ``.grad`` is dropped first. ``abort`` is checked in every wait and
+        between layers (:mod:`.layer_abort`); an aborted round leaves weights,
+        buffers and gradients half updated, so the caller restores the stage
+        from a committed copy.
         """
-        role = self.role
         self.abort = abort
+        try:
+            with abort_between_layers(self.module, abort):
+                return self._run_program(inputs, labels, batch_size, program)
+        finally:
+            self.abort = never_aborted
+
+    def _run_program(self, inputs: torch.Tensor | None, labels: torch.Tensor | None, batch_size: int,
+                     program: Program | None) -> RoundStats:
+        role = self.role
         assert self.settings is not None, "configure() first"
         for p in self.params:
             p.grad = None
@@ -162,7 +172,7 @@ class ShareExecutor:
         for instruction in program:
             self._run[type(instruction)](self, sync_round, instruction.micro_batch)
         for m, ticket in sync_round.sends:
-            ticket.wait(self.timeout_s, abort, "a send to the next or previous stage")
+            ticket.wait(self.timeout_s, self.abort, "a send to the next or previous stage")
             stats.events.append((ActionKind.SEND, m, ticket.start, ticket.end))
         stats.peak_resident, stats.peak_activation_bytes = ledger.peak_count, ledger.peak_bytes
         if self.versions is not None:
