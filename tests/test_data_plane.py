@@ -17,13 +17,14 @@ import torch
 from ecofl.net.auth import CONTROL, admit_peer, join_home
 from ecofl.net.dial import dial
 from ecofl.net.errors import ChannelClosed
-from ecofl.net.links import REPLICA_TAG, PeerLost
+from ecofl.net.links import MIGRATION_TAG, REPLICA_TAG, PeerLost
 from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
 from ecofl.net.wire import recv_message, send_message
-from ecofl.pipeline.runtime.replica import (MAX_PIECE_BYTES, MIN_PIECE_BYTES, ReplicaExchange, byte_pieces,
-                                            piece_bytes)
+from ecofl.pipeline.runtime.byte_stream import MAX_PIECE_BYTES, MIN_PIECE_BYTES, byte_pieces, piece_bytes
+from ecofl.pipeline.runtime.migration_io import exchange_layer_states
+from ecofl.pipeline.runtime.replica import ReplicaExchange
 from helpers import SECRET, answer_of, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -257,11 +258,11 @@ def test_replica_pieces_are_what_the_link_carries_in_a_moment():
     assert piece_bytes(TokenBucket(12.5e6)) == 625_000  # 100 Mbps: 50 ms
     assert piece_bytes(TokenBucket(1e5)) == MIN_PIECE_BYTES and piece_bytes(None) == MAX_PIECE_BYTES
     state = {"a": torch.randn(2, 50), "b": torch.zeros(3, dtype=torch.int64), "c": torch.zeros(0), "d": torch.ones(1)}
-    cut = byte_pieces(state, 160)
+    cut = byte_pieces([state[k] for k in "abcd"], 160)
     assert [p.numel() for p in cut] == [160, 160, 108] and all(p.dtype == torch.uint8 for p in cut)
     assert cut[0].data_ptr() == state["a"].data_ptr()  # within one tensor: a view, nothing copied
     assert torch.equal(torch.cat(cut), torch.cat([state[k].reshape(-1).view(torch.uint8) for k in "abcd"]))
-    assert [p.numel() for p in byte_pieces({"c": torch.zeros(0)}, 8)] == [0] and byte_pieces({}, 8)[0].numel() == 0
+    assert [p.numel() for p in byte_pieces([torch.zeros(0)], 8)] == [0] and byte_pieces([], 8)[0].numel() == 0
 
 
 def test_a_replica_is_cut_into_pieces_and_kept_only_once_all_of_it_arrived():
@@ -301,6 +302,44 @@ def test_a_replica_piece_that_does_not_fit_fails_the_exchange_and_nothing_is_kep
         with pytest.raises(ValueError, match="torch.float32 .10,. replica piece: 40 bytes were left"):
             floats.finish(lambda: None)
         assert kept == []
+    finally:
+        close_all(listeners, [a, b])
+
+
+def test_a_migration_moves_layers_both_ways_at_once_as_streams_of_bytes():
+    listeners, (a, b) = meshes(2)
+    # what a MobileNetV2 layer holds: a convolution's weights and a batch norm's few bytes and its int64 count
+    layer = {"conv.w": torch.randn(64, 32, 3, 3), "bn.w": torch.randn(64), "bn.b": torch.randn(64),
+             "bn.count": torch.tensor(5), "bn.mean": torch.randn(64)}
+    other = {k: v + 1 for k, v in layer.items()}
+    posted: list[int] = []
+    for mesh in (a, b):
+        send = mesh.send
+        mesh.send = lambda *args, send=send, **kw: posted.append(1) or send(*args, **kw)
+    filled: dict[str, dict[str, torch.Tensor]] = {}
+    received: dict[str, int] = {}
+
+    def exchange(name: str, mesh: EpochMesh, state: dict, peer: int) -> None:
+        filled[name] = {k: torch.empty_like(v) for k, v in state.items()}
+        received[name] = exchange_layer_states(mesh, [(peer, other if name == "a" else layer)],
+                                               [(peer, filled[name])], MIGRATION_TAG, rate_bps=50e6)
+
+    try:
+        threads = [threading.Thread(target=exchange, args=("a", a, layer, 1)),
+                   threading.Thread(target=exchange, args=("b", b, layer, 0))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        nbytes = sum(v.numel() * v.element_size() for v in layer.values())
+        assert received == {"a": nbytes, "b": nbytes}
+        assert all(torch.equal(filled["a"][k], layer[k]) and torch.equal(filled["b"][k], other[k]) for k in layer)
+        assert len(posted) == 2 * -(-nbytes // piece_bytes(TokenBucket(50e6)))  # pieces, not a message per tensor
+        b.send(0, torch.zeros(8, dtype=torch.uint8), MIGRATION_TAG)  # 8 bytes where a whole layer is expected
+        b.send(0, torch.zeros(nbytes, dtype=torch.uint8), MIGRATION_TAG)
+        with pytest.raises(ValueError, match=f"rank 1 sent a torch.uint8 .{nbytes},. migration piece: "
+                                             f"{nbytes - 8} bytes were left"):
+            exchange_layer_states(a, [], [(1, {k: torch.empty_like(v) for k, v in layer.items()})], MIGRATION_TAG)
     finally:
         close_all(listeners, [a, b])
 

@@ -7,19 +7,14 @@ second of every round. Here the replica of version ``r`` (the committed state
 sync-round ``r`` starts from, which the worker holds as a snapshot that
 training never changes) travels *during* sync-round ``r``:
 
-- as one stream of bytes (every tensor of the state in key order), cut
-  into pieces of what the link carries in
-  ``PIECE_S`` (:func:`piece_bytes`), posted in the background of the link to
-  the backup (:meth:`ecofl.net.links.PeerLink.post`), so that an activation
-  or gradient waits behind at most one piece. Every piece is a message
-  sealed, sent, received and opened, and each costs CPU the bytes do not
-  explain (a wake-up of every thread waiting on the link, the GIL handed
-  round): a confined device pays it out of the quota it computes with. With
-  64 KiB pieces each device of Eco-FL's confined testbed (MobileNetV2, 100
-  Mbps links) spent 25-45% more CPU per sync-round; with a piece per tensor
-  (a MobileNetV2 stage has some hundred, most of them a batch norm's few
-  hundred bytes) 0.1-0.2 CPU-s more a sync-round at every stage, however few
-  its bytes (one run each);
+- as one stream of bytes (every tensor of the state in key order) in
+  pieces of what the link carries in a moment (:mod:`.byte_stream`), posted
+  in the background of the link to the backup
+  (:meth:`ecofl.net.links.PeerLink.post`), so that an activation or gradient
+  waits behind at most one piece. With a message per tensor each stage of
+  Eco-FL's confined testbed (MobileNetV2, 100 Mbps links) spent 0.1-0.2
+  CPU-s more a sync-round, however few its bytes; with 64 KiB pieces each
+  device spent 25-45% more CPU per sync-round (one run each);
 - paced by the same token bucket as the stage's own tensors to that device
   (one emulated link carries both);
 - received by a thread at the backup, which keeps the replica the moment all
@@ -41,76 +36,15 @@ import threading
 import time
 from collections.abc import Callable
 
-import torch
-
 from ecofl.net.links import REPLICA_TAG, AbortCheck, Ticket
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
+from ecofl.pipeline.runtime.byte_stream import in_key_order, receive_stream, send_stream
 from ecofl.pipeline.runtime.stage_state import State
-
-#: A replica piece is what its link carries in this long: how long an activation may wait behind one.
-PIECE_S = 0.05
-MIN_PIECE_BYTES, MAX_PIECE_BYTES = 64 << 10, 4 << 20  # 4 MiB: an unpaced link's (a real network's) pieces
 
 
 class ReplicaStopped(Exception):
     """The receiving thread was told to stop (the round was interrupted)."""
-
-
-def piece_bytes(bucket: TokenBucket | None) -> int:
-    """The bytes of one replica piece on a link paced by ``bucket`` (None: not paced here)."""
-    if bucket is None:
-        return MAX_PIECE_BYTES
-    return int(min(MAX_PIECE_BYTES, max(MIN_PIECE_BYTES, bucket.rate * PIECE_S)))
-
-
-def byte_views(state: State) -> list[torch.Tensor]:
-    """Each tensor of ``state`` in key order as a flat view of its bytes (writing one writes the tensor)."""
-    return [state[key].detach().view(-1).view(torch.uint8) for key in sorted(state)]
-
-
-def byte_pieces(state: State, size_bytes: int) -> list[torch.Tensor]:
-    """Every byte of ``state``'s tensors in key order, as flat ``uint8`` pieces of ``size_bytes`` (the last one
-    shorter; one empty piece for a state without bytes). A piece within one tensor is a view of it; one across
-    tensors (a batch norm's few bytes beside its neighbours) copies their parts."""
-    result: list[torch.Tensor] = []
-    parts: list[torch.Tensor] = []
-    room = size_bytes
-    for key in sorted(state):
-        view, at = state[key].detach().reshape(-1).view(torch.uint8), 0
-        while at < view.numel():
-            n = min(room, view.numel() - at)
-            parts.append(view[at:at + n])
-            at, room = at + n, room - n
-            if room == 0:
-                result.append(parts[0] if len(parts) == 1 else torch.cat(parts))
-                parts, room = [], size_bytes
-    if parts or not result:
-        result.append(torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8))
-    return result
-
-
-class ByteSink:
-    """Flat byte views filled in order from pieces of any size (a piece may span several views)."""
-
-    def __init__(self, views: list[torch.Tensor]):
-        self.views = [view for view in views if view.numel()]
-        self.total = sum(view.numel() for view in self.views)
-        self.filled = 0
-        self._view = self._offset = 0  # where the next byte goes
-
-    def write(self, piece: torch.Tensor) -> None:
-        """Copy ``piece`` (flat ``uint8``, at most the bytes left) into the views, where the last one ended."""
-        at = 0
-        with torch.no_grad():
-            while at < piece.numel():
-                view = self.views[self._view]
-                n = min(view.numel() - self._offset, piece.numel() - at)
-                view[self._offset:self._offset + n].copy_(piece[at:at + n])
-                at, self._offset = at + n, self._offset + n
-                if self._offset == view.numel():
-                    self._view, self._offset = self._view + 1, 0
-        self.filled += piece.numel()
 
 
 class ReplicaExchange:
@@ -131,8 +65,8 @@ class ReplicaExchange:
         self.receiver_cpu_s = 0.0  # the receiving thread's CPU time, measured by itself when it ends
         self.error: BaseException | None = None
         self.tickets: list[Ticket] = [
-            mesh.send(rank, piece, REPLICA_TAG, buckets.get(rank), background=True)
-            for rank, state in sends for piece in byte_pieces(state, piece_bytes(buckets.get(rank)))
+            ticket for rank, state in sends
+            for ticket in send_stream(mesh, rank, in_key_order(state), REPLICA_TAG, buckets.get(rank), background=True)
         ]
         self._stop = threading.Event()
         self._receiver = threading.Thread(target=self._receive, daemon=True, name="replica-receiver")
@@ -149,7 +83,7 @@ class ReplicaExchange:
     def _receive(self) -> None:
         try:
             for rank, buffers in self.receives:
-                self._fill(rank, ByteSink(byte_views(buffers)))
+                receive_stream(self.mesh, rank, REPLICA_TAG, in_key_order(buffers), "replica", self._stopped)
                 self.keep(buffers)
                 self.complete_after_s = time.time() - self.started
         except ReplicaStopped:
@@ -163,19 +97,6 @@ class ReplicaExchange:
         """The CPU seconds of this exchange's threads that have ended (:meth:`.ThreadClock.by_job`'s
         ``finished``)."""
         return {} if self._receiver.is_alive() else {self._receiver.name: self.receiver_cpu_s}
-
-    def _fill(self, rank: int, sink: ByteSink) -> None:
-        """Fill ``sink`` from the pieces ``rank`` sends (a state without bytes travels as one empty piece)."""
-        while True:
-            piece = self.mesh.recv(rank, REPLICA_TAG, abort=self._stopped)
-            left = sink.total - sink.filled
-            fits = 0 < piece.numel() <= left or left == 0 == piece.numel()
-            if piece.dim() != 1 or piece.dtype != torch.uint8 or not fits:
-                raise ValueError(f"rank {rank} sent a {piece.dtype} {tuple(piece.shape)} replica piece: "
-                                 f"{left} bytes were left to fill")
-            sink.write(piece)
-            if sink.filled == sink.total:
-                return
 
     def finish(self, abort: AbortCheck) -> None:
         """Wait until every replica is sent and every one for me is kept; re-raise what went wrong."""

@@ -1,0 +1,113 @@
+"""Stage state over a tensor link as one stream of bytes: how replicas and layer migrations travel.
+
+A MobileNetV2 stage's state is some hundred tensors, most of them a batch
+norm's few hundred bytes. Sent as a message each, every one is sealed, sent,
+received and opened, and wakes every thread waiting on the link: CPU the
+bytes do not explain, which a confined device pays out of the quota it
+computes with (0.1-0.2 CPU-s a sync-round at every stage for replicas, one
+run each). Here the tensors' bytes, in the order both ends list them, are
+cut into pieces of what the link carries in ``PIECE_S``
+(:func:`piece_bytes`), so that an activation waits behind at most one piece,
+and the receiver copies each piece into its buffers wherever it falls
+(:class:`ByteSink`). Both ends agree on the tensors and their order (the
+plan says which layers, their keys are sorted); the receiver checks every
+piece against the bytes it still expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ecofl.net.links import AbortCheck, Ticket, never_aborted
+from ecofl.net.mesh import EpochMesh
+from ecofl.net.pacing import TokenBucket
+
+#: A piece is what its link carries in this long: how long an activation may wait behind one.
+PIECE_S = 0.05
+MIN_PIECE_BYTES, MAX_PIECE_BYTES = 64 << 10, 4 << 20  # 4 MiB: an unpaced link's (a real network's) pieces
+
+
+def in_key_order(state: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """A stage state's tensors in the order both ends of a stream list them."""
+    return [state[key] for key in sorted(state)]
+
+
+def piece_bytes(bucket: TokenBucket | None) -> int:
+    """The bytes of one piece on a link paced by ``bucket`` (None: not paced here)."""
+    if bucket is None:
+        return MAX_PIECE_BYTES
+    return int(min(MAX_PIECE_BYTES, max(MIN_PIECE_BYTES, bucket.rate * PIECE_S)))
+
+
+def byte_views(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor as a flat view of its bytes (writing one writes the tensor)."""
+    return [t.detach().view(-1).view(torch.uint8) for t in tensors]
+
+
+def byte_pieces(tensors: Sequence[torch.Tensor], size_bytes: int) -> list[torch.Tensor]:
+    """Every byte of ``tensors`` in order, as flat ``uint8`` pieces of ``size_bytes`` (the last one shorter; one
+    empty piece where there are no bytes). A piece within one tensor is a view of it; one across tensors (a
+    batch norm's few bytes beside its neighbours) copies their parts."""
+    result: list[torch.Tensor] = []
+    parts: list[torch.Tensor] = []
+    room = size_bytes
+    for tensor in tensors:
+        view, at = tensor.detach().reshape(-1).view(torch.uint8), 0
+        while at < view.numel():
+            n = min(room, view.numel() - at)
+            parts.append(view[at:at + n])
+            at, room = at + n, room - n
+            if room == 0:
+                result.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+                parts, room = [], size_bytes
+    if parts or not result:
+        result.append(torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8))
+    return result
+
+
+class ByteSink:
+    """Flat byte views filled in order from pieces of any size (a piece may span several views)."""
+
+    def __init__(self, views: list[torch.Tensor]):
+        self.views = [view for view in views if view.numel()]
+        self.total = sum(view.numel() for view in self.views)
+        self.filled = 0
+        self._view = self._offset = 0  # where the next byte goes
+
+    def write(self, piece: torch.Tensor) -> None:
+        """Copy ``piece`` (flat ``uint8``, at most the bytes left) into the views, where the last one ended."""
+        at = 0
+        with torch.no_grad():
+            while at < piece.numel():
+                view = self.views[self._view]
+                n = min(view.numel() - self._offset, piece.numel() - at)
+                view[self._offset:self._offset + n].copy_(piece[at:at + n])
+                at, self._offset = at + n, self._offset + n
+                if self._offset == view.numel():
+                    self._view, self._offset = self._view + 1, 0
+        self.filled += piece.numel()
+
+
+def send_stream(mesh: EpochMesh, rank: int, tensors: Sequence[torch.Tensor], tag: int,
+                bucket: TokenBucket | None, background: bool = False) -> list[Ticket]:
+    """Post ``tensors``' bytes to ``rank`` under ``tag`` in pieces sized for ``bucket``'s link; their tickets."""
+    return [mesh.send(rank, piece, tag, bucket, background) for piece in byte_pieces(tensors, piece_bytes(bucket))]
+
+
+def receive_stream(mesh: EpochMesh, rank: int, tag: int, buffers: Sequence[torch.Tensor], what: str,
+                   abort: AbortCheck = never_aborted) -> None:
+    """Fill ``buffers`` in order from the pieces ``rank`` sends under ``tag`` (no bytes: one empty piece); a
+    piece that is not bytes or does not fit what is left is a ValueError naming ``what`` travels."""
+    sink = ByteSink(byte_views(buffers))
+    while True:
+        piece = mesh.recv(rank, tag, abort=abort)
+        left = sink.total - sink.filled
+        fits = 0 < piece.numel() <= left or left == 0 == piece.numel()
+        if piece.dim() != 1 or piece.dtype != torch.uint8 or not fits:
+            raise ValueError(f"rank {rank} sent a {piece.dtype} {tuple(piece.shape)} {what} piece: "
+                             f"{left} bytes were left to fill")
+        sink.write(piece)
+        if sink.filled == sink.total:
+            return
