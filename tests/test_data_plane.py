@@ -242,6 +242,22 @@ def test_a_background_post_gives_way_to_the_pipelines_own_tensors():
         close_all(listeners, [a, b])
 
 
+def test_an_activation_overtakes_the_replica_piece_being_paced():
+    """On an emulated link a background piece is paced a few milliseconds at a time: an activation posted while
+    one is under way leaves before it (a whole piece is 50 ms of the link; here a second)."""
+    listeners, (a, b) = meshes(2)
+    try:
+        link = TokenBucket(256 << 10, burst_bytes=0)
+        replica = a.send(1, torch.zeros(64 << 10), REPLICA_TAG, link, background=True)  # 256 KiB: a second
+        wait_for(lambda: replica.start > 0, timeout_s=30, what="the sender to take the replica piece")
+        activation = a.send(1, torch.ones(8), 3, link)
+        assert activation.done.wait(30) and replica.done.wait(30)
+        assert activation.end < replica.end and replica.error is None
+        assert torch.equal(b.recv(0, 3), torch.ones(8)) and b.recv(0, REPLICA_TAG).numel() == 64 << 10
+    finally:
+        close_all(listeners, [a, b])
+
+
 def test_closing_a_link_fails_the_posts_still_queued():
     listeners, (a, b) = meshes(2)
     try:

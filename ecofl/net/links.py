@@ -12,9 +12,13 @@ replica, a migrated layer, a step of an all-reduce.
 
 A post is *foreground* (the pipeline's own tensors) or *background* (a
 replica sent while the stage computes, :mod:`ecofl.pipeline.runtime.replica`):
-the sender takes a background post only when no foreground one waits, so an
-activation waits behind at most the one background piece being sent. Posts of
-one kind leave in the order they were posted.
+the sender takes a background post only when no foreground one waits, and on
+an emulated link it paces a background post ``YIELD_S`` at a time, sending
+any foreground post that arrived meanwhile first: an activation waits behind
+at most a few milliseconds of a replica, as behind another flow's packets on
+a shared network, not behind a whole piece (50 ms of the link). A link the
+kernel paces (no bucket) sends a background piece whole. Posts of one kind
+leave in the order they were posted.
 
 A tensor travels as a fixed header (tag, dtype, shape) and its raw bytes on
 the link's :class:`~ecofl.net.sealed.SealedSocket`; nothing is unpickled.
@@ -76,6 +80,8 @@ CREDIT_TAG = 1 << 23  # a stream's back-pressure: the receiver has room for one 
 Post = tuple[torch.Tensor, int, "TokenBucket | None", "Ticket"]
 #: The sender's order: closing first, then foreground posts, then background ones.
 CLOSING, FOREGROUND, BACKGROUND = 0, 1, 2
+#: A paced background post yields to foreground posts after every this much of its link time.
+YIELD_S = 0.005
 
 
 class Ticket:
@@ -154,34 +160,62 @@ class PeerLink:
         return ticket
 
     def _send_loop(self) -> None:
-        while (item := self._outbox.get()[2]) is not None:
-            tensor, tag, bucket, ticket = item
-            ticket.start = time.time()
-            try:
-                if self.error is not None:
-                    raise self.error
-                payload = host_array(tensor.contiguous().reshape(-1).view(torch.uint8))
-                if bucket is not None:
-                    bucket.consume(payload.nbytes)
-                dims = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
-                header = HEADER.pack(tag, DTYPES.index(tensor.dtype), tensor.dim(), *dims)
-                if payload.nbytes <= SMALL_BYTES:
-                    self.channel.sendall(header + payload.tobytes())
-                else:
-                    self.channel.sendall(header)
-                    self.channel.sendall(memoryview(payload))
-            except (OSError, ChannelClosed) as error:
-                self._fail(f"sending to rank {self.peer}: {error}")
-                ticket.error = self.error
-            except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the ticket
-                ticket.error = error
-            ticket.end = time.time()
-            ticket.finish()
+        while (entry := self._outbox.get())[2] is not None:
+            self._send(entry)
         while not self._outbox.empty():  # closed: what was still queued fails
             _, _, post = self._outbox.get()
             if post is not None:
                 post[3].error = self.error
                 post[3].finish()
+
+    def _send(self, entry: tuple[int, int, Post]) -> None:
+        priority, _, (tensor, tag, bucket, ticket) = entry
+        ticket.start = time.time()
+        try:
+            if self.error is not None:
+                raise self.error
+            payload = host_array(tensor.contiguous().reshape(-1).view(torch.uint8))
+            if bucket is not None and priority == BACKGROUND:
+                self._pace_yielding(payload.nbytes, bucket)
+            elif bucket is not None:
+                bucket.consume(payload.nbytes)
+            dims = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
+            header = HEADER.pack(tag, DTYPES.index(tensor.dtype), tensor.dim(), *dims)
+            if payload.nbytes <= SMALL_BYTES:
+                self.channel.sendall(header + payload.tobytes())
+            else:
+                self.channel.sendall(header)
+                self.channel.sendall(memoryview(payload))
+        except (OSError, ChannelClosed) as error:
+            self._fail(f"sending to rank {self.peer}: {error}")
+            ticket.error = self.error
+        except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the ticket
+            ticket.error = error
+        ticket.end = time.time()
+        ticket.finish()
+
+    def _pace_yielding(self, nbytes: int, bucket: TokenBucket) -> None:
+        """Pace a background post ``YIELD_S`` of the link at a time; a foreground post that arrives meanwhile is
+        paced and sent first (its bytes cross the emulated link ahead of the rest of the piece's)."""
+        step = max(1, int(bucket.rate * YIELD_S))
+        while nbytes > 0:
+            bucket.consume(min(step, nbytes))
+            nbytes -= step
+            while (entry := self._next_foreground()) is not None:
+                self._send(entry)
+            if self.error is not None:
+                raise self.error
+
+    def _next_foreground(self) -> tuple[int, int, Post] | None:
+        """The first foreground post waiting, taken from the outbox (None: none waits)."""
+        try:
+            entry = self._outbox.get_nowait()
+        except queue.Empty:
+            return None
+        if entry[0] == FOREGROUND:
+            return entry
+        self._outbox.put(entry)  # a background post or the close keeps its place
+        return None
 
     # -- receiving -----------------------------------------------------------------------
 
