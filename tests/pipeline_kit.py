@@ -168,19 +168,20 @@ FAST_HEARTBEAT = LivenessSettings(period_s=0.1, suspect_after_s=5.0, probe_timeo
 
 
 def train_exactly(plan: Plan, events: list[str], devices: int = 3, *, spec=WITHOUT_BATCH_NORM, profile=PROFILE,
-                  rounds=8, **settings):
-    """Train ``rounds`` sync-rounds with ``events`` injected; the weights equal one process's, every round
-    completed, no worker left. The result and the final plan."""
+                  rounds=8, mu=0.0, **settings):
+    """Train ``rounds`` sync-rounds with ``events`` injected (FedProx's ``mu`` toward the starting weights); the
+    weights equal one process's, every round completed, no worker left. The result and the final plan."""
     x, y = data()
     ft = FaultTolerance(heartbeat=FAST_HEARTBEAT, **settings)
     with HomePipeline(spec, pool(devices), plan, profile=profile, emulate="none", timeout_s=120,
                       fault_tolerance=ft) as home:
         pids = list(home.worker_pids.values())
         start = home.weights
-        result = home.train(None, x, y, rounds, lr=0.1, momentum=0.9, inject=[Injection.parse(e) for e in events])
+        result = home.train(None, x, y, rounds, lr=0.1, momentum=0.9, mu=mu,
+                            inject=[Injection.parse(e) for e in events])
         final_plan = home.plan
     assert_gone(pids)
-    expected = single_process(spec, start, x, y, plan, rounds, lr=0.1, momentum=0.9)
+    expected = single_process(spec, start, x, y, plan, rounds, lr=0.1, momentum=0.9, mu=mu)
     assert_same(expected, result.weights)
     assert result.rounds_completed == rounds
     return result, final_plan

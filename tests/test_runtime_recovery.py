@@ -41,6 +41,12 @@ def test_a_lost_device_of_a_three_stage_pipeline_is_survived_exactly(event):
     assert record["recovered_after_s"] >= record["detected_after_s"]
 
 
+def test_fedprox_survives_two_re_plans_exactly():
+    """Each re-plan gives a survivor layers it never trained: it gets their FedProx reference (and only theirs)."""
+    result, final_plan = train_exactly(THREE_STAGES, ["kill:2@3", "kill:1@5"], mu=0.5)
+    assert [s.devices for s in final_plan.stages] == [(0,)] and len(result.events) == 2
+
+
 def test_a_lost_replica_of_a_hybrid_stage_is_restored_from_its_peer():
     result, final_plan = train_exactly(HYBRID, ["kill:1@3"])
     assert final_plan.stages[0].devices == (0,) and final_plan.stages[0].shares == (4,)

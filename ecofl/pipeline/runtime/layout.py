@@ -69,6 +69,10 @@ class PipelineLayout:
     def keys_of_layers(self, layers: Iterable[int]) -> list[str]:
         return [k for layer in sorted(layers) for k in self.layer_keys[layer]]
 
+    def reference_keys(self, stage: int) -> list[str]:
+        """The keys of ``stage`` whose FedProx reference its workers need: its parameters."""
+        return [k for k in self.stage_keys[stage] if k in self.parameter_keys]
+
     def epoch(self, epoch: int, device: int, world: list[int], data_ports: dict[int, tuple[str, int]]) -> Epoch:
         """What ``device`` needs to enter ``epoch``: its role (None: idle in this plan), its rank in ``world``
         (the ranks of the epoch, the plan's devices first), and every rank's data port."""

@@ -30,16 +30,19 @@ from ecofl.pipeline.runtime.stage_state import MOMENTUM
 
 def reconfigure(control: ControlPlane, layout: PipelineLayout, new: Plan, version: int, holders: Holders, *,
                 epoch: int, global_copy: tuple[int, dict[str, np.ndarray]], reference: dict[str, np.ndarray],
-                optimization: Optimization, heavy: bool = False, recovery: bool = False) -> int:
+                referenced: dict[int, set[str]], optimization: Optimization, heavy: bool = False,
+                recovery: bool = False) -> int:
     """Enter pipeline epoch ``epoch`` running ``new`` from committed ``version``, each layer from its
     ``holders`` (none: ``global_copy``); the bytes that crossed a link (as received).
 
     Every device of the epoch (the new plan's first, then the idle ones)
     gets its role, the version to roll back to, the layer moves and, from
     the portal, the layers only the global copy has (``heavy``: every layer,
-    gathered at the portal first, Asteroid's heavy rescheduling) and its
-    FedProx ``reference``; the portal's sends are paced to the emulated link
-    rates (:meth:`.layout.PipelineLayout.link_rate`). ``recovery`` marks a recovery's epoch (a
+    gathered at the portal first, Asteroid's heavy rescheduling) and the
+    FedProx ``reference`` of the parameters it does not hold yet
+    (``referenced``, each device's, kept up to date here: a worker keeps what
+    it was sent); the portal's sends are paced to the emulated link rates
+    (:meth:`.layout.PipelineLayout.link_rate`). ``recovery`` marks a recovery's epoch (a
     phase point, :mod:`.traps`).
     """
     portal_state: dict[str, np.ndarray] = {}
@@ -71,8 +74,10 @@ def reconfigure(control: ControlPlane, layout: PipelineLayout, new: Plan, versio
             keys = layout.stage_keys[role.stage] if heavy else layout.keys_of_layers(from_portal.get(device, ()))
             arrays.update(_subset(portal_state, keys))
             moved += sum(v.nbytes for v in arrays.values())
-            arrays.update({f"reference/{k}": reference[k] for k in layout.stage_keys[role.stage]
-                           if k in reference})
+            held = referenced.setdefault(device, set())
+            missing = [k for k in layout.reference_keys(role.stage) if k in reference and k not in held]
+            arrays.update({f"reference/{k}": reference[k] for k in missing})
+            held.update(missing)
         entry = layout.epoch(epoch, device, world, control.data_ports)
         request = Reconfigure(entry.epoch, entry.role, entry.rank, entry.addresses, restore=version, moves=ranked,
                               optimization=optimization, link_bps=layout.link_rate(device), recovery=recovery)

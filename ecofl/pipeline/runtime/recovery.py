@@ -75,6 +75,12 @@ class Recovery:
         self.epoch = 0
         self.lost_rounds = 0
         self._token = 0
+        self.referenced: dict[int, set[str]] = {}  # the FedProx reference keys each worker holds
+
+    def stages_set_up(self) -> None:
+        """Every stage has its starting weights and, under FedProx, its parameters' reference."""
+        if self.reference:
+            self.referenced = {role.device: set(self.layout.reference_keys(role.stage)) for role in self.layout.roles}
 
     @property
     def slowdowns(self) -> dict[int, float]:
@@ -139,6 +145,7 @@ class Recovery:
         if device in control.connections or not 0 <= device < len(self.layout.pool):
             raise HomePipelineError(f"device {device} cannot join: it is already in the home or not in the pool")
         event = self.log.record(FaultEvent("join", device, r))
+        self.referenced.pop(device, None)  # a new worker process
         control.join(device)
         control.configure([device], self.config)
         event.detected_after_s = time.time() - event.struck_at
@@ -216,6 +223,7 @@ class Recovery:
             found.update(dict.fromkeys(unreachable, time.time()))
         for device in set(found) & set(control.connections):
             control.remove(device)
+            self.referenced.pop(device, None)
         return {d: {int(v): layers for v, layers in reply.holdings.items()} for d, reply in replies.items()}
 
     # -- re-planning and migration -------------------------------------------------------
@@ -245,7 +253,8 @@ class Recovery:
         self.epoch += 1
         moved = reconfigure(self.control, self.layout, new, version, holders, epoch=self.epoch,
                             global_copy=self.copies.global_copy, reference=self.reference,
-                            optimization=self.optimization, heavy=heavy, recovery=recovery)
+                            referenced=self.referenced, optimization=self.optimization, heavy=heavy,
+                            recovery=recovery)
         self.copies.plan_changed()
         return moved
 

@@ -41,7 +41,7 @@ def set_up_stages(control: ControlPlane, layout: PipelineLayout, start: State, r
         keys = layout.stage_keys[role.stage]
         arrays = {k: np.asarray(start[k]) for k in keys}
         if optimization.mu > 0:
-            arrays.update({f"reference/{k}": np.asarray(ref[k]) for k in keys if k in layout.parameter_keys})
+            arrays.update({f"reference/{k}": np.asarray(ref[k]) for k in layout.reference_keys(role.stage)})
         control.send(role.device, Setup(optimization), arrays)
     control.gather(Ok)
 
@@ -81,6 +81,7 @@ def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTo
     recovery = Recovery(control, layout, ft, config, start, ref if optimization.mu > 0 else {}, inject, optimization)
     try:
         set_up_stages(control, layout, start, ref, optimization)
+        recovery.stages_set_up()
     except DevicesLost as lost:
         recovery.recover(lost, 0)
     x_np, y_np = host_array(x), host_array(y)
