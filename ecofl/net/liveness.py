@@ -44,9 +44,18 @@ class Failure:
 
 @dataclass(frozen=True)
 class LivenessSettings:
-    """Heartbeat period, silence before a probe, and how long a probe may go unanswered (seconds)."""
+    """Heartbeat period, silence before a probe, and how long a probe may go unanswered (seconds).
 
-    period_s: float = 0.2
+    The detection bound is ``suspect_after_s + probe_timeout_s`` whatever the
+    period; the default period gives two beats in a suspicion window. A beat
+    is not free where it matters: at 0.2 s the heartbeat thread of a confined
+    worker took 0.016-0.023 CPU-s a sync-round of 8.3-9.7 s (about 0.4 ms a
+    beat; ``benchmarks/steady_runs.py``, its ``heartbeat`` job), and a device
+    at a Nano's quota (0.14 of a core) pays each CPU-second with about 7 s of
+    its round.
+    """
+
+    period_s: float = 0.5
     suspect_after_s: float = 1.0
     probe_timeout_s: float = 1.0
 
