@@ -7,8 +7,9 @@ bytes do not explain, which a confined device pays out of the quota it
 computes with (0.1-0.2 CPU-s a sync-round at every stage for replicas, one
 run each). Here the tensors' bytes, in the order both ends list them, are
 cut into pieces of what the link carries in ``PIECE_S``
-(:func:`piece_bytes`), so that an activation waits behind at most one piece,
-and the receiver copies each piece into its buffers wherever it falls
+(:func:`piece_bytes`: few messages, and on a link the kernel paces an
+activation waits behind one piece at most), and the receiver copies each
+piece into its buffers wherever it falls
 (:class:`ByteSink`). Both ends agree on the tensors and their order (the
 plan says which layers, their keys are sorted); the receiver checks every
 piece against the bytes it still expects.
@@ -24,7 +25,8 @@ from ecofl.net.links import AbortCheck, Ticket, never_aborted
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
 
-#: A piece is what its link carries in this long: how long an activation may wait behind one.
+#: A piece is what its link carries in this long (where the kernel paces the link: how long an activation may wait
+#: behind one; an emulated link yields to it, :data:`ecofl.net.links.YIELD_S`).
 PIECE_S = 0.05
 MIN_PIECE_BYTES, MAX_PIECE_BYTES = 64 << 10, 4 << 20  # 4 MiB: an unpaced link's (a real network's) pieces
 
