@@ -110,6 +110,9 @@ def test_home_train_aimed_kill_reports_the_final_plan_apart_from_all_rounds(tmp_
     [event] = report["events"]
     assert (event["kind"], event["device"], event["phase"]) == ("kill", 1, "backward")
     assert event["restored_from"] and event["resumed_after_s"] <= event["recovered_after_s"]
+    # the recovery's parts in order: detected, the survivors stopped, re-scheduled, resumed
+    parts = event["detected_after_s"] + event["stopping_s"] + event["rescheduling_s"]
+    assert event["stopping_s"] >= 0 and parts <= event["resumed_after_s"]
     assert report["rounds_completed"] == 4 and report["final_plan_rounds"] == 2  # rounds 2 (replayed) and 3
     final = report["sync_rounds_s"][2:]
     assert report["sync_round_s"] == pytest.approx(sorted(final)[len(final) // 2] if len(final) % 2 else
