@@ -13,10 +13,11 @@ replica, a migrated layer, a step of an all-reduce.
 A post is *foreground* (the pipeline's own tensors) or *background* (a
 replica sent while the stage computes, :mod:`ecofl.pipeline.runtime.replica`):
 the sender takes a background post only when no foreground one waits, and on
-an emulated link it paces a background post ``YIELD_S`` at a time, sending
-any foreground post that arrived meanwhile first: an activation waits behind
-at most a few milliseconds of a replica, as behind another flow's packets on
-a shared network, not behind a whole piece (50 ms of the link). A link the
+an emulated link a background piece being paced steps aside for a foreground
+post that arrives meanwhile (the link keeps what it carried of the piece,
+carries the foreground post, then the rest): an activation does not wait
+behind a replica, as behind another flow's packets on a shared network,
+where it waited behind a whole piece (50 ms of the link) before. A link the
 kernel paces (no bucket) sends a background piece whole. Posts of one kind
 leave in the order they were posted.
 
@@ -80,8 +81,6 @@ CREDIT_TAG = 1 << 23  # a stream's back-pressure: the receiver has room for one 
 Post = tuple[torch.Tensor, int, "TokenBucket | None", "Ticket"]
 #: The sender's order: closing first, then foreground posts, then background ones.
 CLOSING, FOREGROUND, BACKGROUND = 0, 1, 2
-#: A paced background post yields to foreground posts after every this much of its link time.
-YIELD_S = 0.005
 
 
 class Ticket:
@@ -134,6 +133,7 @@ class PeerLink:
         self._arrived = threading.Condition()
         self.error: PeerLost | None = None
         self._closed = False
+        self._foreground = threading.Event()  # a foreground post was made (a background piece steps aside)
         self._sender = threading.Thread(target=self._send_loop, daemon=True, name=f"send-to-{peer}")
         self._reader = threading.Thread(target=self._read_loop, daemon=True, name=f"recv-from-{peer}")
         self._sender.start()
@@ -157,6 +157,8 @@ class PeerLink:
         else:
             item = (host_copy(tensor.detach()), tag, bucket, ticket)
             self._outbox.put((BACKGROUND if background else FOREGROUND, next(self._posted), item))
+            if not background:
+                self._foreground.set()  # wakes a background piece being paced
         return ticket
 
     def _send_loop(self) -> None:
@@ -195,12 +197,18 @@ class PeerLink:
         ticket.finish()
 
     def _pace_yielding(self, nbytes: int, bucket: TokenBucket) -> None:
-        """Pace a background post ``YIELD_S`` of the link at a time; a foreground post that arrives meanwhile is
-        paced and sent first (its bytes cross the emulated link ahead of the rest of the piece's)."""
-        step = max(1, int(bucket.rate * YIELD_S))
+        """Pace a background post, stepping aside for every foreground post that arrives meanwhile: the link
+        keeps what it carried of the piece, sends the foreground post (paced) and then the rest of the piece.
+        The sender sleeps until the piece is carried or a foreground post wakes it (no polling)."""
         while nbytes > 0:
-            bucket.consume(min(step, nbytes))
-            nbytes -= step
+            until = bucket.reserve(nbytes)
+            if not self._foreground.wait(max(0.0, until - time.monotonic())):
+                return
+            began = until - nbytes / bucket.rate  # when the link began carrying the rest of the piece
+            carried = min(nbytes, max(0, int((time.monotonic() - began) * bucket.rate)))
+            bucket.refund(nbytes - carried)
+            nbytes -= carried
+            self._foreground.clear()
             while (entry := self._next_foreground()) is not None:
                 self._send(entry)
             if self.error is not None:
@@ -265,6 +273,7 @@ class PeerLink:
         """Close the connection; both threads end (a post not yet sent fails with PeerLost)."""
         self._closed = True
         self._fail(f"the link to rank {self.peer} was closed")
+        self._foreground.set()  # a background piece being paced stops at once
         try:
             self.channel.shutdown(2)  # socket.SHUT_RDWR: unblocks a thread in send or receive
         except OSError:

@@ -38,13 +38,22 @@ class TokenBucket:
         self._stamp = time.monotonic()
         self._lock = threading.Lock()
 
-    def consume(self, nbytes: int, abort: Callable[[], None] | None = None) -> None:
-        """Block until the link could have carried ``nbytes`` more; ``abort`` is checked while waiting."""
+    def reserve(self, nbytes: int) -> float:
+        """Take the link for ``nbytes`` more now: the ``time.monotonic()`` at which it will have carried them."""
         with self._lock:
             now = time.monotonic()
             self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate) - nbytes
             self._stamp = now
-            until = now - self._tokens / self.rate
+            return now - self._tokens / self.rate
+
+    def refund(self, nbytes: int) -> None:
+        """Give back ``nbytes`` reserved and not carried (a transfer that stepped aside sends them later)."""
+        with self._lock:
+            self._tokens += nbytes
+
+    def consume(self, nbytes: int, abort: Callable[[], None] | None = None) -> None:
+        """Block until the link could have carried ``nbytes`` more; ``abort`` is checked while waiting."""
+        until = self.reserve(nbytes)
         while (left := until - time.monotonic()) > 0:
             if abort is not None:
                 abort()

@@ -26,7 +26,7 @@ from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
 
 #: A piece is what its link carries in this long (where the kernel paces the link: how long an activation may wait
-#: behind one; an emulated link yields to it, :data:`ecofl.net.links.YIELD_S`).
+#: behind one; on an emulated link a piece steps aside for it, :class:`ecofl.net.links.PeerLink`).
 PIECE_S = 0.05
 MIN_PIECE_BYTES, MAX_PIECE_BYTES = 64 << 10, 4 << 20  # 4 MiB: an unpaced link's (a real network's) pieces
 

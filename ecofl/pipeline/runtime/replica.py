@@ -10,9 +10,8 @@ training never changes) travels *during* sync-round ``r``:
 - as one stream of bytes (every tensor of the state in key order) in
   pieces of what the link carries in a moment (:mod:`.byte_stream`), posted
   in the background of the link to the backup
-  (:meth:`ecofl.net.links.PeerLink.post`): an activation or gradient
-  waits behind a few milliseconds of a piece at most (the link yields to
-  it while it paces the piece). With a message per tensor each stage of
+  (:meth:`ecofl.net.links.PeerLink.post`): on an emulated link a piece
+  being paced steps aside for an activation or gradient. With a message per tensor each stage of
   Eco-FL's confined testbed (MobileNetV2, 100 Mbps links) spent 0.1-0.2
   CPU-s more a sync-round, however few its bytes; with 64 KiB pieces each
   device spent 25-45% more CPU per sync-round (one run each);
