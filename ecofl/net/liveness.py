@@ -49,7 +49,7 @@ class LivenessSettings:
     The detection bound is ``suspect_after_s + probe_timeout_s`` whatever the
     period; the default period gives two beats in a suspicion window. A beat
     is not free where it matters: at 0.2 s the heartbeat thread of a confined
-    worker took 0.016-0.023 CPU-s a sync-round of 8.3-9.7 s (about 0.4 ms a
+    worker took 0.016-0.024 CPU-s a sync-round of 8.3-9.7 s (about 0.4 ms a
     beat; ``benchmarks/steady_runs.py``, its ``heartbeat`` job), and a device
     at a Nano's quota (0.14 of a core) pays each CPU-second with about 7 s of
     its round.
