@@ -260,6 +260,27 @@ def test_an_activation_overtakes_the_replica_piece_being_paced():
         close_all(listeners, [a, b])
 
 
+def test_a_post_racing_the_close_of_its_link_fails_at_once():
+    """The link closes between a post's check and its queueing, and the sender is already gone: the post fails
+    at once instead of waiting out its timeout."""
+    listeners, (a, b) = meshes(2)
+    link = a.links[1]
+    queue_put = link._outbox.put
+
+    def close_first(entry) -> None:  # the close lands just before the post is queued
+        link._outbox.put = queue_put
+        link.close()
+        link._sender.join(timeout=30)
+        queue_put(entry)
+
+    try:
+        link._outbox.put = close_first
+        ticket = a.send(1, torch.ones(4), 3)
+        assert not link._sender.is_alive() and ticket.done.wait(10) and isinstance(ticket.error, PeerLost)
+    finally:
+        close_all(listeners, [a, b])
+
+
 def test_closing_a_link_fails_the_posts_still_queued():
     listeners, (a, b) = meshes(2)
     try:

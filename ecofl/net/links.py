@@ -159,16 +159,30 @@ class PeerLink:
             self._outbox.put((BACKGROUND if background else FOREGROUND, next(self._posted), item))
             if not background:
                 self._foreground.set()  # wakes a background piece being paced
+            if self._closed:  # closed since the check above: the sender may be gone, fail what it left
+                self._fail_queued()
         return ticket
 
     def _send_loop(self) -> None:
         while (entry := self._outbox.get())[2] is not None:
             self._send(entry)
-        while not self._outbox.empty():  # closed: what was still queued fails
-            _, _, post = self._outbox.get()
-            if post is not None:
+        self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        """Fail every post still queued (the link is closed); a close still queued stays for the sender."""
+        closing = False
+        while True:
+            try:
+                _, _, post = self._outbox.get_nowait()
+            except queue.Empty:
+                break
+            if post is None:
+                closing = True
+            else:
                 post[3].error = self.error
                 post[3].finish()
+        if closing:
+            self._outbox.put((CLOSING, next(self._posted), None))
 
     def _send(self, entry: tuple[int, int, Post]) -> None:
         priority, _, (tensor, tag, bucket, ticket) = entry
