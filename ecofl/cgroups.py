@@ -326,6 +326,31 @@ def own_memory_limit_bytes(root: Path = ROOT) -> int | None:
     return None
 
 
+def own_device_cores(root: Path = ROOT, self_cgroup: str | None = None) -> float | None:
+    """The CPU quota in cores of the device cgroup this process runs in (one named ``ecofl-<pid>-<label>``);
+    None outside one, or where it has no quota."""
+    own = _own_cgroups(self_cgroup)
+    path = own.get("cpu", own.get(""))
+    if path is None or not Path(path).name.startswith(PREFIX):
+        return None
+    relative = path.lstrip("/")
+    if "cpu" in own:  # v1
+        files = [(root / "cpu" / relative / "cpu.cfs_quota_us", root / "cpu" / relative / "cpu.cfs_period_us")]
+    else:  # v2 alone, or a hybrid's unified tree
+        files = [(directory / "cpu.max", None) for directory in (root / relative, root / "unified" / relative)]
+    for quota_file, period_file in files:
+        try:
+            if period_file is None:
+                quota_text, period_text = quota_file.read_text().split()
+            else:
+                quota_text, period_text = quota_file.read_text(), period_file.read_text()
+        except OSError:
+            continue
+        quota = -1 if quota_text.strip() == "max" else int(quota_text)
+        return quota / int(period_text) if quota > 0 else None
+    return None
+
+
 def run_confined(command: list[str], label: str, limits: DeviceLimits) -> int:
     """Run ``command`` in a cgroup of its own under ``limits``; SIGTERM and SIGINT are passed on, and the
     cgroup is removed (with anything left in it) when the command ends. The command's exit status."""

@@ -117,6 +117,18 @@ def test_a_device_cgroup_gets_its_quota_and_memory_limit_in_each_version(tmp_pat
     assert group.cores == pytest.approx(0.05)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_process_reads_the_quota_of_its_own_device_cgroup_and_none_elsewhere(tmp_path, version):
+    group = fake_tree(tmp_path, version).create("device1", DeviceLimits(0.2, 3 * GB))
+    inside = (f"4:cpu,cpuacct:/me/{group.cpu_dir.name}\n5:memory:/me/{group.cpu_dir.name}\n" if version == 1
+              else f"0::/{group.cpu_dir.name}\n")
+    assert cgroups.own_device_cores(tmp_path, inside) == pytest.approx(0.2)
+    group.set_cores(0.05)  # a load spike: the device's own pace follows
+    assert cgroups.own_device_cores(tmp_path, inside) == pytest.approx(0.05)
+    outside = "4:cpu,cpuacct:/me\n5:memory:/me\n" if version == 1 else "0::/user.slice\n"
+    assert cgroups.own_device_cores(tmp_path, outside) is None
+
+
 def test_removing_a_cgroup_kills_a_process_that_joined_after_the_last_look(tmp_path, monkeypatch):
     """A worker forked into the cgroup as it is removed (a Ctrl-C in between) makes rmdir busy: kill it, retry."""
     group = fake_tree(tmp_path, 2).create("device1", DeviceLimits(0.2, 3 * GB))

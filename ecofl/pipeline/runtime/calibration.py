@@ -55,6 +55,7 @@ from ecofl.cgroups import DeviceLimits
 from ecofl.allocator import keep_freed_memory
 from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
+from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.worker_environment import worker_environment
 from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
 from ecofl.net.schema import MalformedMessage
@@ -369,7 +370,8 @@ def main() -> int:
     step()  # allocations and first-call work, not measured
     write_line(sys.stdout, Timed(None))  # ready
     read_line(sys.stdin.readline(), CALIBRATION_REQUESTS)  # Go, or MalformedMessage
-    write_line(sys.stdout, Timed(seconds_per_call(step, args.seconds)))
+    pace = CpuPace.of_this_process()  # under its own quota now: each step at the device's pace, as in the pipeline
+    write_line(sys.stdout, Timed(seconds_per_call(lambda: pace.call(step), args.seconds)))
     return 0
 
 

@@ -50,6 +50,7 @@ from ecofl.pipeline.instructions import (
     SendGrad,
 )
 from ecofl.pipeline.modes import mode_of
+from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.emulation import MemoryLedger, dilate, saved_bytes
 from ecofl.pipeline.runtime.layer_abort import abort_between_layers
 from ecofl.pipeline.runtime.topology import WorkerRole
@@ -95,6 +96,7 @@ class ShareExecutor:
         # ... and to the next replica of the stage's all-reduce ring (its slowest link, Asteroid eq. 5)
         self.ring_link = TokenBucket(role.allreduce_bps) if role.allreduce_bps else None
         self.slowdown = 1.0  # an injected load: every operation takes this many times as long
+        self.pace = CpuPace.of_this_process()  # a confined device's operations: at its quota's pace
         self.reserved_bytes = 0  # replicas of other stages this device keeps (memory beside its own stage)
         self.abort: AbortCheck = never_aborted
         self.reached: Callable[[str], None] = lambda phase: None  # a phase point (:mod:`.traps`)
@@ -167,6 +169,7 @@ class ShareExecutor:
                               role.resident_bound, role.schedule, enforce=role.sleeps)
         program = role.program if program is None else program
         program = program if role.samples else tuple(i for i in program if i.micro_batch < 0)
+        self.pace.refresh()
         sync_round = _SyncRound(inputs, labels, batch_size, time.time(), stats, ledger)
         self.module.train()
         for instruction in program:
@@ -194,7 +197,7 @@ class ShareExecutor:
         role = self.role
         x = r.received.pop(m)
         self.reached("forward")
-        start = time.time()
+        started = self.pace.begin()
         weights = self.params + (self.versions.current() if self.versions is not None else [])
         with saved_bytes(weights) as nbytes:  # what the forward saves for backward, weights not counted
             out = self.versions.forward(x, m) if self.versions is not None else self.module(x)
@@ -202,8 +205,8 @@ class ShareExecutor:
                 summed = F.cross_entropy(out, r.labels[m], reduction="sum")
                 r.stats.loss_sum += summed.item()
                 out = summed / r.batch_size
-        end = self._end(start, role.forward_s)
-        r.stats.events.append((ActionKind.FORWARD, m, start, end))
+        end = self._end(started, role.forward_s)
+        r.stats.events.append((ActionKind.FORWARD, m, started[0], end))
         r.ledger.forward(m, nbytes[0])
         r.stash[m] = (x, out)
 
@@ -221,12 +224,12 @@ class ShareExecutor:
     def _backward(self, r: "_SyncRound", m: int) -> None:
         x, out = r.stash.pop(m)
         self.reached("backward")
-        start = time.time()
+        started = self.pace.begin()
         out.backward(r.output_grads.pop(m, None))  # the last stage's output is the scaled loss
         if self.versions is not None:  # at the version the forward used, for this micro-batch's own step
             r.step_grads[m] = self.versions.gradients(m)
-        end = self._end(start, self.role.backward_s)
-        r.stats.events.append((ActionKind.BACKWARD, m, start, end))
+        end = self._end(started, self.role.backward_s)
+        r.stats.events.append((ActionKind.BACKWARD, m, started[0], end))
         r.ledger.backward(m)
         r.input_grads[m] = x.grad
 
@@ -241,7 +244,7 @@ class ShareExecutor:
         """Sum gradients over the stage's replicas, average float buffers by share (Asteroid §4)."""
         role = self.role
         self.reached("allreduce")
-        start = time.time()
+        started = self.pace.begin()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = self.mesh.all_reduce(host_copy(_flatten_dense_tensors(grads)), role.replicas, ALLREDUCE_TAG,
                                     self.abort, self.ring_link).to(self.device)
@@ -256,12 +259,12 @@ class ShareExecutor:
         if role.allreduce_bps is not None:  # ring all-reduce, Asteroid eq. 5
             n = len(role.replicas)
             emulated = 2 * (n - 1) / n * _bytes(self.params) / role.allreduce_bps
-        r.stats.events.append((ActionKind.ALLREDUCE, -1, start, self._end(start, emulated)))
+        r.stats.events.append((ActionKind.ALLREDUCE, -1, started[0], self._end(started, emulated)))
 
     def _optimizer_step(self, r: "_SyncRound", m: int) -> None:
         """FedProx term, then one optimizer step for the mini-batch (Eco-FL §4.1 flush); asynchronous
         (``m`` >= 0): micro-batch m's step, with the gradient taken at its stashed version (PipeDream)."""
-        start = time.time()
+        started = self.pace.begin()
         if m >= 0:
             for p, grad in zip(self.params, r.step_grads.pop(m)):
                 p.grad = grad
@@ -273,7 +276,7 @@ class ShareExecutor:
         self.reached("step")
         if self.versions is not None:
             self.versions.stepped()
-        r.stats.events.append((ActionKind.STEP, m, start, self._end(start, self.role.step_s)))
+        r.stats.events.append((ActionKind.STEP, m, started[0], self._end(started, self.role.step_s)))
 
     def _aggregate_weights(self, r: "_SyncRound", m: int) -> None:
         """FTPipeHD §III-C: the stage's weights become the mean of its last S - s versions."""
@@ -285,15 +288,16 @@ class ShareExecutor:
         ReduceGrads: _reduce_grads, OptimizerStep: _optimizer_step, AggregateWeights: _aggregate_weights,
     }
 
-    def _end(self, start: float, emulated_s: float | None) -> float:
-        """End of an operation begun at ``start``: dilated to the emulated device's pace if emulating.
+    def _end(self, started: tuple[float, float], emulated_s: float | None) -> float:
+        """End of an operation begun at ``started``: dilated to the emulated device's pace if sleeping, at
+        least its CPU time over the device's cores if confined (:mod:`.cpu_pace`).
 
         A GPU's queued kernels are waited for first, so that the time is the operation's, not its launch's."""
         finish(self.device)
         if not self.role.sleeps:
-            return time.time()
+            return self.pace.end(started, self.abort)
         emulated = None if emulated_s is None else emulated_s * self.slowdown
-        return dilate(start, emulated, self.role.speed / self.slowdown, self.abort)
+        return dilate(started[0], emulated, self.role.speed / self.slowdown, self.abort)
 
 
 class _SyncRound:

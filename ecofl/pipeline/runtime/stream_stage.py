@@ -36,6 +36,7 @@ from ecofl.pipeline.instructions import Forward, LoadMicroBatch, RecvActivation,
 from ecofl.net.links import CREDIT_TAG, POLL_S, AbortCheck, RoundAborted, Ticket, never_aborted
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
+from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.emulation import dilate
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.schedule import ActionKind
@@ -57,6 +58,7 @@ class StreamExecutor:
         self.role, self.module, self.mesh, self.timeout_s = role, module, mesh, timeout_s
         self.device = module_device(module)  # the worker's accelerator (or the CPU)
         self.links = {p.rank: TokenBucket(p.bandwidth_bps) if p.bandwidth_bps else None for p in role.destinations}
+        self.pace = CpuPace.of_this_process()  # a confined device's forwards: at its quota's pace
 
     def run(self, inputs: torch.Tensor | None, num_micro_batches: int, abort: AbortCheck = never_aborted
             ) -> StreamStats:
@@ -66,6 +68,7 @@ class StreamExecutor:
         """
         if self.role.samples == 0:
             return StreamStats()
+        self.pace.refresh()
         stream = _Stream(self.role, self.mesh, num_micro_batches, abort, self.timeout_s, inputs)
         run = {LoadMicroBatch: self._load, RecvActivation: self._receive, Forward: self._forward,
                SendActivation: self._send, SendOutput: self._output}
@@ -93,11 +96,12 @@ class StreamExecutor:
         stream.arrived[m] = torch.cat(parts).to(self.device)
 
     def _forward(self, stream: "_Stream", m: int, inputs: torch.Tensor | None) -> None:
-        start = time.time()
+        started = self.pace.begin()
         y = self.module(stream.arrived.pop(m))
         finish(self.device)  # a GPU's forward is timed once its kernels are done
-        end = dilate(start, self.role.forward_s, self.role.speed, stream.abort) if self.role.sleeps else time.time()
-        stream.event(ActionKind.FORWARD, m, start, end)
+        end = (dilate(started[0], self.role.forward_s, self.role.speed, stream.abort) if self.role.sleeps
+               else self.pace.end(started, stream.abort))
+        stream.event(ActionKind.FORWARD, m, started[0], end)
         stream.results[m] = y
 
     def _send(self, stream: "_Stream", m: int, inputs: torch.Tensor | None) -> None:
