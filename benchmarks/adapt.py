@@ -27,8 +27,8 @@ comparison is measured side by side in one run of this script:
 ``--emulate cgroup`` (root) runs the same on devices confined by cgroups
 (docs/pipeline.md, "Confined devices"): each pool's devices first measure
 their speed on the model in their cgroups and are planned from it; the load
-spike divides the device's CPU quota by 4 without telling its worker, so the
-spike is found from measured times alone; nothing sleeps. It writes
+spike divides the device's CPU quota by 4 without telling the portal, so the
+spike is found from measured times alone; nothing sleeps to the cost model. It writes
 ``adapt_cgroup.json``, ``docs/adapt_cgroup.md`` and
 ``docs/adapt_cgroup_throughput.png``.
 """
@@ -206,15 +206,15 @@ def markdown(results: dict, command: str) -> str:
     how = ([
         "processes on devices **confined by cgroups** (each worker's CPU quota its preset's speed in host cores,",
         "its memory limit its budget; planned from the speeds the devices measured in their cgroups; links",
-        "paced at the pool's 100 Mbps, also when state moves). Nothing sleeps: compute is real, the load spike",
-        "is a cut of the device's CPU quota its worker is not told of, found from measured times alone; on a",
+        "paced at the pool's 100 Mbps, also when state moves). Nothing sleeps to a model: compute is real, the",
+        "load spike is a cut of the device's CPU quota the portal is not told of, found from measured times alone; on a",
         "shared 2-core machine. The sleep-mode figures (the model's) are in [adapt.md](adapt.md).",
     ] if confined else [
         "processes on **emulated** devices (every preset at least 5x slower than a host core; links paced at",
         "the pool's 100 Mbps, also when state moves): compute times follow the cost model by construction, so",
         "these figures measure detection, the control protocol, planning, paced migration, replay and",
         "scheduling overhead, on a shared 2-core machine. The same on devices confined by cgroups, where",
-        "nothing sleeps: [adapt_cgroup.md](adapt_cgroup.md).",
+        "nothing sleeps to a model: [adapt_cgroup.md](adapt_cgroup.md).",
     ])
     lines = [
         "# Adapting and surviving: measured" + (" on confined devices" if confined else ""),

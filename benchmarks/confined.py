@@ -136,7 +136,7 @@ def markdown(results: dict) -> str:
         f"{results['rounds']} measured sync-rounds after one warm-up, "
         f"`{results.get('command', 'python benchmarks/confined.py')}`. **Confined**: every device a worker in a "
         "cgroup of its own at its preset's speed in cores and its memory budget, planned from the speeds the "
-        "devices measured in their cgroups; nothing sleeps, so measured and predicted are free to differ. "
+        "devices measured in their cgroups; nothing sleeps to the cost model, so measured and predicted are free to differ. "
         "**Sleep**: the same planner on the presets, every device sleeping to the cost model (the model's "
         "figure: measured = predicted by construction). Links paced at 100 Mbps in both. `efficiency`: "
         "confined throughput / the sum of the devices' own training throughput of the whole model in their "

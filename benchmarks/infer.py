@@ -33,7 +33,7 @@ Throughput is the steady state (the second half of the stream), latency a
 micro-batch's trip from the portal and back, both defined as the cost model
 defines them.
 
-With ``--emulate cgroup`` (root) nothing sleeps: every device's worker runs in
+With ``--emulate cgroup`` (root) nothing sleeps to the cost model: every device's worker runs in
 a cgroup of its own at its preset's speed in host cores (no ``--slowdown``)
 and memory, the devices first time the model's eval-mode forwards there, as
 they will stream (:func:`~ecofl.pipeline.runtime.calibration.confine_pool`,
@@ -172,7 +172,7 @@ def markdown(report: dict) -> str:
                "made from the speeds the devices measured in their cgroups (" + "; ".join(
                    f"{home}: {speeds}" for home, speeds in report["measured_speeds"].items())
                + "), each plan predicted at the speeds its devices measured again on their own stages, cores kept "
-               "awake by idle-priority spinners; nothing sleeps: compute, transfers and overheads are all measured")
+               "awake by idle-priority spinners; nothing sleeps to the cost model: compute, transfers and overheads are all measured")
     else:
         command = (f"python benchmarks/infer.py --micro-batches {report['micro_batches']} "
                    f"--slowdown {report['slowdown']}")

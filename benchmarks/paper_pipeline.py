@@ -35,7 +35,7 @@ With ``--emulate cgroup`` (root) the devices are confined instead
 (docs/pipeline.md, "Confined devices"): each a worker in a cgroup of its own
 with its scaled speed as a CPU quota and its memory budget as a memory limit,
 planned from the speeds the devices measured in their cgroups (once per
-model and pool); nothing sleeps, an out-of-memory is the kernel's
+model and pool); nothing sleeps to the cost model, an out-of-memory is the kernel's
 (``DeviceOutOfMemory``), and the results and tables go beside the sleep
 mode's (``<part>-cgroup``).
 
@@ -255,7 +255,7 @@ def conditions(results: dict) -> str:
         how = (f"devices **confined by cgroups** at time scale {results['time_scale']} (quotas = preset speeds "
                f"x{results['time_scale']} cores, links paced at the bandwidths x{results['time_scale']}, a "
                "replicated stage's all-reduce too), each method planned from the speeds the devices measured in "
-               f"their cgroups {calibrated}; nothing sleeps. `pred.`: the cost model on those speeds, "
+               f"their cgroups {calibrated}; nothing sleeps to the cost model. `pred.`: the cost model on those speeds, "
                "with the runtime's overhead per operation and per byte; measured and predicted "
                "are free to differ. An OOM is the kernel's, at the cgroup's memory limit (budget + the worker's "
                "runtime)")

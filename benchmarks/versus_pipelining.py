@@ -18,8 +18,12 @@ with momentum, one optimizer step per mini-batch, under two conditions:
 - **confined, 100 Mbps** (root): the same namespaces and links, and every
   stage process of *both* runtimes in a cgroup of its own with its device's
   (slowed) speed as a CPU quota (:mod:`ecofl.cgroups`), the cores kept
-  awake for both (:mod:`ecofl.awake_cores`); nothing sleeps on either side,
-  so compute is real and both runtimes get the same CPU.
+  awake for both (:mod:`ecofl.awake_cores`); nothing sleeps to a model on either side,
+  so compute is real and both runtimes get the same CPU. Our workers keep
+  their quota's pace (:mod:`ecofl.pipeline.runtime.cpu_pace`); torch's ranks
+  do not, so they keep the burst CFS grants a cgroup after idling: an edge
+  to torch where operations are short (rows measured before 2026-12-01 had
+  the burst on both sides).
 
 and two schedules each: our 1F1B-Sync (stage s keeps K_s = 2(S - s) - 1
 forwards in flight, Eco-FL eq. 3) against torch's ``Schedule1F1B`` (S - s
@@ -362,7 +366,8 @@ def markdown(report: dict) -> str:
         "torch's median sync-round over the least any schedule could take on the row's partition (its busiest "
         "device's emulated compute and flush): the most any runtime could gain over torch there. `confined`: "
         "the same links, and every stage process of both runtimes in a cgroup of its own at its device's "
-        "speed in host cores (x the row's slowdown); nothing sleeps on either side.",
+        "speed in host cores (x the row's slowdown); nothing sleeps to a model on either side; our workers keep "
+        "their quota's pace after idling (ecofl/pipeline/runtime/cpu_pace.py), torch's ranks keep CFS's burst.",
         "",
         "| links | plan | schedules (ours vs torch) | ours samples/s | torch samples/s | ratio per repeat | "
         "median ratio | predicted | headroom | target | CPU s/round ours, torch | load |",

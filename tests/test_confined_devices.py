@@ -1,4 +1,4 @@
-"""Devices confined by cgroups (``--emulate cgroup``): real CPU quotas and memory limits, nothing slept.
+"""Devices confined by cgroups (``--emulate cgroup``): real CPU quotas and memory limits, nothing slept to a model.
 
 The first tests check the cgroup files written, on a fake cgroup tree, and
 run anywhere. The rest confine real worker processes and skip, with the
@@ -369,7 +369,7 @@ def test_a_worker_over_its_real_memory_limit_is_named_out_of_memory_and_nothing_
 
 @needs_cgroups
 def test_a_quota_cut_is_detected_from_measured_times_and_the_slowed_device_gets_less_work():
-    """Eco-FL §4.4 for real: device 1's quota is divided by 4 at round 2 (its worker is not told); the portal
+    """Eco-FL §4.4 for real: device 1's quota is divided by 4 at round 2 (the portal is not told); the portal
     sees its compute times grow and re-plans it to less work."""
     model, side = convolutions(64), 64
     x, y = images(64, side)

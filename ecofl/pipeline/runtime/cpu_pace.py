@@ -18,9 +18,9 @@ the start and end of the operation, and the thread sleeps the rest. The
 kernel still enforces the quota on everything the device runs (its link
 threads too); the pace only takes away the burst. A device of two cores or
 more computes on as many torch threads, whose CPU time the calling thread's
-clock does not hold: its pace is a lower bound the kernel's quota already keeps. The cores are the
-cgroup's quota, read from the kernel (:func:`ecofl.cgroups.own_device_cores`)
-at each sync-round: a load spike that cuts the quota slows every operation,
+clock does not hold: its pace is a lower bound the kernel's quota already
+keeps. The cores are the cgroup's quota, read from the kernel
+(:func:`ecofl.cgroups.own_device_cores`) at each sync-round: a load spike that cuts the quota slows every operation,
 as it would on a real device, and the runtime learns of it only from the
 times it measures. Outside a device cgroup (host speed, sleep emulation, a
 real device) there is no pace.

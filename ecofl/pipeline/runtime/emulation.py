@@ -4,8 +4,9 @@ Three modes (:class:`Emulation`), named in every result:
 
 - ``cgroup``: each device's worker is confined by the kernel to the
   device's CPU and memory (:mod:`ecofl.cgroups`,
-  :mod:`ecofl.pipeline.runtime.confinement`); nothing sleeps, every time is
-  real and the devices truly differ;
+  :mod:`ecofl.pipeline.runtime.confinement`); nothing sleeps to a model (an
+  operation lasts at least its CPU time over the device's cores,
+  :mod:`.cpu_pace`), every time is real and the devices truly differ;
 - ``sleep``: every device sleeps to the cost model's time (below), so
   measured equals predicted by construction and only overheads are
   measured: the model's figures;
