@@ -207,8 +207,8 @@ def markdown(results: dict, command: str) -> str:
         "processes on devices **confined by cgroups** (each worker's CPU quota its preset's speed in host cores,",
         "its memory limit its budget; planned from the speeds the devices measured in their cgroups; links",
         "paced at the pool's 100 Mbps, also when state moves). Nothing sleeps to a model: compute is real, the",
-        "load spike is a cut of the device's CPU quota the portal is not told of, found from measured times alone; on a",
-        "shared 2-core machine. The sleep-mode figures (the model's) are in [adapt.md](adapt.md).",
+        "load spike is a cut of the device's CPU quota the portal is not told of, found from measured times alone;",
+        "on a shared 2-core machine. The sleep-mode figures (the model's) are in [adapt.md](adapt.md).",
     ] if confined else [
         "processes on **emulated** devices (every preset at least 5x slower than a host core; links paced at",
         "the pool's 100 Mbps, also when state moves): compute times follow the cost model by construction, so",
