@@ -172,7 +172,8 @@ def markdown(report: dict) -> str:
                "made from the speeds the devices measured in their cgroups (" + "; ".join(
                    f"{home}: {speeds}" for home, speeds in report["measured_speeds"].items())
                + "), each plan predicted at the speeds its devices measured again on their own stages, cores kept "
-               "awake by idle-priority spinners; nothing sleeps to the cost model: compute, transfers and overheads are all measured")
+               "awake by idle-priority spinners; nothing sleeps to the cost model: compute, transfers and overheads "
+               "are all measured")
     else:
         command = (f"python benchmarks/infer.py --micro-batches {report['micro_batches']} "
                    f"--slowdown {report['slowdown']}")

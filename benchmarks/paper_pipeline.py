@@ -255,7 +255,8 @@ def conditions(results: dict) -> str:
         how = (f"devices **confined by cgroups** at time scale {results['time_scale']} (quotas = preset speeds "
                f"x{results['time_scale']} cores, links paced at the bandwidths x{results['time_scale']}, a "
                "replicated stage's all-reduce too), each method planned from the speeds the devices measured in "
-               f"their cgroups {calibrated}; nothing sleeps to the cost model. `pred.`: the cost model on those speeds, "
+               f"their cgroups {calibrated}; nothing sleeps to the cost model. `pred.`: the cost model on those "
+               "speeds, "
                "with the runtime's overhead per operation and per byte; measured and predicted "
                "are free to differ. An OOM is the kernel's, at the cgroup's memory limit (budget + the worker's "
                "runtime)")
