@@ -2,15 +2,14 @@
 
 CFS hands a cgroup its quota every period and throttles it only once the
 quota is spent, checked at the scheduler's tick: a device idle for a period
-runs its next short operation at host speed, and one that never idles
-overdraws its quota. Measured here (2026-12-01, Linux 6.18, cgroup v1): one
-forward and backward of MobileNetV2's block 14 at 2 samples (3.3 ms of CPU)
-in a 0.025-core cgroup (1 ms every 40 ms) took 83 ms back to back (1.6x its
-quota) and 2.2 ms after 50 ms idle (host speed, 60x faster than the device).
-A pipeline stage idles between its micro-batches, so a slow confined device
-(the mixed home's Raspberry Pi) ran its stage 5x faster in the pipeline than
-in its calibration's back-to-back steps, and the plan was made for a device
-that was not there. A real board computes at one pace, idle or not.
+runs its next short operation faster than the device would. Measured
+here (``benchmarks/cpu_pace.py``, 2026-12-01, Linux 6.18, cgroup v1): a 3 ms
+(CPU) step after 50 ms idle took 0.69 and 0.52 of its CPU time over the
+cores at 0.1 and 0.25 cores, and 1.01 back to back. A pipeline stage idles
+between its micro-batches, so a slow confined device (the mixed home's
+Raspberry Pi) ran its stage 5x faster in the pipeline than in its
+calibration's back-to-back steps, and the plan was made for a device that
+was not there. A real board computes at one pace, idle or not.
 
 So a confined device's operation lasts at least its CPU time over the
 device's cores (:class:`CpuPace`): the calling thread's CPU clock is read at
