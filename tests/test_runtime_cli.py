@@ -126,3 +126,18 @@ def test_home_train_help_documents_aimed_failures(capsys):
         main(["home", "train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "kill:D@R[:PHASE[:K]]" in text and "backward" in text and "recover" in text
+
+
+def test_home_train_re_tunes_on_request_and_reports_what_it_found(tmp_path, capsys):
+    code = main([
+        "home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",
+        "--batch", "16", "--rounds", "3", "--cache-dir", str(tmp_path), "--emulate", "sleep", "--tune-after", "2",
+    ])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "re-tuned after sync-round 1: speeds in the pipeline 0: " in out and "1 rounds left" in out
+    for bad, why in (("3", "leaves none of the 3 sync-rounds"), ("1", "after_rounds >= 2")):
+        assert main(["home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",
+                     "--rounds", "3", "--tune-after", bad, "--emulate", "sleep"]) == 2
+        err = capsys.readouterr().err
+        assert why in err and len(err.strip().splitlines()) == 1

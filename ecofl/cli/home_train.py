@@ -49,6 +49,7 @@ from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import check_planner, make_plan
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
+from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.runtime.calibration import ConfinedPool, confine_pool, plan_on_measured_speeds
@@ -59,6 +60,12 @@ from ecofl.cli.emulation_option import chosen_emulation
 def run(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.batch < 1:
         raise UserError(f"--rounds and --batch must be positive, got {args.rounds} and {args.batch}")
+    tuning = None
+    if args.tune_after:
+        tuning = Tuning(after_rounds=args.tune_after, planner=args.planner, micro_batch=args.micro_batch)
+        if args.tune_after >= args.rounds:
+            raise UserError(f"--tune-after {args.tune_after} leaves none of the {args.rounds} sync-rounds to the "
+                            "re-tuned plan: train more --rounds")
     check_planner(args.planner)
     pool = load_pool(args.pool, args.bandwidth)
     check_accelerators(pool.devices, f"pool {pool.name}")
@@ -83,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                                    global_copy_every=args.global_copy_every, planner=args.planner)
     try:
         with HomePipeline(spec, pool, plan, profile=profile, emulate=mode, limits=limits, timeout_s=args.timeout,
-                          fault_tolerance=tolerance, aggregate_every=args.aggregate_every) as home:
+                          fault_tolerance=tolerance, aggregate_every=args.aggregate_every, tuning=tuning) as home:
             result = home.train(None, x, y, args.rounds, lr=args.lr, momentum=args.momentum,
                                 progress=None if args.json else _progress(args.rounds), inject=events)
             final_plan, confined = home.plan, home.confinement_report()
@@ -93,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         predicted = predict_sync_round(final_plan, profile, pool, mode, args.rounds, args.cache_dir)
     report = describe(final_plan, pool, predicted, result, mode, args.rounds)
     report["devices"] = device_report(final_plan, pool, result, calibration, confined)
+    if result.tuning is not None:
+        report["tuning"] = result.tuning
     if args.timeline:
         from ecofl.pipeline.gantt import plot_gantt
 
@@ -165,6 +174,18 @@ def _event_line(event: dict) -> str:
             f"{seconds(event['recovered_after_s'])} ({event['replan'] or 'no'} re-plan, "
             f"{event['bytes_moved'] / 2**20:.2f} MiB moved, {event['lost_rounds']} rounds replayed); "
             f"samples/s {rate(event['throughput_before'])} -> {rate(event['throughput_after'])}")
+
+
+def _tuning_line(tuning: dict) -> str:
+    speeds = ", ".join(f"{d}: {tuning['calibrated_speeds'][d]:.3f} -> {v:.3f}" for d, v in tuning["speeds"].items())
+    outcome = (f"moved to {tuning['num_micro_batches']} x {tuning['micro_batch']} over "
+               + " | ".join(f"{s['layers'][0]}-{s['layers'][1]}: {','.join(map(str, s['devices']))}"
+                            for s in tuning["stages"])
+               if tuning["switched"] else "kept the plan")
+    return (f"re-tuned after sync-round {tuning['after_round']}: speeds in the pipeline {speeds}; predicted at them "
+            f"{tuning['current_sync_round_s']:.3f} s, best re-plan {tuning['best_sync_round_s']:.3f} s (migration "
+            f"{tuning['migration_s']:.2f} s, {tuning['rounds_left']} rounds left): {outcome} (took "
+            f"{tuning['seconds']:.2f} s, {tuning['bytes_moved'] / 2**20:.2f} MiB moved)")
 
 
 def _progress(total: int):
@@ -268,6 +289,8 @@ def table(report: dict) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     for event in report["events"]:
         lines.append(_event_line(event))
+    if "tuning" in report:
+        lines.append(_tuning_line(report["tuning"]))
     error = abs(report["predicted_sync_round_s"] - report["sync_round_s"]) / report["sync_round_s"]
     how = {
         "cgroup": "devices confined by cgroups (real CPU quota and memory limit; planned from their measured speeds)",

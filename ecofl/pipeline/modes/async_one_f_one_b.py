@@ -29,9 +29,12 @@ class AsyncOneFOneB(Mode):
         if any(len(stage.devices) > 1 for stage in plan.stages):
             raise ValueError("asynchronous 1F1B runs one device per stage (no data-parallel stages)")
 
-    def check_training(self, fault_tolerance: bool) -> None:
+    def check_training(self, fault_tolerance: bool, tuning: bool = False) -> None:
         if fault_tolerance:
             raise ValueError("asynchronous 1F1B has no sync-rounds to replay: run it without fault tolerance")
+        if tuning:
+            raise ValueError("asynchronous 1F1B runs one pass, with no sync-rounds to re-tune between: run it "
+                             "without tuning")
 
     def actions(self, plan: Plan) -> Schedule:
         return async_one_f_one_b(len(plan.stages), plan.num_micro_batches)

@@ -38,7 +38,7 @@ class Mode:
     def check(self, plan: Plan) -> None:
         """ValueError if ``plan``'s stages cannot run in this mode (every mode runs any stages by default)."""
 
-    def check_training(self, fault_tolerance: bool) -> None:
+    def check_training(self, fault_tolerance: bool, tuning: bool = False) -> None:
         """ValueError if a training call cannot run in this mode with these settings."""
 
     # -- action lists and device programs -------------------------------------------------

@@ -29,7 +29,7 @@ class SynchronousMode(Mode):
 
         return train_sync_rounds(pipeline.control, pipeline.layout, pipeline.fault_tolerance,
                                  pipeline.worker_config, start, ref, x, y, sync_rounds, optimization, progress,
-                                 inject)
+                                 inject, tuning=pipeline.tuning, emulation=pipeline.emulation)
 
 
 def resident_bound(program: Program) -> int:

@@ -43,6 +43,7 @@ from ecofl.pipeline.runtime.errors import HomePipelineError
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.model_spec import ModelSpec
+from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.net.netns import HomeNetwork
 from ecofl.pipeline.runtime.pipelined_inference import stream_inference
 from ecofl.pipeline.runtime.stage import Optimization
@@ -72,7 +73,8 @@ class HomePipeline:
     on heartbeats, replication, re-planning and replay. ``departed()`` names remote devices
     known to have left (a home service's registry), so joining fails fast. ``join_timeout_s``:
     how long the remote devices may take to join once the local ones have (default: ``timeout_s``
-    in all).
+    in all). ``tuning`` (needs a ``profile``; synchronous schedules) re-plans once on the speeds the devices
+    show in the first sync-rounds of a ``train`` call (:mod:`.pipeline_tuning`).
     """
 
     def __init__(
@@ -96,10 +98,11 @@ class HomePipeline:
         invite: Callable[[tuple[str, int], list[int]], None] | None = None,
         aggregate_every: int = 1,
         join_timeout_s: float | None = None,
+        tuning: Tuning | None = None,
     ):
-        if fault_tolerance is not None and profile is None:
-            raise ValueError("fault tolerance re-plans from the model's profile: pass profile=")
-        self.model, self.timeout_s, self.fault_tolerance = model, timeout_s, fault_tolerance
+        if (fault_tolerance is not None or tuning is not None) and profile is None:
+            raise ValueError("fault tolerance and tuning re-plan from the model's profile: pass profile=")
+        self.model, self.timeout_s, self.fault_tolerance, self.tuning = model, timeout_s, fault_tolerance, tuning
         self.invite, self.join_timeout_s = invite, join_timeout_s
         self.emulation = Emulation.parse(emulate)
         full_model, layers = model.build()
@@ -239,7 +242,7 @@ class HomePipeline:
         if inject and self.fault_tolerance is None:
             raise ValueError("injected events need fault tolerance on")
         mode = mode_of(self.plan)
-        mode.check_training(fault_tolerance=self.fault_tolerance is not None)
+        mode.check_training(fault_tolerance=self.fault_tolerance is not None, tuning=self.tuning is not None)
         keys = self.layout.keys
         start = dict(zip(keys, self._checked(self.weights if weights is None else weights)))
         ref = dict(zip(keys, self._checked(reference))) if reference is not None else start

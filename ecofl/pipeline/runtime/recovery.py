@@ -19,7 +19,12 @@ One mechanism with two triggers (Eco-FL §4.4; Asteroid §3.4; FTPipeHD
 - **a device is slow**: its measured compute time per micro-batch stays
   ``slowdown_ratio`` above the plan's expectation for ``slowdown_rounds``
   sync-rounds; its speed is re-estimated (FTPipeHD eqs. 1-3) and the pipeline
-  re-planned between sync-rounds, with no replay.
+  re-planned between sync-rounds, with no replay;
+- **the plan was made on speeds the pipeline does not run at** (a
+  :class:`~.pipeline_tuning.Tuning`, with or without fault tolerance): once,
+  after its first sync-rounds, every device's speed is re-estimated from its
+  own operations and the pipeline moves to a re-plan the cost model predicts
+  faster (:mod:`.pipeline_tuning`), between sync-rounds, with no replay.
 
 While sync-rounds compute, every single-device stage is replicated to its
 backup, and between them the portal keeps a global copy (:mod:`.copies`). Its parts: the injected
@@ -47,25 +52,34 @@ from ecofl.pipeline.runtime.fault_injection import FaultInjector
 from ecofl.pipeline.runtime.fault_log import FaultLog
 from ecofl.pipeline.runtime.faults import FaultEvent, FaultTolerance, Injection
 from ecofl.pipeline.runtime.layout import PipelineLayout
+from ecofl.pipeline.runtime.emulation import Emulation
+from ecofl.pipeline.runtime.pipeline_tuning import decide
+from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.reconfiguration import reconfigure, restored_from
 from ecofl.pipeline.runtime.slowdown_watch import SlowdownWatch
 from ecofl.pipeline.runtime.stage import Optimization
 
 
 class Recovery:
-    """The fault tolerance of one ``HomePipeline.train`` call (inert without fault tolerance).
+    """The fault tolerance and tuning of one ``HomePipeline.train`` call (inert without either).
 
     It sits on the home's :class:`~.control_plane.ControlPlane` (the workers)
     and :class:`~.layout.PipelineLayout` (the plan, which a re-plan replaces);
     ``config`` is what a joining worker is told, ``start`` the weights of
-    version 0 (the portal's first global copy).
+    version 0 (the portal's first global copy); ``tuning`` re-tunes the plan
+    once in a call of ``sync_rounds`` sync-rounds, predicted in ``emulation``.
     """
 
     def __init__(self, control: ControlPlane, layout: PipelineLayout, ft: FaultTolerance | None,
                  config: Callable[[int], Config],
                  start: dict[str, np.ndarray], reference: dict[str, np.ndarray], inject: Sequence[Injection],
-                 optimization: Optimization):
+                 optimization: Optimization, tuning: Tuning | None = None, emulation: Emulation = Emulation.NONE,
+                 sync_rounds: int = 0):
         self.control, self.layout, self.ft, self.config = control, layout, ft, config
+        self.tuning, self.emulation, self.sync_rounds = tuning, emulation, sync_rounds
+        self.tuned: dict | None = None  # the re-tune's decision (TuningDecision.to_dict), its seconds and bytes
+        self._measured: list[dict[int, Done]] = []  # the current epoch's rounds after its first, for tuning
+        self._measured_epoch = 0
         self.reference, self.optimization = reference, optimization
         self.log = FaultLog()
         self.injector = FaultInjector(control, self.log, inject)
@@ -119,6 +133,27 @@ class Recovery:
             slow, measured = self.watch.slow_devices(self.layout, self.speeds, replies, self.epoch)
             if slow:
                 self._adapt(slow, measured, r)
+                return
+        self._tune(r, replies)
+
+    def _tune(self, r: int, replies: dict[int, Done]) -> None:
+        """Once, when the current epoch has run ``tuning.after_rounds`` sync-rounds: re-estimate every device's
+        speed from the rounds after its first and move to a re-plan predicted faster (:mod:`.pipeline_tuning`)."""
+        if self.tuning is None or self.tuned is not None:
+            return
+        if self._measured_epoch != self.epoch:  # re-planned or recovered since: this was the new plan's first round
+            self._measured, self._measured_epoch = [], self.epoch
+        self._measured.append(replies)
+        if len(self._measured) < self.tuning.after_rounds:
+            return
+        layout = self.layout
+        started = time.time()
+        decision = decide(self.tuning, layout.plan, layout.profile, with_speeds(layout.pool, self.speeds),
+                          self.emulation, self._measured[1:], r, self._plan_holders(), set(self.control.connections),
+                          self.sync_rounds - (r + 1))
+        self.speeds.update(decision.speeds)
+        moved = self._reconfigure(decision.plan, r + 1, self._plan_holders()) if decision.switched else 0
+        self.tuned = {**decision.to_dict(), "seconds": time.time() - started, "bytes_moved": moved}
 
     def _adapt(self, slow: list[int], measured: dict[int, float], r: int) -> None:
         """Eco-FL §4.4: re-plan on the slow devices' re-estimated speeds, between sync-rounds, no replay."""
@@ -251,11 +286,13 @@ class Recovery:
         """Enter a new epoch running ``new`` from ``version`` (:func:`.reconfiguration.reconfigure`); the bytes
         that crossed a link. The new plan's backups are filled before the next sync-round."""
         self.epoch += 1
+        global_copy = self.copies.global_copy if self.copies is not None else (-1, {})  # tuning: every layer held
         moved = reconfigure(self.control, self.layout, new, version, holders, epoch=self.epoch,
-                            global_copy=self.copies.global_copy, reference=self.reference,
+                            global_copy=global_copy, reference=self.reference,
                             referenced=self.referenced, optimization=self.optimization, heavy=heavy,
                             recovery=recovery)
-        self.copies.plan_changed()
+        if self.copies is not None:
+            self.copies.plan_changed()
         return moved
 
     # -- outcome -------------------------------------------------------------------------

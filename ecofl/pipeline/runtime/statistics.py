@@ -46,6 +46,8 @@ class PipelineResult:
     # asynchronous 1F1B, per device: (micro-batch, the weight version its forward and backward used,
     # the stage's version at its backward): the staleness of every update
     weight_versions: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+    # the re-tune on the pipeline's own speeds (TuningDecision.to_dict, with its seconds and bytes moved); None: none
+    tuning: dict | None = None
 
     @property
     def throughput(self) -> float:
@@ -74,7 +76,7 @@ def _mean_by_job(rounds: list[dict[str, float]]) -> dict[str, float]:
 def pipeline_result(
     weights: Weights, batch_size: int, num_stages: int, rounds: list[dict[int, dict[str, Any]]],
     round_s: list[float], origin: float, events: tuple[dict, ...] = (), lost_rounds: int = 0,
-    round_epochs: tuple[int, ...] = (),
+    round_epochs: tuple[int, ...] = (), tuning: dict | None = None,
 ) -> PipelineResult:
     """Reduce per-round worker reports (``rounds[r][device]``, each with its ``stage``) into a result.
 
@@ -145,6 +147,7 @@ def pipeline_result(
         lost_rounds=lost_rounds,
         round_epochs=tuple(round_epochs),
         weight_versions={d: tuple(v) for d, v in versions.items() if v},
+        tuning=tuning,
     )
 
 

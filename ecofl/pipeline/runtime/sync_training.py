@@ -23,9 +23,11 @@ from ecofl.accelerator import host_array
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.control_messages import Collect, Config, Done, Ok, Replicate, TrainPass, Setup, StageWeights
 from ecofl.pipeline.runtime.control_plane import ControlPlane
+from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.errors import DevicesLost
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.layout import PipelineLayout
+from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.recovery import Recovery
 from ecofl.pipeline.runtime.stage import Optimization
 from ecofl.pipeline.runtime.statistics import PipelineResult, pipeline_result
@@ -74,11 +76,14 @@ def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTo
                       config: Callable[[int], Config],
                       start: State, ref: State, x: torch.Tensor, y: torch.Tensor, sync_rounds: int,
                       optimization: Optimization, progress: Callable[[int, float], None] | None,
-                      inject: Sequence[Injection]) -> PipelineResult:
+                      inject: Sequence[Injection], tuning: Tuning | None = None,
+                      emulation: Emulation = Emulation.NONE) -> PipelineResult:
     """Sync-rounds 0 .. sync_rounds - 1, then the weights; a device lost at any moment of it (setting up, a
     round, replication, the global copy, a re-plan, collecting) is recovered from, and the rounds since the
-    version restored are replayed."""
-    recovery = Recovery(control, layout, ft, config, start, ref if optimization.mu > 0 else {}, inject, optimization)
+    version restored are replayed. ``tuning`` re-tunes the plan once on the speeds of its first rounds
+    (:mod:`.pipeline_tuning`, predicted in ``emulation``)."""
+    recovery = Recovery(control, layout, ft, config, start, ref if optimization.mu > 0 else {}, inject, optimization,
+                        tuning, emulation, sync_rounds)
     try:
         set_up_stages(control, layout, start, ref, optimization)
         recovery.stages_set_up()
@@ -116,6 +121,7 @@ def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTo
         weights, plan.batch_size, len(plan.stages), [rounds[i] for i in ordered],
         [round_s[i] for i in ordered], origin, tuple(e.to_dict() for e in recovery.finish()),
         recovery.lost_rounds, tuple(epochs[i] for i in ordered),
+        recovery.tuned,
     )
 
 

@@ -96,9 +96,7 @@ class Worker:
                  baseline_rss: int | None = None):
         self.channel, self.secret, self.listener = WorkerChannel(sock), secret, listener
         self.baseline_rss = baseline_rss  # the process's resident set before any model was built
-        self.device = device
-        self.timeout_s = config.timeout_s
-        self.keeps_snapshots = config.snapshots
+        self.device, self.timeout_s, self.keeps_snapshots = device, config.timeout_s, config.snapshots
         torch.set_num_threads(worker_threads())  # one, or a confined device's whole cores
         self.model, self.layers = spec_from_json(config.model).build()
         self.accelerator = resolve_device(config.accelerator, f"device {device}: accelerator")  # after the fork
@@ -156,10 +154,10 @@ class Worker:
         reference = [self.reference[k] for k in self.parameter_keys] if self.settings.mu else []
         self.executor.configure(self.settings, reference, [momentum.get(k) for k in self.parameter_keys])
 
-    def _commit(self, version: int) -> None:
-        """The live tensors are the committed state of ``version``: keep a copy of my stage at it (fault tolerance)."""
+    def _commit(self, version: int, snapshot: bool = False) -> None:
+        """The live tensors are committed at ``version``: keep a copy of my stage (fault tolerance, or ``snapshot``)."""
         self.version, self.clean = version, True
-        if self.keeps_snapshots and self.executor is not None:
+        if (self.keeps_snapshots or snapshot) and self.executor is not None:
             self.state.hold(version, self.state.capture(self.stage_layers, self._momentum(), self._with_momentum()))
 
     def _require_clean(self, what: str) -> None:
@@ -301,6 +299,8 @@ class Worker:
         if request.recovery:
             self.traps.reached("recover")
         version = request.restore
+        if not self.keeps_snapshots and self.clean and version == self.version:  # a re-tune without fault
+            self._commit(version, snapshot=True)  # tolerance keeps no copies: migrate from my live state
         if self.settings is None:  # a device that joined a running pipeline
             self.settings = request.optimization
         self.clean = False

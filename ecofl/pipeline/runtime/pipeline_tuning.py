@@ -1,0 +1,157 @@
+"""Re-planning on what the pipeline itself measured: one re-tune after the first sync-rounds.
+
+A confined device times its stage alone before planning
+(:mod:`.calibration`); in the pipeline the same operations run in another
+pattern (they wake when micro-batches arrive, stages contend for the host's
+cores), and on this machine a device's compute there differed from its
+calibration by up to a third (docs/pipeline.md, "Confined devices"). So a
+plan balanced on the calibration is not balanced on the speeds the devices
+really run at. FTPipeHD §III-D re-estimates each worker's capacity from the
+layers it runs during training and re-partitions; a :class:`Tuning` does that
+once, early, for every device:
+
+1. **Speeds from the pipeline.** Over the sync-rounds after the first
+   (warm-up), each device's forward and backward seconds a round are set
+   against the cost model's for the same plan: its layers plus the runtime's
+   per-operation and per-byte work, all at its speed (:mod:`.prediction`).
+   C_d = measured / modelled and the device's speed becomes speed_d / C_d
+   (FTPipeHD eqs. 1-3), so the model's passes for each device equal what it
+   measured.
+2. **Candidate plans.** The planner plans again at those speeds, once for
+   every micro-batch size it may choose, and each candidate is predicted
+   with the runtime's overheads (the planner's own search leaves them out).
+3. **Decide.** The fastest candidate replaces the current plan when, at the
+   same speeds, it is predicted faster by more than ``margin`` (the model's
+   own uncertainty) and the time it saves over the rounds left exceeds its
+   predicted migration (each device pair's layer bytes over its link).
+
+Everything here is plain data: :func:`decide` takes what the workers reported
+and returns a :class:`TuningDecision`; :mod:`.recovery` carries it out
+between sync-rounds, with no replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from ecofl.devices import HomePool
+from ecofl.errors import UserError
+from ecofl.pipeline.cost import SyncRoundCost
+from ecofl.pipeline.migration import GLOBAL_COPY, Holders, moves_from_holders
+from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.planners.memory import micro_batch_candidates
+from ecofl.pipeline.profile import ModelProfile
+from ecofl.pipeline.replan import full_replan, with_speeds
+from ecofl.pipeline.runtime.control_messages import Done
+from ecofl.pipeline.runtime.emulation import Emulation
+from ecofl.pipeline.runtime.prediction import predict_sync_round
+from ecofl.pipeline.runtime.tuning_settings import Tuning
+from ecofl.pipeline.schedule import PASSES, ActionKind
+
+
+@dataclass(frozen=True)
+class TuningDecision:
+    """What a re-tune found and chose (seconds are predictions at the pipeline's speeds)."""
+
+    after_round: int  # the last sync-round measured
+    calibrated_speeds: dict[int, float]  # what the plan was made on
+    speeds: dict[int, float]  # re-estimated from the pipeline's own operations
+    current_s: float  # the current plan's sync-round
+    best_s: float  # the fastest candidate's
+    migration_s: float  # the fastest candidate's layer moves
+    rounds_left: int
+    plan: Plan  # the plan to run from now on (the current one when not switched)
+    switched: bool
+
+    def to_dict(self) -> dict:
+        stages = [{"layers": list(s.layers), "devices": list(s.devices), "shares": list(s.shares)}
+                  for s in self.plan.stages]
+        return {"after_round": self.after_round, "calibrated_speeds": _keyed(self.calibrated_speeds),
+                "speeds": _keyed(self.speeds), "current_sync_round_s": self.current_s,
+                "best_sync_round_s": self.best_s, "migration_s": self.migration_s, "rounds_left": self.rounds_left,
+                "switched": self.switched, "micro_batch": self.plan.micro_batch,
+                "num_micro_batches": self.plan.num_micro_batches, "stages": stages}
+
+
+def _keyed(speeds: Mapping[int, float]) -> dict[str, float]:
+    return {str(d): float(v) for d, v in sorted(speeds.items())}
+
+
+def measured_pass_s(rounds: Sequence[Mapping[int, Done]]) -> dict[int, float]:
+    """Each device's forward and backward seconds per sync-round, the mean over ``rounds`` (workers' replies)."""
+    totals: dict[int, float] = {}
+    for replies in rounds:
+        for device, reply in replies.items():
+            seconds = sum(end - start for kind, _, start, end in reply.events if ActionKind.from_str(kind) in PASSES)
+            totals[device] = totals.get(device, 0.0) + seconds
+    return {d: total / len(rounds) for d, total in totals.items()}
+
+
+def modelled_pass_s(cost: SyncRoundCost) -> dict[int, float]:
+    """Each device's forward and backward seconds in the cost model's sync-round."""
+    totals: dict[int, float] = {}
+    for event in cost.timeline:
+        if event.kind in PASSES:
+            totals[event.device] = totals.get(event.device, 0.0) + event.end - event.start
+    return totals
+
+
+def pipeline_speeds(plan: Plan, profile: ModelProfile, pool: HomePool, emulation: Emulation,
+                    measured: Mapping[int, float], cache_dir: str | None = None) -> dict[int, float]:
+    """Every device's speed with those that computed in ``plan`` re-estimated from ``measured`` (pass seconds a
+    round): speed / C, C = measured / modelled (FTPipeHD eqs. 1-3, the model with the runtime's overheads)."""
+    modelled = modelled_pass_s(predict_sync_round(plan, profile, pool, emulation, cache_dir=cache_dir))
+    speeds = {d: spec.speed for d, spec in enumerate(pool.devices)}
+    for device, seconds in measured.items():
+        if seconds > 0 and modelled.get(device, 0.0) > 0:
+            speeds[device] = pool.devices[device].speed * modelled[device] / seconds
+    return speeds
+
+
+def migration_s(new: Plan, holders: Holders, profile: ModelProfile, pool: HomePool) -> float:
+    """Seconds the layer moves into ``new`` take: device pairs move in parallel, each its bytes over its link."""
+    pairs: dict[tuple[int, int], int] = {}
+    for move in moves_from_holders(new, holders, profile):
+        if move.source not in (move.target, GLOBAL_COPY):
+            pairs[move.source, move.target] = pairs.get((move.source, move.target), 0) + move.nbytes
+    return max((nbytes / float(pool.bandwidth_bps[pair]) for pair, nbytes in pairs.items()), default=0.0)
+
+
+def candidate_plans(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool,
+                    alive: Collection[int]) -> list[Plan]:
+    """The planner's plans at ``pool``'s speeds for each micro-batch size it may choose (or the one fixed), on
+    the ``alive`` devices, in the current plan's schedule."""
+    planner = tuning.planner or plan.planner
+    sizes = [tuning.micro_batch] if tuning.micro_batch else micro_batch_candidates(plan.batch_size, len(alive))
+    plans = []
+    for size in sizes:
+        try:
+            new = full_replan(planner, profile, pool, alive, plan.batch_size, micro_batch=size)
+        except UserError:  # this size does not fit the devices' memory
+            continue
+        plans.append(dataclasses.replace(new, schedule=plan.schedule))
+    return plans
+
+
+def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, emulation: Emulation,
+           rounds: Sequence[Mapping[int, Done]], after_round: int, holders: Holders, alive: Collection[int],
+           rounds_left: int, cache_dir: str | None = None) -> TuningDecision:
+    """Re-estimate the speeds from ``rounds`` (the workers' replies of the measured ones, warm-up excluded;
+    the last is sync-round ``after_round``), re-plan, and choose (see the module docstring). ``pool`` carries
+    the speeds ``plan`` was made on; ``holders``: who holds each layer."""
+    speeds = pipeline_speeds(plan, profile, pool, emulation, measured_pass_s(rounds), cache_dir)
+    tuned = with_speeds(pool, speeds)
+
+    def predicted(candidate: Plan) -> float:
+        return predict_sync_round(candidate, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
+
+    current_s = predicted(plan)
+    scored = [(predicted(c), c) for c in candidate_plans(tuning, plan, profile, tuned, alive) if c != plan]
+    best_s, best = min(scored, key=lambda pair: pair[0], default=(current_s, plan))
+    moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
+    switched = best_s < (1 - tuning.margin) * current_s and (current_s - best_s) * rounds_left > moving_s
+    return TuningDecision(after_round=after_round, calibrated_speeds={d: s.speed for d, s in enumerate(pool.devices)},
+                          speeds=speeds, current_s=current_s, best_s=best_s, migration_s=moving_s,
+                          rounds_left=rounds_left, plan=best if switched else plan, switched=switched)

@@ -1,0 +1,103 @@
+"""Re-tuning a plan on the speeds the pipeline itself shows (FTPipeHD §III-D's re-partitioning, once, early).
+
+The decision is plain data, checked here on made-up worker replies; then a
+live pipeline (devices sleeping to the cost model) started on a lopsided
+plan moves to the planner's balanced one after its second sync-round, and
+its weights stay exactly one process's, momentum included, without fault
+tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ecofl.devices import DeviceSpec, HomePool
+from ecofl.errors import UserError
+from ecofl.pipeline.cost import simulate
+from ecofl.pipeline.plan import Plan, StagePlan
+from ecofl.pipeline.runtime import HomePipeline
+from ecofl.pipeline.runtime.control_messages import Done
+from ecofl.pipeline.runtime.emulation import Emulation
+from ecofl.pipeline.runtime.pipeline_tuning import decide, measured_pass_s, modelled_pass_s
+from ecofl.pipeline.runtime.tuning_settings import Tuning
+from ecofl.pipeline.schedule import PASSES
+from pipeline_kit import PROFILE, WITHOUT_BATCH_NORM, assert_gone, assert_same, data, single_process
+
+pytestmark = pytest.mark.timeout(240)
+
+QUICK = dataclasses.replace(PROFILE, forward_s=PROFILE.forward_s / 4, backward_s=PROFILE.backward_s / 4)
+HOSTS = HomePool("test", (DeviceSpec("host", 1.0, 1 << 30, 1e9),) * 3)
+LOPSIDED = Plan("hand", (StagePlan((0, 0), (0,), (4,), 5), StagePlan((1, 1), (1,), (4,), 3),
+                         StagePlan((2, 4), (2,), (4,), 1)), micro_batch=4, num_micro_batches=6)
+HOLDERS = {layer: [stage.devices[0]] for stage in LOPSIDED.stages for layer in range(stage.layers[0],
+                                                                                      stage.layers[1] + 1)}
+
+
+def replies_as_modelled(plan: Plan, pool: HomePool, slower: dict[int, float]) -> dict[int, Done]:
+    """The workers' replies of a round that ran as the cost model says, device d's passes ``slower[d]`` x longer."""
+    events: dict[int, list] = {d: [] for stage in plan.stages for d in stage.devices}
+    for event in simulate(plan, QUICK, pool).timeline:
+        if event.kind in PASSES:
+            length = (event.end - event.start) * slower.get(event.device, 1.0)
+            events[event.device].append((str(event.kind), event.micro_batch, event.start, event.start + length))
+    return {d: Done(e, 0.0, 0, 0, 0, None, None, []) for d, e in events.items()}
+
+
+def test_a_device_slower_in_the_pipeline_than_calibrated_gets_its_speed_divided_by_the_ratio():
+    rounds = [replies_as_modelled(LOPSIDED, HOSTS, {2: 2.0})] * 2
+    assert measured_pass_s(rounds)[2] == pytest.approx(2 * modelled_pass_s(simulate(LOPSIDED, QUICK, HOSTS))[2])
+    decision = decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, HOSTS, Emulation.SLEEP, rounds, 1, HOLDERS,
+                      {0, 1, 2}, rounds_left=10)
+    assert decision.speeds[2] == pytest.approx(0.5) and decision.speeds[0] == pytest.approx(1.0)
+    assert decision.calibrated_speeds == {0: 1.0, 1: 1.0, 2: 1.0}
+    # at the speeds found, the last stage (layers 2-4 on the half-speed device) is the bottleneck: a re-plan
+    # that takes layers off it is predicted faster, and the decision's plan is it
+    assert decision.switched and decision.best_s < decision.current_s
+    last = next(s for s in decision.plan.stages if 2 in s.devices)
+    assert last.layers[1] - last.layers[0] < 2
+
+
+def test_the_plan_is_kept_when_the_gain_is_within_the_margin_or_does_not_pay_for_the_migration():
+    rounds = [replies_as_modelled(LOPSIDED, HOSTS, {})]
+    close = decide(Tuning(planner="ecofl", margin=0.9), LOPSIDED, QUICK, HOSTS, Emulation.SLEEP, rounds, 1,
+                   HOLDERS, {0, 1, 2}, rounds_left=10)
+    assert not close.switched and close.plan is LOPSIDED and close.best_s < close.current_s
+    slow_links = HomePool("slow links", (DeviceSpec("host", 1.0, 1 << 30, 1e3),) * 3)
+    costly = decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, slow_links, Emulation.SLEEP,
+                    [replies_as_modelled(LOPSIDED, slow_links, {})], 1, HOLDERS, {0, 1, 2}, rounds_left=1)
+    assert not costly.switched and costly.migration_s > costly.current_s - costly.best_s > 0
+    assert not decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, HOSTS, Emulation.SLEEP, rounds, 1, HOLDERS,
+                      {0, 1, 2}, rounds_left=0).switched
+
+
+def test_tuning_settings_are_checked():
+    for bad in ({"after_rounds": 1}, {"margin": -0.1}, {"margin": 1.0}):
+        with pytest.raises(UserError):
+            Tuning(**bad)
+
+
+def test_a_lopsided_plan_is_re_tuned_after_its_second_round_and_training_stays_exact():
+    x, y = data()
+    with HomePipeline(WITHOUT_BATCH_NORM, HOSTS, LOPSIDED, profile=QUICK, emulate="sleep", timeout_s=60,
+                      tuning=Tuning(planner="ecofl")) as home:
+        pids = list(home.worker_pids.values())
+        start = home.weights
+        result = home.train(None, x, y, 6, lr=0.1, momentum=0.9)
+        final_plan = home.plan
+    assert_gone(pids)
+    assert_same(single_process(WITHOUT_BATCH_NORM, start, x, y, LOPSIDED, 6, lr=0.1, momentum=0.9), result.weights)
+    assert result.tuning["switched"] and result.tuning["after_round"] == 1
+    assert final_plan != LOPSIDED and result.round_epochs == (0, 0, 1, 1, 1, 1)
+    assert result.tuning["best_sync_round_s"] < result.tuning["current_sync_round_s"]
+    assert result.tuning["bytes_moved"] > 0 and result.tuning["seconds"] > 0
+
+
+def test_an_asynchronous_pass_refuses_tuning():
+    x, y = data()
+    plan = dataclasses.replace(LOPSIDED, schedule="async-1f1b")
+    with HomePipeline(WITHOUT_BATCH_NORM, HOSTS, plan, profile=QUICK, emulate="none", timeout_s=60,
+                      tuning=Tuning()) as home:
+        with pytest.raises(ValueError, match="re-tune"):
+            home.train(None, x, y, 2, lr=0.1)
