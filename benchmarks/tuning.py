@@ -79,40 +79,18 @@ def speeds_line(tuning: dict) -> str:
     return ", ".join(f"{d}: {v / tuning['calibrated_speeds'][d]:.2f}" for d, v in tuning["speeds"].items())
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=int, default=2, help="tuned runs per pool, each after a plain one")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--tune-after", type=int, default=2)
-    parser.add_argument("--pools", nargs="+", default=["ecofl-3stage", "mixed-rpi"])
-    args = parser.parse_args()
-    runs = []
-    with tempfile.TemporaryDirectory() as work:
-        for pool in args.pools:
-            calibration = Path(work) / f"{pool}.json"
-            order = [None, args.tune_after] * args.pairs + [None]
-            for i, tune in enumerate(order):
-                print(f"{pool}: run {i + 1} of {len(order)}{' (tuned)' if tune else ''} ...", flush=True)
-                runs.append(train(pool, args.rounds, calibration, tune))
-                print(json.dumps(runs[-1]), flush=True)
-    t = args.tune_after
+def gains_of(runs: list[dict], pools: list[str], t: int) -> dict[str, list[float]]:
+    """Per pool, each tuned run's rounds from ``t`` on against the mean of the plain runs either side."""
     gains = {}
-    for pool in args.pools:
+    for pool in pools:
         mine = [r for r in runs if r["pool"] == pool]
-        # each tuned run against the plain runs either side, over the same rounds
         gains[pool] = [after(mine[i], t) / ((after(mine[i - 1], t) + after(mine[i + 1], t)) / 2) - 1
                        for i in range(1, len(mine) - 1, 2)]
-    result = {
-        "command": f"python benchmarks/tuning.py --pairs {args.pairs} --rounds {args.rounds} --tune-after {t} "
-                   f"--pools {' '.join(args.pools)}",
-        "runs_of": "ecofl " + " ".join(COMMAND) + f" --pool POOL --rounds {args.rounds} --calibration FILE "
-                   f"[--tune-after {t}]",
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "measured_at": time.strftime("%Y-%m-%d %H:%M"),
-        "runs": runs,
-        "tuned_against_plain": gains,
-    }
-    (ROOT / "benchmarks" / "results" / "tuning.json").write_text(json.dumps(result, indent=2) + "\n")
+    return gains
+
+
+def markdown(result: dict) -> str:
+    t, runs = result["tune_after"], result["runs"]
     lines = [
         f"Measured with `{result['command']}` on {result['machine']}, {result['measured_at']}: each run is "
         f"`{result['runs_of']}`, every run of a pool on one calibration (its first run measures it). `rounds "
@@ -124,7 +102,7 @@ def main() -> int:
         "speeds in the pipeline | plan run from round T | re-tune s (MiB moved) | host reference s | load |",
         "|---|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
     ]
-    for pool in args.pools:
+    for pool in result["pools"]:
         for i, r in enumerate(x for x in runs if x["pool"] == pool):
             measured, tuned = after(r, t), r["tuning"]
             at_speeds = tuned_prediction(r)
@@ -133,16 +111,61 @@ def main() -> int:
                 f"{r['predicted_sync_round_s']:.2f} | {measured / r['predicted_sync_round_s'] - 1:+.1%} | "
                 + (f"{at_speeds:.2f} | {measured / at_speeds - 1:+.1%} | {speeds_line(tuned)} | "
                    if tuned else "- | - | - | ")
-                + f"{r['plan']} | "
+                + f"{r['plan'].replace('|', '/')} | "
                 + (f"{tuned['seconds']:.2f} ({tuned['bytes_moved'] / 2**20:.1f})" if tuned else "-")
                 + f" | {r['host_reference_s']:.3f} | {r['load_before']} |")
+    gains = result["tuned_against_plain"]
     lines += ["", "Tuned against the plain runs either side (rounds T+): "
               + "; ".join(f"{pool} {', '.join(f'{g:+.1%}' for g in g_list)}" for pool, g_list in gains.items()) + "."]
-    table = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=2, help="tuned runs per pool, each after a plain one")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--tune-after", type=int, default=2)
+    parser.add_argument("--pools", nargs="+", default=["ecofl-3stage", "mixed-rpi"])
+    parser.add_argument("--table-only", action="store_true",
+                        help="rewrite the docs table from benchmarks/results/tuning.json, measuring nothing")
+    args = parser.parse_args()
+    path = ROOT / "benchmarks" / "results" / "tuning.json"
+    if args.table_only:
+        result = json.loads(path.read_text())
+    else:
+        result = measure(args)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    table = markdown(result)
     if not replace_section(ROOT / "docs" / "pipeline.md", table, "tuning"):
         print("docs/pipeline.md has no tuning section: the table is not written there", file=sys.stderr)
     print(table)
     return 0
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Per pool, plain and tuned runs alternating on one calibration (see the module docstring)."""
+    runs = []
+    with tempfile.TemporaryDirectory() as work:
+        for pool in args.pools:
+            calibration = Path(work) / f"{pool}.json"
+            order = [None, args.tune_after] * args.pairs + [None]
+            for i, tune in enumerate(order):
+                print(f"{pool}: run {i + 1} of {len(order)}{' (tuned)' if tune else ''} ...", flush=True)
+                runs.append(train(pool, args.rounds, calibration, tune))
+                print(json.dumps(runs[-1]), flush=True)
+    t = args.tune_after
+    return {
+        "command": f"python benchmarks/tuning.py --pairs {args.pairs} --rounds {args.rounds} --tune-after {t} "
+                   f"--pools {' '.join(args.pools)}",
+        "runs_of": "ecofl " + " ".join(COMMAND) + f" --pool POOL --rounds {args.rounds} --calibration FILE "
+                   f"[--tune-after {t}]",
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "measured_at": time.strftime("%Y-%m-%d %H:%M"),
+        "tune_after": t,
+        "pools": args.pools,
+        "runs": runs,
+        "tuned_against_plain": gains_of(runs, args.pools, t),
+    }
 
 
 if __name__ == "__main__":
