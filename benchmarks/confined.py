@@ -12,8 +12,10 @@ inputs, 10 classes, synthetic data) and pool:
    (:mod:`ecofl.pipeline.runtime.calibration`): first of the whole model,
    then of the stage the plan on those speeds gives it (its layers at its
    share), until the plan's stages are ones its devices measured;
-3. the planner plans on the measured speeds, the cost model predicts the
-   sync-round, and the plan runs confined: one warm-up and ``--rounds``
+3. the planner plans on the measured speeds (of its plans at each
+   micro-batch size, the one the cost model predicts fastest with the
+   runtime's overheads, :func:`ecofl.pipeline.runtime.prediction.plan_as_run`,
+   as the CLI plans), the cost model predicts the sync-round, and the plan runs confined: one warm-up and ``--rounds``
    measured sync-rounds. **Planner error** = |predicted - measured| / measured
    (target: at most 10% on every row). **Pipeline efficiency** = measured
    throughput / the sum of every device's own training throughput of the
@@ -67,6 +69,7 @@ from ecofl.pipeline.runtime import ZooModel  # noqa: E402
 from ecofl.pipeline.runtime.calibration import (  # noqa: E402
     ConfinedPool, Workload, confine_pool, plan_on_measured_speeds)
 from ecofl.pipeline.runtime.host_overhead import operation_overhead_record  # noqa: E402
+from ecofl.pipeline.runtime.prediction import plan_as_run  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
 MODELS = ("mobilenet_v2", "efficientnet_b0")
@@ -91,7 +94,8 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     preset_plan = make_plan(planner, profile, presets, args.batch)
     print(f"{model} on {presets.name}: each device times the model in its cgroup ...", file=sys.stderr, flush=True)
     calibrated: dict[Workload, ConfinedPool] = {}
-    confined, plan = plan_on_measured_speeds(lambda devices: make_plan(planner, profile, devices, args.batch),
+    confined, plan = plan_on_measured_speeds(lambda devices: plan_as_run(planner, profile, devices, args.batch,
+                                                                         "cgroup", cache_dir),
                                              profile, presets,
                                              lambda work: confine_pool(spec, SHAPE, profile, presets, work), calibrated)
     whole = next(c for w, c in calibrated.items() if all(work.layers is None for _, work in w))

@@ -101,3 +101,25 @@ def test_an_asynchronous_pass_refuses_tuning():
                       tuning=Tuning()) as home:
         with pytest.raises(ValueError, match="re-tune"):
             home.train(None, x, y, 2, lr=0.1)
+
+
+def test_counting_the_runtimes_work_per_operation_a_plan_of_fewer_larger_micro_batches_is_chosen(monkeypatch):
+    """Up front as in the re-tune: of the planner's plans at each micro-batch size, the one predicted fastest with
+    the runtime's overheads (here 50 ms an operation) runs; devices that sleep to the model keep the planner's."""
+    from ecofl.pipeline.planners import make_plan
+    from ecofl.pipeline.runtime import prediction
+    from pipeline_kit import pool, synthetic_profile
+
+    monkeypatch.setattr(prediction, "runtime_overheads",
+                        lambda emulation, cache_dir=None: {"operation_overhead_s": 0.05, "byte_overhead_s": 0.0})
+    profile, hosts = synthetic_profile(6), pool(3)
+    default = make_plan("ecofl", profile, hosts, 24)
+    chosen = prediction.plan_as_run("ecofl", profile, hosts, 24, "cgroup")
+    assert chosen.micro_batch > default.micro_batch
+
+    def predicted(plan: Plan) -> float:
+        return prediction.predict_sync_round(plan, profile, hosts, "cgroup").sync_round_s
+
+    assert predicted(chosen) < predicted(default)
+    assert prediction.plan_as_run("ecofl", profile, hosts, 24, "sleep") == default
+    assert prediction.plan_as_run("ecofl", profile, hosts, 24, "cgroup", micro_batch=1).micro_batch == 1

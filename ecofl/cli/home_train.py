@@ -1,7 +1,8 @@
 """``ecofl home train``: train a model through a real (emulated) home pipeline.
 
-Profiles the model (cached), plans it on the pool (:mod:`ecofl.pipeline.planners`),
-predicts its sync-round (:func:`ecofl.pipeline.cost.simulate`), then runs it:
+Profiles the model (cached), plans it on the pool (:mod:`ecofl.pipeline.planners`; where devices
+compute for real, the planner's plan at the micro-batch size predicted fastest with the runtime's own
+overheads, :func:`ecofl.pipeline.runtime.prediction.plan_as_run`), predicts its sync-round (:func:`ecofl.pipeline.cost.simulate`), then runs it:
 one worker process per device on this machine, each emulating its device
 (:mod:`ecofl.pipeline.runtime.emulation`), for ``--rounds`` sync-rounds on the
 first samples of the dataset's training split. Prints per-stage utilisation
@@ -46,12 +47,12 @@ from ecofl.errors import UserError
 from ecofl.pipeline.cost import SyncRoundCost
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.planners import check_planner, make_plan
+from ecofl.pipeline.planners import check_planner
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.portal import HomePipeline
-from ecofl.pipeline.runtime.prediction import predict_sync_round
+from ecofl.pipeline.runtime.prediction import plan_as_run, predict_sync_round
 from ecofl.pipeline.runtime.calibration import ConfinedPool, confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.cli.emulation_option import chosen_emulation
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--calibration keeps a confined home's measurements: it needs --emulate cgroup, not {mode}")
     profile = profile_zoo_model(args.model, shape, data.num_classes, args.granularity, args.cache_dir)
     spec = ZooModel(args.model, shape, data.num_classes, args.granularity)
-    plan = _plan(args, profile, pool)
+    plan = _plan(args, profile, pool, mode)
     limits, calibration = None, {}
     if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
         confined, plan = _calibrate(args, spec, shape, profile, pool)
@@ -129,16 +130,16 @@ def _calibrate(args: argparse.Namespace, spec: ZooModel, shape: tuple, profile, 
     if not args.json:
         print(f"each device times {args.model} in its cgroup ...", file=sys.stderr, flush=True)
     confined, plan = plan_on_measured_speeds(
-        lambda devices: _plan(args, profile, devices), profile, presets,
+        lambda devices: _plan(args, profile, devices, Emulation.CGROUP), profile, presets,
         lambda work: confine_pool(spec, shape, profile, presets, work))
     if kept is not None:
         save_calibration(kept, settings, confined, plan)
     return confined, plan
 
 
-def _plan(args: argparse.Namespace, profile, pool) -> Plan:
+def _plan(args: argparse.Namespace, profile, pool, mode: Emulation) -> Plan:
     options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
-    plan = make_plan(args.planner, profile, pool, args.batch, **options)
+    plan = plan_as_run(args.planner, profile, pool, args.batch, mode, args.cache_dir, **options)
     if args.schedule is not None:
         try:
             plan = dataclasses.replace(plan, schedule=args.schedule)

@@ -36,6 +36,7 @@ from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners.baselines import plan_dp, plan_even
 from ecofl.pipeline.planners.ecofl import plan_ecofl
 from ecofl.pipeline.planners.hpp import plan_hpp
+from ecofl.pipeline.planners.memory import micro_batch_candidates
 from ecofl.pipeline.planners.pipeedge import plan_pipeedge
 from ecofl.pipeline.planners.tables import check_objective
 from ecofl.pipeline.profile import ModelProfile
@@ -85,3 +86,21 @@ def make_plan(
     if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1 or batch_size % micro_batch):
         raise UserError(f"micro-batch {micro_batch!r} must be a positive divisor of the batch size {batch_size}")
     return function(profile, pool, batch_size, objective=objective, **options)
+
+
+def plans_by_micro_batch(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int,
+                         **options: object) -> list[Plan]:
+    """``planner``'s plan at each micro-batch size it may choose (:func:`.memory.micro_batch_candidates`), for
+    a caller that compares them with costs the planner's own estimate leaves out (the runtime's per-operation
+    work, :func:`ecofl.pipeline.runtime.prediction.fastest_plan`); a size the devices' memory refuses is left
+    out (if every size is, the last refusal is raised)."""
+    plans, refused = [], None
+    for size in micro_batch_candidates(batch_size, len(pool)):
+        try:
+            plans.append(make_plan(planner, profile, pool, batch_size, micro_batch=size, **options))
+        except UserError as error:
+            refused = error
+    if not plans and refused is not None:
+        raise refused
+    return plans
+

@@ -46,7 +46,7 @@ from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import full_replan, with_speeds
 from ecofl.pipeline.runtime.control_messages import Done
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.prediction import predict_sync_round
+from ecofl.pipeline.runtime.prediction import fastest_plan, predict_sync_round
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.schedule import PASSES, ActionKind
 
@@ -143,13 +143,9 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     the speeds ``plan`` was made on; ``holders``: who holds each layer."""
     speeds = pipeline_speeds(plan, profile, pool, emulation, measured_pass_s(rounds), cache_dir)
     tuned = with_speeds(pool, speeds)
-
-    def predicted(candidate: Plan) -> float:
-        return predict_sync_round(candidate, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
-
-    current_s = predicted(plan)
-    scored = [(predicted(c), c) for c in candidate_plans(tuning, plan, profile, tuned, alive) if c != plan]
-    best_s, best = min(scored, key=lambda pair: pair[0], default=(current_s, plan))
+    current_s = predict_sync_round(plan, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
+    candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive) if c != plan]
+    best, best_s = fastest_plan(candidates, profile, tuned, emulation, cache_dir) if candidates else (plan, current_s)
     moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
     switched = best_s < (1 - tuning.margin) * current_s and (current_s - best_s) * rounds_left > moving_s
     return TuningDecision(after_round=after_round, calibrated_speeds={d: s.speed for d, s in enumerate(pool.devices)},
