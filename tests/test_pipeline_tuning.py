@@ -76,6 +76,8 @@ def test_tuning_settings_are_checked():
     for bad in ({"after_rounds": 1}, {"margin": -0.1}, {"margin": 1.0}):
         with pytest.raises(UserError):
             Tuning(**bad)
+    with pytest.raises(UserError, match="planner"):  # a hand-made plan names no planner to re-plan with
+        HomePipeline(WITHOUT_BATCH_NORM, HOSTS, LOPSIDED, profile=QUICK, emulate="sleep", tuning=Tuning())
 
 
 def test_a_lopsided_plan_is_re_tuned_after_its_second_round_and_training_stays_exact():
@@ -98,7 +100,7 @@ def test_an_asynchronous_pass_refuses_tuning():
     x, y = data()
     plan = dataclasses.replace(LOPSIDED, schedule="async-1f1b")
     with HomePipeline(WITHOUT_BATCH_NORM, HOSTS, plan, profile=QUICK, emulate="none", timeout_s=60,
-                      tuning=Tuning()) as home:
+                      tuning=Tuning(planner="ecofl")) as home:
         with pytest.raises(ValueError, match="re-tune"):
             home.train(None, x, y, 2, lr=0.1)
 

@@ -33,6 +33,7 @@ from ecofl.cgroups import DeviceLimits
 from ecofl.devices import HomePool
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.planners import check_planner
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.net.auth import new_secret
 from ecofl.pipeline.runtime.control_messages import Config, Entered
@@ -102,6 +103,8 @@ class HomePipeline:
     ):
         if (fault_tolerance is not None or tuning is not None) and profile is None:
             raise ValueError("fault tolerance and tuning re-plan from the model's profile: pass profile=")
+        if tuning is not None:
+            check_planner(tuning.planner or plan.planner)  # a hand-made plan's re-tune needs a planner named
         self.model, self.timeout_s, self.fault_tolerance, self.tuning = model, timeout_s, fault_tolerance, tuning
         self.invite, self.join_timeout_s = invite, join_timeout_s
         self.emulation = Emulation.parse(emulate)
