@@ -1,13 +1,13 @@
 """``ecofl home train``: train a model through a real (emulated) home pipeline.
 
 Profiles the model (cached), plans it on the pool (:mod:`ecofl.pipeline.planners`; where devices
-compute for real, the planner's plan at the micro-batch size predicted fastest with the runtime's own
-overheads, :func:`ecofl.pipeline.runtime.prediction.plan_as_run`), predicts its sync-round
-(:func:`ecofl.pipeline.cost.simulate`), then runs it: one worker process per device on this machine, each emulating its device
-(:mod:`ecofl.pipeline.runtime.emulation`), for ``--rounds`` sync-rounds on the
-first samples of the dataset's training split. Prints per-stage utilisation
-and memory, measured against predicted; ``--json`` prints one object;
-``--timeline FILE`` draws the measured timeline as a Gantt chart.
+compute for real, the planner's plan at the micro-batch size predicted fastest with the runtime's
+own overheads, :func:`ecofl.pipeline.runtime.prediction.plan_as_run`), predicts its sync-round
+(:func:`ecofl.pipeline.cost.simulate`), then runs it: one worker process per device on this machine,
+each emulating its device (:mod:`ecofl.pipeline.runtime.emulation`), for ``--rounds`` sync-rounds on
+the first samples of the dataset's training split. Prints per-stage utilisation and memory, measured
+against predicted; ``--json`` prints one object; ``--timeline FILE`` draws the measured timeline as
+a Gantt chart.
 
 ``--emulate cgroup`` (the default where cgroups are writable) confines each
 device's worker to its speed in cores and its memory budget; the devices
