@@ -181,6 +181,19 @@ class DeviceCgroup:
         except (OSError, ValueError, IndexError):
             return None
 
+    def throttling(self) -> dict[str, int | float]:
+        """CFS's record since the cgroup was made (``cpu.stat``): its periods, those it was throttled in, and the
+        seconds it was held throttled; {} where the kernel does not say."""
+        try:
+            fields = dict(line.split() for line in (self.cpu_dir / "cpu.stat").read_text().splitlines() if line.strip())
+        except OSError:
+            return {}
+        if "nr_periods" not in fields:
+            return {}
+        held = int(fields["throttled_usec"]) / 1e6 if "throttled_usec" in fields else int(fields["throttled_time"]) / 1e9
+        return {"cfs_periods": int(fields["nr_periods"]), "cfs_throttled_periods": int(fields["nr_throttled"]),
+                "cfs_throttled_s": held}
+
     def oom_kills(self) -> int:
         """How many processes the kernel killed in this cgroup for exceeding its memory limit."""
         path = self.memory_dir / ("memory.events" if self.hierarchy.version == 2 else "memory.oom_control")

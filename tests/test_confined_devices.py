@@ -129,6 +129,15 @@ def test_a_process_reads_the_quota_of_its_own_device_cgroup_and_none_elsewhere(t
     assert cgroups.own_device_cores(tmp_path, outside) is None
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_how_long_cfs_held_a_device_throttled_is_read_from_its_cpu_stat(tmp_path, version):
+    group = fake_tree(tmp_path, version).create("device1", DeviceLimits(0.2, 3 * GB))
+    assert group.throttling() == {}  # the kernel said nothing (yet)
+    held = "throttled_time 2500000000" if version == 1 else "usage_usec 9\nthrottled_usec 2500000"
+    (group.cpu_dir / "cpu.stat").write_text(f"nr_periods 400\nnr_throttled 120\n{held}\n")
+    assert group.throttling() == {"cfs_periods": 400, "cfs_throttled_periods": 120, "cfs_throttled_s": 2.5}
+
+
 def test_removing_a_cgroup_kills_a_process_that_joined_after_the_last_look(tmp_path, monkeypatch):
     """A worker forked into the cgroup as it is removed (a Ctrl-C in between) makes rmdir busy: kill it, retry."""
     group = fake_tree(tmp_path, 2).create("device1", DeviceLimits(0.2, 3 * GB))

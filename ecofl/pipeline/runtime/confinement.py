@@ -109,13 +109,15 @@ class Confinement:
         return group is not None and group.oom_kills() > 0
 
     def report(self, device: int) -> dict[str, float | int | str | None]:
-        """What ``device`` ran under: its quota (cores), memory limit and the cgroup's peak memory."""
+        """What ``device`` ran under: its quota (cores), memory limit and the cgroup's peak memory, and how often
+        CFS held it throttled since its worker started (:meth:`~ecofl.cgroups.DeviceCgroup.throttling`)."""
         group = self.groups.get(device)
         if group is None:
             return {}
         return {"cgroup": self.name, "cpu_quota": round(group.cores, 4),
                 "memory_budget_bytes": self.limits[device].memory_bytes,
-                "memory_limit_bytes": group.memory_limit_bytes, "cgroup_peak_bytes": group.peak_memory_bytes()}
+                "memory_limit_bytes": group.memory_limit_bytes, "cgroup_peak_bytes": group.peak_memory_bytes(),
+                **group.throttling()}
 
     def release(self, device: int) -> None:
         """Remove ``device``'s cgroup (killing what still runs in it)."""
