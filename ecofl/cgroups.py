@@ -190,7 +190,8 @@ class DeviceCgroup:
             return {}
         if "nr_periods" not in fields:
             return {}
-        held = int(fields["throttled_usec"]) / 1e6 if "throttled_usec" in fields else int(fields["throttled_time"]) / 1e9
+        v2 = "throttled_usec" in fields
+        held = int(fields["throttled_usec"]) / 1e6 if v2 else int(fields["throttled_time"]) / 1e9
         return {"cfs_periods": int(fields["nr_periods"]), "cfs_throttled_periods": int(fields["nr_throttled"]),
                 "cfs_throttled_s": held}
 
@@ -229,7 +230,7 @@ def find_hierarchy(root: Path = ROOT, self_cgroup: str | None = None) -> Hierarc
     """This machine's cgroup hierarchy with CPU and memory control, writable by us; else why not (a reason)."""
     if not root.is_dir():
         return f"no cgroup file system at {root}"
-    own = _own_cgroups(self_cgroup)
+    own = own_cgroups(self_cgroup)
     if (root / "cgroup.controllers").exists():  # v2 alone
         return _v2(root, own.get("", "/"))
     if {"cpu", "memory"} <= own.keys() and (root / "cpu").is_dir() and (root / "memory").is_dir():
@@ -261,8 +262,9 @@ def _v2(root: Path, own: str) -> Hierarchy | str:
     return Hierarchy(2, parent, parent)
 
 
-def _own_cgroups(text: str | None) -> dict[str, str]:
-    """Controller -> this process's cgroup path (v2's entry under the key "")."""
+def own_cgroups(text: str | None = None) -> dict[str, str]:
+    """Controller -> this process's cgroup path (v2's entry under the key ""), from ``text`` (default: its
+    ``/proc/self/cgroup``)."""
     if text is None:
         try:
             text = Path("/proc/self/cgroup").read_text()
@@ -321,47 +323,6 @@ def _rmdir(path: Path, deadline: float | None = None) -> None:
             if error.errno != errno.EBUSY or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
-
-
-def own_memory_limit_bytes(root: Path = ROOT) -> int | None:
-    """The memory limit of the cgroup this process runs in (None: unlimited, or no cgroup to read)."""
-    own = _own_cgroups(None)
-    candidates = [root / own.get("", "/").lstrip("/") / "memory.max"]
-    if "memory" in own:
-        candidates.insert(0, root / "memory" / own["memory"].lstrip("/") / "memory.limit_in_bytes")
-    for path in candidates:
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text != "max" and int(text) < 1 << 60:  # v1 writes "unlimited" as a number near 2**63
-            return int(text)
-    return None
-
-
-def own_device_cores(root: Path = ROOT, self_cgroup: str | None = None) -> float | None:
-    """The CPU quota in cores of the device cgroup this process runs in (one named ``ecofl-<pid>-<label>``);
-    None outside one, or where it has no quota."""
-    own = _own_cgroups(self_cgroup)
-    path = own.get("cpu", own.get(""))
-    if path is None or not Path(path).name.startswith(PREFIX):
-        return None
-    relative = path.lstrip("/")
-    if "cpu" in own:  # v1
-        files = [(root / "cpu" / relative / "cpu.cfs_quota_us", root / "cpu" / relative / "cpu.cfs_period_us")]
-    else:  # v2 alone, or a hybrid's unified tree
-        files = [(directory / "cpu.max", None) for directory in (root / relative, root / "unified" / relative)]
-    for quota_file, period_file in files:
-        try:
-            if period_file is None:
-                quota_text, period_text = quota_file.read_text().split()
-            else:
-                quota_text, period_text = quota_file.read_text(), period_file.read_text()
-        except OSError:
-            continue
-        quota = -1 if quota_text.strip() == "max" else int(quota_text)
-        return quota / int(period_text) if quota > 0 else None
-    return None
 
 
 def run_confined(command: list[str], label: str, limits: DeviceLimits) -> int:

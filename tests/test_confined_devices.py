@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ecofl import cgroups
+from ecofl import cgroups, own_cgroup
 from ecofl.cgroups import DeviceLimits, Hierarchy, cpu_bandwidth, find_hierarchy
 from ecofl.devices import GB, DeviceSpec, HomePool
 from ecofl.errors import UserError
@@ -122,11 +122,11 @@ def test_a_process_reads_the_quota_of_its_own_device_cgroup_and_none_elsewhere(t
     group = fake_tree(tmp_path, version).create("device1", DeviceLimits(0.2, 3 * GB))
     inside = (f"4:cpu,cpuacct:/me/{group.cpu_dir.name}\n5:memory:/me/{group.cpu_dir.name}\n" if version == 1
               else f"0::/{group.cpu_dir.name}\n")
-    assert cgroups.own_device_cores(tmp_path, inside) == pytest.approx(0.2)
+    assert own_cgroup.own_device_cores(tmp_path, inside) == pytest.approx(0.2)
     group.set_cores(0.05)  # a load spike: the device's own pace follows
-    assert cgroups.own_device_cores(tmp_path, inside) == pytest.approx(0.05)
+    assert own_cgroup.own_device_cores(tmp_path, inside) == pytest.approx(0.05)
     outside = "4:cpu,cpuacct:/me\n5:memory:/me\n" if version == 1 else "0::/user.slice\n"
-    assert cgroups.own_device_cores(tmp_path, outside) is None
+    assert own_cgroup.own_device_cores(tmp_path, outside) is None
 
 
 @pytest.mark.parametrize("version", [1, 2])

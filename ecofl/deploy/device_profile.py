@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ecofl.cgroups import own_memory_limit_bytes
+from ecofl.own_cgroup import own_memory_limit_bytes
 from ecofl.deploy.service_messages import Register
 from ecofl.devices import MBPS, DeviceSpec, preset
 from ecofl.errors import UserError

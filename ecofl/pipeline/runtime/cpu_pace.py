@@ -19,7 +19,7 @@ threads too); the pace only takes away the burst. A device of two cores or
 more computes on as many torch threads, whose CPU time the calling thread's
 clock does not hold: its pace is a lower bound the kernel's quota already
 keeps. The cores are the cgroup's quota, read from the kernel
-(:func:`ecofl.cgroups.own_device_cores`) at each sync-round: a load spike that cuts the quota slows every operation,
+(:func:`ecofl.own_cgroup.own_device_cores`) at each sync-round: a load spike that cuts the quota slows every operation,
 as it would on a real device, and the runtime learns of it only from the
 times it measures. Outside a device cgroup (host speed, sleep emulation, a
 real device) there is no pace.
@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ecofl.cgroups import own_device_cores
+from ecofl.own_cgroup import own_device_cores
 from ecofl.pipeline.runtime.emulation import dilate
 
 
