@@ -103,4 +103,3 @@ def plans_by_micro_batch(planner: str, profile: ModelProfile, pool: HomePool, ba
     if not plans and refused is not None:
         raise refused
     return plans
-

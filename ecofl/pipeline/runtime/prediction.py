@@ -63,4 +63,3 @@ def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size:
         return make_plan(planner, profile, pool, batch_size, **options)
     plans = plans_by_micro_batch(planner, profile, pool, batch_size, **options)
     return fastest_plan(plans, profile, pool, emulation, cache_dir)[0]
-

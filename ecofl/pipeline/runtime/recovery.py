@@ -1,6 +1,6 @@
 """Adapt and survive: the portal's loop of monitor -> decide -> re-plan -> migrate -> replay.
 
-One mechanism with two triggers (Eco-FL §4.4; Asteroid §3.4; FTPipeHD
+One mechanism with three triggers (Eco-FL §4.4; Asteroid §3.4; FTPipeHD
 §III-D to III-F):
 
 - **a device is gone** (:class:`~ecofl.pipeline.runtime.errors.DevicesLost`:
@@ -21,7 +21,7 @@ One mechanism with two triggers (Eco-FL §4.4; Asteroid §3.4; FTPipeHD
   sync-rounds; its speed is re-estimated (FTPipeHD eqs. 1-3) and the pipeline
   re-planned between sync-rounds, with no replay;
 - **the plan was made on speeds the pipeline does not run at** (a
-  :class:`~.pipeline_tuning.Tuning`, with or without fault tolerance): once,
+  :class:`~.tuning_settings.Tuning`, with or without fault tolerance): once,
   after its first sync-rounds, every device's speed is re-estimated from its
   own operations and the pipeline moves to a re-plan the cost model predicts
   faster (:mod:`.pipeline_tuning`), between sync-rounds, with no replay.
