@@ -136,8 +136,11 @@ def test_home_train_re_tunes_on_request_and_reports_what_it_found(tmp_path, caps
     assert code == 0
     out = capsys.readouterr().out
     assert "re-tuned after sync-round 1: speeds in the pipeline 0: " in out and "1 rounds left" in out
-    for bad, why in (("3", "leaves none of the 3 sync-rounds"), ("1", "after_rounds >= 2")):
+    for bad, why in ((["--tune-after", "3"], "leaves none of the 3 sync-rounds"),
+                     (["--tune-after", "1"], "after_rounds >= 2"),
+                     (["--tune-after", "2", "--schedule", "async-1f1b"], "no sync-rounds to re-tune"),
+                     (["--fault-tolerance", "--schedule", "async-1f1b"], "no sync-rounds to replay")):
         assert main(["home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",
-                     "--rounds", "3", "--tune-after", bad, "--emulate", "sleep"]) == 2
+                     "--rounds", "3", "--emulate", "sleep", "--cache-dir", str(tmp_path), *bad]) == 2
         err = capsys.readouterr().err
         assert why in err and len(err.strip().splitlines()) == 1

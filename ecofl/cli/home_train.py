@@ -78,13 +78,17 @@ def run(args: argparse.Namespace) -> int:
     profile = profile_zoo_model(args.model, shape, data.num_classes, args.granularity, args.cache_dir)
     spec = ZooModel(args.model, shape, data.num_classes, args.granularity)
     plan = _plan(args, profile, pool, mode)
+    events = [Injection.parse(text) for text in args.inject]
+    try:  # before any device calibrates: async 1F1B has no sync-rounds to replay or re-tune between
+        mode_of(plan).check_training(fault_tolerance=bool(events or args.fault_tolerance), tuning=tuning is not None)
+    except ValueError as error:
+        raise UserError(str(error)) from None
     limits, calibration = None, {}
     if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
         confined, plan = _calibrate(args, spec, shape, profile, pool)
         pool, limits, calibration = confined.pool, confined.limits, confined.measured
     predicted = predict_sync_round(plan, profile, pool, mode, args.rounds, args.cache_dir)
     x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]
-    events = [Injection.parse(text) for text in args.inject]
     tolerance = None
     if events or args.fault_tolerance:
         tolerance = FaultTolerance(replan=args.replan, replicate_every=args.replicate_every,
