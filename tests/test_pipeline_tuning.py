@@ -125,3 +125,20 @@ def test_counting_the_runtimes_work_per_operation_a_plan_of_fewer_larger_micro_b
     assert predicted(chosen) < predicted(default)
     assert prediction.plan_as_run("ecofl", profile, hosts, 24, "sleep") == default
     assert prediction.plan_as_run("ecofl", profile, hosts, 24, "cgroup", micro_batch=1).micro_batch == 1
+
+
+def test_a_re_tuned_pipeline_with_fault_tolerance_survives_a_later_kill_exactly():
+    """The re-tune's new plan gets its backups like any re-plan's: a device killed after the move is restored
+    from them, and the weights are still one process's."""
+    from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
+    from pipeline_kit import FAST_HEARTBEAT
+
+    x, y = data()
+    with HomePipeline(WITHOUT_BATCH_NORM, HOSTS, LOPSIDED, profile=QUICK, emulate="sleep", timeout_s=60,
+                      fault_tolerance=FaultTolerance(heartbeat=FAST_HEARTBEAT), tuning=Tuning(planner="ecofl")) as home:
+        start = home.weights
+        result = home.train(None, x, y, 7, lr=0.1, momentum=0.9, inject=[Injection.parse("kill:2@5")])
+    assert_same(single_process(WITHOUT_BATCH_NORM, start, x, y, LOPSIDED, 7, lr=0.1, momentum=0.9), result.weights)
+    assert result.tuning["switched"] and result.rounds_completed == 7
+    [event] = result.events
+    assert event["kind"] == "kill" and event["device"] == 2
