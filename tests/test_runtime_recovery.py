@@ -19,7 +19,7 @@ from ecofl.pipeline.runtime import HomePipeline
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.schedule import ScheduleError
 from pipeline_kit import (FAST_HEARTBEAT, PROFILE, THREE_STAGES, WITHOUT_BATCH_NORM, assert_same, data, pool,
-                          single_process, train_exactly)
+                          single_process, synthetic_profile, train_exactly)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -126,3 +126,26 @@ def test_a_device_that_joins_between_rounds_takes_layers_and_the_result_is_exact
     assert 2 in {d for stage in final_plan.stages for d in stage.devices}
     [event] = result.events
     assert event["kind"] == "join" and event["replan"] == "full" and event["bytes_moved"] > 0
+
+
+def test_the_global_copy_and_the_final_weights_reach_the_portal_at_the_links_rate():
+    """A stage's weights (and momentum, for the global copy) travel to the portal over its device's emulated link,
+    between sync-rounds: with a wide last layer (272 kB with momentum) on a 100 kB/s link, two global copies and
+    the final collection take over 6.8 s outside the rounds (unpaced, they took a fraction of a second)."""
+    import time
+
+    from ecofl.pipeline.runtime import LayerList
+
+    wide = LayerList((("Linear", {"in_features": 6, "out_features": 16}), ("ReLU", {}),
+                      ("Linear", {"in_features": 16, "out_features": 2000})))
+    plan = Plan("hand", (StagePlan((0, 1), (0,), (4,), 1), StagePlan((2, 2), (1,), (4,), 1)), 4, 1)
+    profile = synthetic_profile(3)
+    links = HomePool("slow links", (DeviceSpec("host", 1.0, 1 << 30, 1e5),) * 2)
+    x, y = data()
+    ft = FaultTolerance(heartbeat=FAST_HEARTBEAT, global_copy_every=1, replicate_every=0)
+    with HomePipeline(wide, links, plan, profile=profile, emulate="sleep", timeout_s=60, fault_tolerance=ft) as home:
+        started = time.monotonic()
+        result = home.train(None, x, y, 3, lr=0.1, momentum=0.9)
+        outside_rounds = time.monotonic() - started - sum(result.sync_round_s)
+    weights = (16 * 2000 + 2000) * 4
+    assert outside_rounds > (2 * 2 * weights + weights) / 1e5  # two copies with momentum, then the weights

@@ -95,6 +95,7 @@ class TrainPass:
 @message("collect")
 class Collect:
     momentum: bool = False
+    link_bps: float | None = None  # the worker's emulated link rate to the portal (None: not paced)
 
 
 @message("get_state")

@@ -62,9 +62,9 @@ class Copies:
         self.replica_version, self._carried = None, None
 
     def collect(self) -> dict[str, np.ndarray]:
-        """The whole model's state (weights and momentum) at the portal."""
+        """The whole model's state (weights and momentum) at the portal, each stage over its device's link."""
         for role in self.layout.roles:
-            self.control.send(role.device, Collect(self.momentum))
+            self.control.send(role.device, Collect(self.momentum, self.layout.link_rate(role.device)))
         state: dict[str, np.ndarray] = {}
         for _, arrays in self.control.gather_with_arrays(StageWeights).values():
             state.update({k: np.array(v) for k, v in arrays.items()})

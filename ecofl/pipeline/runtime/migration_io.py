@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from ecofl.net.links import AbortCheck, never_aborted
@@ -52,3 +53,10 @@ def pace(nbytes: int, rate_bps: float | None) -> None:
     """Take as long as ``nbytes`` need on an emulated link of ``rate_bps`` (no link: return at once)."""
     if rate_bps:
         TokenBucket(rate_bps, burst_bytes=0).consume(nbytes)
+
+
+def paced(arrays: dict[str, np.ndarray], rate_bps: float | None) -> dict[str, np.ndarray]:
+    """``arrays``, once their bytes have taken their time on an emulated link of ``rate_bps`` (a worker's reply
+    to the portal: its stage for the global copy or a heavy re-schedule)."""
+    pace(sum(a.nbytes for a in arrays.values()), rate_bps)
+    return arrays

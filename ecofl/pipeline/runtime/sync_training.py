@@ -49,9 +49,9 @@ def set_up_stages(control: ControlPlane, layout: PipelineLayout, start: State, r
 
 
 def collect_weights(control: ControlPlane, layout: PipelineLayout) -> Weights:
-    """The trained model, stage by stage, in state_dict order."""
+    """The trained model, stage by stage (each over its device's link), in state_dict order."""
     for role in layout.roles:
-        control.send(role.device, Collect())
+        control.send(role.device, Collect(link_bps=layout.link_rate(role.device)))
     collected: State = {}
     for _, arrays in control.gather_with_arrays(StageWeights).values():
         collected.update(arrays)

@@ -68,7 +68,7 @@ from ecofl.net.heartbeat import HeartbeatSender
 from ecofl.net.links import MIGRATION_TAG, PeerLost, RoundAborted
 from ecofl.net.mesh import DataListener, EpochMesh
 from ecofl.net.pacing import TokenBucket
-from ecofl.pipeline.runtime.migration_io import exchange_layer_states, pace
+from ecofl.pipeline.runtime.migration_io import exchange_layer_states, paced
 from ecofl.pipeline.runtime.model_spec import spec_from_json, stage_module
 from ecofl.pipeline.runtime.process_memory import peak_rss_bytes, reset_peak
 from ecofl.pipeline.runtime.replica import ReplicaExchange
@@ -279,12 +279,12 @@ class Worker:
         self.channel.reply(Inferred(stats.events, stats.peak_held, peak_rss_bytes(), self.baseline_rss), outputs)
 
     def _collect(self, request: Collect, _arrays: Arrays) -> None:
-        """My stage's live weights (+ momentum), from the first replica of a stage only."""
+        """My stage's live weights (+ momentum), from the first replica of a stage only, paced at my link."""
         self.traps.reached("global-copy")
         self._require_clean("send my weights")
-        first_replica = self.role is not None and self.role.rank == self.role.replicas[0]
-        state = self.state.capture(self.stage_layers, self._momentum(), request.momentum) if first_replica else {}
-        self.channel.reply(StageWeights(self.version), as_arrays(state))
+        first = self.role is not None and self.role.rank == self.role.replicas[0]  # a stage's first replica
+        arrays = as_arrays(self.state.capture(self.stage_layers, self._momentum(), request.momentum) if first else {})
+        self.channel.reply(StageWeights(self.version), paced(arrays, request.link_bps))
 
     def _reconfigure(self, request: Reconfigure, arrays: Arrays) -> None:
         """Enter a new epoch at committed version ``restore``: roll back, take the new role, migrate the layers.
@@ -330,8 +330,7 @@ class Worker:
     def _send_state(self, request: GetState, _arrays: Arrays) -> None:
         """Layers' committed state at a version, from my copies (heavy rescheduling's gather)."""
         arrays = as_arrays(self.state.layers_state(request.layers, request.version))
-        pace(sum(a.nbytes for a in arrays.values()), request.link_bps)
-        self.channel.reply(State(), arrays)
+        self.channel.reply(State(), paced(arrays, request.link_bps))
 
     def close(self) -> None:
         if self.mesh is not None:
