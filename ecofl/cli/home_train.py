@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--rounds and --batch must be positive, got {args.rounds} and {args.batch}")
     tuning = None
     if args.tune_after:
-        tuning = Tuning(after_rounds=args.tune_after, planner=args.planner, micro_batch=args.micro_batch)
+        tuning = Tuning(after_rounds=args.tune_after, planner=args.planner, micro_batch=args.micro_batch,
+                        cache_dir=args.cache_dir)
         if args.tune_after >= args.rounds:
             raise UserError(f"--tune-after {args.tune_after} leaves none of the {args.rounds} sync-rounds to the "
                             "re-tuned plan: train more --rounds")

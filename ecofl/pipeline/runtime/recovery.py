@@ -150,7 +150,7 @@ class Recovery:
         started = time.time()
         decision = decide(self.tuning, layout.plan, layout.profile, with_speeds(layout.pool, self.speeds),
                           self.emulation, self._measured[1:], r, self._plan_holders(), set(self.control.connections),
-                          self.sync_rounds - (r + 1))
+                          self.sync_rounds - (r + 1), self.tuning.cache_dir)
         self.speeds.update(decision.speeds)
         moved = self._reconfigure(decision.plan, r + 1, self._plan_holders()) if decision.switched else 0
         self.tuned = {**decision.to_dict(), "seconds": time.time() - started, "bytes_moved": moved}
