@@ -184,10 +184,7 @@ class DeviceCgroup:
     def throttling(self) -> dict[str, int | float]:
         """CFS's record since the cgroup was made (``cpu.stat``): its periods, those it was throttled in, and the
         seconds it was held throttled; {} where the kernel does not say."""
-        try:
-            fields = dict(line.split() for line in (self.cpu_dir / "cpu.stat").read_text().splitlines() if line.strip())
-        except OSError:
-            return {}
+        fields = _fields(self.cpu_dir / "cpu.stat")
         if "nr_periods" not in fields:
             return {}
         v2 = "throttled_usec" in fields
@@ -198,11 +195,7 @@ class DeviceCgroup:
     def oom_kills(self) -> int:
         """How many processes the kernel killed in this cgroup for exceeding its memory limit."""
         path = self.memory_dir / ("memory.events" if self.hierarchy.version == 2 else "memory.oom_control")
-        try:
-            fields = dict(line.split() for line in path.read_text().splitlines() if line.strip())
-        except OSError:
-            return 0
-        return int(fields.get("oom_kill", 0))
+        return int(_fields(path).get("oom_kill", 0))
 
     def remove(self, timeout_s: float = 10.0) -> None:
         """Kill whatever still runs in the cgroup, then remove it (killing again what joined it meanwhile)."""
@@ -303,6 +296,14 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _fields(path: Path) -> dict[str, str]:
+    """A cgroup file of ``key value`` lines as a dict ({} where it cannot be read)."""
+    try:
+        return dict(line.split() for line in path.read_text().splitlines() if line.strip())
+    except OSError:
+        return {}
 
 
 def _write(path: Path, value: str) -> None:

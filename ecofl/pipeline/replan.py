@@ -39,7 +39,7 @@ from ecofl.errors import UserError
 from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.memory_model import stage_memory_bytes
 from ecofl.pipeline.plan import Plan, StagePlan
-from ecofl.pipeline.planners import make_plan
+from ecofl.pipeline.planners import make_plan, plans_by_micro_batch
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replication import backup_bytes
 from ecofl.pipeline.schedule import target_in_flight
@@ -125,11 +125,21 @@ def full_replan(
 
     The plan's device indices are mapped back to the original pool.
     """
-    current = with_speeds(pool, speeds or {})
-    survivors, original = surviving_pool(current, alive)
-    plan = make_plan(planner, profile, survivors, batch_size, **options)
-    stages = tuple(replace(stage, devices=tuple(original[d] for d in stage.devices)) for stage in plan.stages)
-    return replace(plan, stages=stages)
+    survivors, original = surviving_pool(with_speeds(pool, speeds or {}), alive)
+    return _in_pool_indices(make_plan(planner, profile, survivors, batch_size, **options), original)
+
+
+def full_replans(planner: str, profile: ModelProfile, pool: HomePool, alive: Collection[int], batch_size: int,
+                 speeds: Mapping[int, float] | None = None) -> list[Plan]:
+    """:func:`full_replan` at each micro-batch size the planner may choose (:func:`plans_by_micro_batch`), for a
+    caller that compares them with costs the planner leaves out."""
+    survivors, original = surviving_pool(with_speeds(pool, speeds or {}), alive)
+    return [_in_pool_indices(plan, original) for plan in plans_by_micro_batch(planner, profile, survivors, batch_size)]
+
+
+def _in_pool_indices(plan: Plan, original: Sequence[int]) -> Plan:
+    """``plan`` (made on a surviving pool) with its devices numbered as in the original pool."""
+    return replace(plan, stages=tuple(replace(s, devices=tuple(original[d] for d in s.devices)) for s in plan.stages))
 
 
 def _proportional_cuts(flops: np.ndarray, capacity: np.ndarray) -> list[int]:

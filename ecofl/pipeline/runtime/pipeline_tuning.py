@@ -37,13 +37,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ecofl.devices import HomePool
-from ecofl.errors import UserError
 from ecofl.pipeline.cost import SyncRoundCost
 from ecofl.pipeline.migration import GLOBAL_COPY, Holders, moves_from_holders
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.planners.memory import micro_batch_candidates
 from ecofl.pipeline.profile import ModelProfile
-from ecofl.pipeline.replan import full_replan, with_speeds
+from ecofl.pipeline.replan import full_replan, full_replans, with_speeds
 from ecofl.pipeline.runtime.control_messages import Done
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.prediction import fastest_plan, predict_sync_round
@@ -124,15 +122,9 @@ def candidate_plans(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: Hom
     """The planner's plans at ``pool``'s speeds for each micro-batch size it may choose (or the one fixed), on
     the ``alive`` devices, in the current plan's schedule."""
     planner = tuning.planner or plan.planner
-    sizes = [tuning.micro_batch] if tuning.micro_batch else micro_batch_candidates(plan.batch_size, len(alive))
-    plans = []
-    for size in sizes:
-        try:
-            new = full_replan(planner, profile, pool, alive, plan.batch_size, micro_batch=size)
-        except UserError:  # this size does not fit the devices' memory
-            continue
-        plans.append(dataclasses.replace(new, schedule=plan.schedule))
-    return plans
+    plans = ([full_replan(planner, profile, pool, alive, plan.batch_size, micro_batch=tuning.micro_batch)]
+             if tuning.micro_batch else full_replans(planner, profile, pool, alive, plan.batch_size))
+    return [dataclasses.replace(new, schedule=plan.schedule) for new in plans]
 
 
 def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, emulation: Emulation,
