@@ -142,3 +142,21 @@ def test_a_re_tuned_pipeline_with_fault_tolerance_survives_a_later_kill_exactly(
     assert result.tuning["switched"] and result.rounds_completed == 7
     [event] = result.events
     assert event["kind"] == "kill" and event["device"] == 2
+
+
+def test_a_device_killed_in_the_middle_of_the_re_tunes_migration_is_recovered_exactly():
+    """The kill strikes as device 1 moves layers into the re-tuned plan (phase ``migrate``), not at a round's start:
+    the survivors recover from their copies and the weights are still one process's."""
+    from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
+    from pipeline_kit import FAST_HEARTBEAT
+
+    x, y = data()
+    with HomePipeline(WITHOUT_BATCH_NORM, HOSTS, LOPSIDED, profile=QUICK, emulate="sleep", timeout_s=60,
+                      fault_tolerance=FaultTolerance(heartbeat=FAST_HEARTBEAT), tuning=Tuning(planner="ecofl")) as home:
+        start = home.weights
+        result = home.train(None, x, y, 6, lr=0.1, momentum=0.9, inject=[Injection.parse("kill:1@1:migrate")])
+        final_plan = home.plan
+    assert_same(single_process(WITHOUT_BATCH_NORM, start, x, y, LOPSIDED, 6, lr=0.1, momentum=0.9), result.weights)
+    [event] = result.events
+    assert (event["kind"], event["device"], event["phase"]) == ("kill", 1, "migrate")
+    assert 1 not in {d for stage in final_plan.stages for d in stage.devices} and result.rounds_completed == 6
