@@ -128,10 +128,11 @@ def test_a_device_that_joins_between_rounds_takes_layers_and_the_result_is_exact
     assert event["kind"] == "join" and event["replan"] == "full" and event["bytes_moved"] > 0
 
 
-def test_the_global_copy_and_the_final_weights_reach_the_portal_at_the_links_rate():
-    """A stage's weights (and momentum, for the global copy) travel to the portal over its device's emulated link,
-    between sync-rounds: with a wide last layer (272 kB with momentum) on a 100 kB/s link, two global copies and
-    the final collection take over 6.8 s outside the rounds (unpaced, they took a fraction of a second)."""
+def test_the_global_copy_travels_in_its_sync_round_and_the_final_weights_after_at_the_links_rate():
+    """A stage's weights (and momentum, for the global copy) reach the portal over its device's emulated link: with
+    a wide last layer (272 kB with momentum) on a 100 kB/s link, each global copy (rounds 1 and 2) keeps its round
+    going 2.7 s, while the round's compute takes milliseconds; the final weights (136 kB) take 1.4 s after the rounds.
+    Unpaced, each took a fraction of a second; collected between rounds, the copies left the rounds short."""
     import time
 
     from ecofl.pipeline.runtime import LayerList
@@ -148,4 +149,6 @@ def test_the_global_copy_and_the_final_weights_reach_the_portal_at_the_links_rat
         result = home.train(None, x, y, 3, lr=0.1, momentum=0.9)
         outside_rounds = time.monotonic() - started - sum(result.sync_round_s)
     weights = (16 * 2000 + 2000) * 4
-    assert outside_rounds > (2 * 2 * weights + weights) / 1e5  # two copies with momentum, then the weights
+    carried = 0.9 * 2 * weights / 1e5  # 0.9: the link's first burst goes at once
+    assert all(seconds > carried for seconds in result.sync_round_s[1:])  # version 0 is the portal's already
+    assert outside_rounds > 0.9 * weights / 1e5

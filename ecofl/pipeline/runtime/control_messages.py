@@ -11,9 +11,10 @@ and the replies they get::
     Setup        stage weights (+ FedProx reference)        -> Ok
     Load         stage weights (inference)                  -> Loaded
     Infer        stage 0: inputs; stream the micro-batches  -> Inferred (+ outputs)
-    TrainPass    stage 0: inputs; last stage: labels; the   -> Done
-                 replicas to send and keep while it runs
-    Collect      my stage's weights (+ momentum)            -> StageWeights
+    TrainPass    stage 0: inputs; last stage: labels; the   -> CopyPiece... (global copy), Done
+                 replicas to send and keep and the global
+                 copy to send while it runs
+    Collect      my stage's weights                         -> StageWeights
     GetState     layers' state at a version                 -> State
     Reconfigure  a new epoch from a committed version       -> Reconfigured
     Arm          a phase-targeted failure (:mod:`.traps`)   -> Armed
@@ -79,6 +80,13 @@ class Replicate:
     link_bps: float | None
 
 
+@dataclass(frozen=True)
+class GlobalCopy:
+    """My stage at the round's version to the portal while the round computes (:mod:`.global_copy`)."""
+
+    link_bps: float | None  # my emulated link rate to the portal (None: not paced)
+
+
 @message("train_pass")
 class TrainPass:
     """Train one batch of micro-batches from a committed version: a sync-round of 1F1B-Sync or GPipe (ended by
@@ -90,11 +98,11 @@ class TrainPass:
     slowdown: float = 1.0
     keep: tuple[int, ...] = ()  # other committed versions whose copies must stay
     replicate: Replicate | None = None  # the replicas that travel while the round computes
+    global_copy: GlobalCopy | None = None  # my stage for the portal's global copy, sent while the round computes
 
 
 @message("collect")
 class Collect:
-    momentum: bool = False
     link_bps: float | None = None  # the worker's emulated link rate to the portal (None: not paced)
 
 
@@ -180,11 +188,21 @@ class Done:
     replica_after_s: float | None = None  # when the replicas kept here were complete, from the round's start
     cpu_s: float | None = None  # measured: the worker process's CPU time (every thread) during the sync-round
     cpu_s_by_job: dict[str, float] | None = None  # measured: the same by what each thread does (:mod:`.thread_cpu`)
+    global_copy_after_s: float | None = None  # when my stage's global copy was sent, from the round's start
+
+
+@message("copy_piece")
+class CopyPiece:
+    """Part of my stage's state at ``version`` for the portal's global copy, as arrays (:mod:`.global_copy`);
+    ``last``: my stage's copy is complete with it."""
+
+    version: int
+    last: bool
 
 
 @message("stage_weights")
 class StageWeights:
-    """A device's weights of its stage (and momentum) at ``version``, as arrays (the answer to :class:`Collect`)."""
+    """A device's weights of its stage at ``version``, as arrays (the answer to :class:`Collect`)."""
 
     version: int
 
@@ -229,10 +247,10 @@ class Error:
 
 REQUESTS = MessageSet(Config, Epoch, Setup, Load, Infer, TrainPass, Collect, GetState, Reconfigure, Arm,
                       Abort, Stop)
-REPLIES = MessageSet(Ready, Entered, Ok, Loaded, Inferred, Done, StageWeights, State, Reconfigured, Armed,
-                     Interrupted, Trapped, Error)
+REPLIES = MessageSet(Ready, Entered, Ok, Loaded, Inferred, Done, CopyPiece, StageWeights, State, Reconfigured,
+                     Armed, Interrupted, Trapped, Error)
 
 Request = (Config | Epoch | Setup | Load | Infer | TrainPass | Collect | GetState | Reconfigure | Arm
            | Abort | Stop)
-Reply = (Ready | Entered | Ok | Loaded | Inferred | Done | StageWeights | State | Reconfigured | Armed
+Reply = (Ready | Entered | Ok | Loaded | Inferred | Done | CopyPiece | StageWeights | State | Reconfigured | Armed
          | Interrupted | Trapped | Error)

@@ -8,7 +8,8 @@ monitor (fault tolerance, Asteroid §3.4) and the typed control messages
 (:mod:`.control_messages`). Its three services, each defined once:
 
 - :meth:`ControlPlane.gather` waits for one reply of a type from every
-  worker, watching for lost devices while it waits;
+  worker, watching for lost devices while it waits, and files the pieces
+  of a global copy that arrive meanwhile (:mod:`.global_copy`);
 - :meth:`ControlPlane.lost` names the devices known to be lost and why: a
   failed heartbeat (frozen or cut off), a local worker process that exited,
   a remote device whose daemon left its home (``departed``); a control
@@ -41,6 +42,7 @@ from ecofl.pipeline.runtime.admission import Arrivals, admit_devices
 from ecofl.pipeline.runtime.control_messages import (
     Abort,
     Config,
+    CopyPiece,
     Error,
     Interrupted,
     Ready,
@@ -51,6 +53,7 @@ from ecofl.pipeline.runtime.control_messages import (
 )
 from ecofl.pipeline.runtime.errors import DeviceOutOfMemory, DevicesLost, WorkerFailed, WorkerTimeout
 from ecofl.pipeline.runtime.failures import root_cause
+from ecofl.pipeline.runtime.global_copy import CopyAssembly
 from ecofl.pipeline.runtime.confinement import Confinement
 from ecofl.pipeline.runtime.launch import LocalDevices
 from ecofl.pipeline.runtime.reply_wait import ChannelSelector, next_reply
@@ -78,6 +81,7 @@ class ControlPlane:
         self.connections: dict[int, SealedSocket] = {}
         self.data_ports: dict[int, tuple[str, int]] = {}  # device -> its worker's DataListener
         self.trapped: dict[int, float] = {}  # device -> when its phase-targeted trap fired (:mod:`.traps`)
+        self.copy_pieces: CopyAssembly | None = None  # where a global copy's pieces go as they arrive
         self.monitor: HeartbeatMonitor | None = None
         self.arrivals: Arrivals | None = None  # the control port
         self._members: set[int] = set()  # devices started or expected, not yet removed
@@ -217,6 +221,9 @@ class ControlPlane:
                     reply, arrays = self._next_reply(device, deadline) or (None, {})
                     if isinstance(reply, Trapped):
                         continue
+                    if isinstance(reply, CopyPiece):
+                        self._file_piece(device, reply, arrays)
+                        continue
                     if reply is None or isinstance(reply, Error):
                         raise self.failure(device, reply, during)
                     channels.done(device)
@@ -259,6 +266,12 @@ class ControlPlane:
                         continue  # an answer to a request from before the abort
                     channels.done(device)
         return replies, unreachable
+
+    def _file_piece(self, device: int, piece: CopyPiece, arrays: Arrays) -> None:
+        """A piece of ``device``'s stage for the global copy under way; one nobody asked for is its failure."""
+        if self.copy_pieces is None:
+            raise WorkerFailed(f"device {device} ({self.name(device)}) sent a global-copy piece unasked")
+        self.copy_pieces.add(device, piece, arrays)
 
     def _next_reply(self, device: int, deadline: float) -> tuple[Reply, Arrays] | None:
         """The next reply on ``device``'s channel (:func:`.reply_wait.next_reply`); a trap's notice is noted in

@@ -1,16 +1,18 @@
 """The copies a home keeps to recover from: every single-device stage's backup on another device (Asteroid
-§3.4, every ``replicate_every`` sync-rounds, sent while a sync-round computes: :mod:`.replica`) and the
-portal's global copy of the whole model (FTPipeHD §III-F, every ``global_copy_every``)."""
+§3.4, every ``replicate_every`` sync-rounds: :mod:`.replica`) and the portal's global copy of the whole model
+(FTPipeHD §III-F, every ``global_copy_every``: :mod:`.global_copy`), both sent while a sync-round computes."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ecofl.pipeline.replication import backup_targets
-from ecofl.pipeline.runtime.control_messages import Collect, Replicate, StageWeights
+from ecofl.pipeline.runtime.control_messages import GlobalCopy, Replicate
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.faults import FaultTolerance
+from ecofl.pipeline.runtime.global_copy import CopyAssembly
 from ecofl.pipeline.runtime.layout import PipelineLayout
+from ecofl.pipeline.runtime.stage_state import MOMENTUM
 
 
 class Copies:
@@ -22,12 +24,33 @@ class Copies:
         self.replica_version: int | None = None  # the version every backup holds (None: not yet in this plan)
         self._carried: int | None = None  # the sync-round that carries a replication now
         self.global_copy: tuple[int, dict[str, np.ndarray]] = (0, {k: np.asarray(v) for k, v in start.items()})
+        self._incoming: CopyAssembly | None = None  # the global copy travelling in the sync-round under way
 
     def before_round(self, r: int) -> None:
-        """Take the global copy where it is due before sync-round ``r``."""
+        """Where the global copy is due at sync-round ``r``, its pieces are filed as the round's replies come
+        (any other round's are dropped with it: an interrupted round's copy is not complete)."""
         copy_every = self.ft.global_copy_every
-        if copy_every and r % copy_every == 0 and self.global_copy[0] != r:
-            self.global_copy = (r, self.collect())
+        due = bool(copy_every) and r % copy_every == 0 and self.global_copy[0] != r
+        self._incoming = CopyAssembly(r, self._senders()) if due else None
+        self.control.copy_pieces = self._incoming
+
+    def uploads(self, r: int) -> dict[int, GlobalCopy]:
+        """Which devices send their stage for the global copy while sync-round ``r`` computes ({}: none due):
+        the first device of every stage, at its link rate to the portal."""
+        if self._incoming is None or self._incoming.version != r:
+            return {}
+        return {device: GlobalCopy(self.layout.link_rate(device)) for device in self._incoming.expected}
+
+    def _senders(self) -> dict[int, list[str]]:
+        """The first device of every stage, and the keys of its stage's state (with momentum buffers)."""
+        layout = self.layout
+        senders = {}
+        for role in layout.roles:
+            if role.rank == role.replicas[0]:
+                keys = layout.stage_keys[role.stage]
+                momentum = [MOMENTUM + k for k in keys if k in layout.parameter_keys] if self.momentum else []
+                senders[role.device] = keys + momentum
+        return senders
 
     def replication(self, r: int) -> dict[int, Replicate]:
         """What each device sends and keeps while sync-round ``r`` computes, where a replication is due ({}: none):
@@ -48,9 +71,12 @@ class Copies:
                 for role in layout.roles}
 
     def round_completed(self, r: int) -> None:
-        """Sync-round ``r`` is done: the replicas it carried are every backup's."""
+        """Sync-round ``r`` is done: the replicas it carried are every backup's, its global copy the portal's."""
         if self._carried == r:
             self.replica_version, self._carried = r, None
+        if self._incoming is not None and self._incoming.version == r:
+            self.global_copy = (r, self._incoming.result())
+            self._incoming = self.control.copy_pieces = None
 
     def kept_versions(self, r: int) -> list[int]:
         """The committed versions besides ``r`` that the workers keep copies of during sync-round ``r``: the
@@ -58,14 +84,6 @@ class Copies:
         return [] if self.replica_version is None or self.replica_version == r else [self.replica_version]
 
     def plan_changed(self) -> None:
-        """A new plan has new backups: its first sync-round carries them."""
+        """A new plan has new backups: its first sync-round carries them (and the global copy, if due)."""
         self.replica_version, self._carried = None, None
-
-    def collect(self) -> dict[str, np.ndarray]:
-        """The whole model's state (weights and momentum) at the portal, each stage over its device's link."""
-        for role in self.layout.roles:
-            self.control.send(role.device, Collect(self.momentum, self.layout.link_rate(role.device)))
-        state: dict[str, np.ndarray] = {}
-        for _, arrays in self.control.gather_with_arrays(StageWeights).values():
-            state.update({k: np.array(v) for k, v in arrays.items()})
-        return state
+        self._incoming = self.control.copy_pieces = None

@@ -27,7 +27,7 @@ One mechanism with three triggers (Eco-FL §4.4; Asteroid §3.4; FTPipeHD
   faster (:mod:`.pipeline_tuning`), between sync-rounds, with no replay.
 
 While sync-rounds compute, every single-device stage is replicated to its
-backup, and between them the portal keeps a global copy (:mod:`.copies`). Its parts: the injected
+backup, and every few the portal's global copy travels too (:mod:`.copies`). Its parts: the injected
 faults (:mod:`.fault_injection`), the copies, the speed monitor
 (:mod:`.slowdown_watch`) and the record of every event (:mod:`.fault_log`);
 :class:`Recovery` restores, re-plans and migrates.
@@ -44,7 +44,7 @@ from ecofl.errors import UserError
 from ecofl.pipeline.migration import Holders, restore_point
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.replan import full_replan, lightweight_replan, measured_speeds, with_speeds
-from ecofl.pipeline.runtime.control_messages import Config, Done, Replicate
+from ecofl.pipeline.runtime.control_messages import Config, Done, GlobalCopy, Replicate
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.copies import Copies
 from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
@@ -113,6 +113,10 @@ class Recovery:
     def replication(self, r: int) -> dict[int, Replicate]:
         """The replicas each device sends and keeps while sync-round ``r`` computes ({}: none due)."""
         return {} if self.copies is None else self.copies.replication(r)
+
+    def uploads(self, r: int) -> dict[int, GlobalCopy]:
+        """The devices that send their stage for the global copy while sync-round ``r`` computes ({}: none due)."""
+        return {} if self.copies is None else self.copies.uploads(r)
 
     def kept_versions(self, r: int) -> list[int]:
         """The committed versions besides ``r`` that the workers keep copies of during sync-round ``r``."""

@@ -21,7 +21,9 @@ import torch
 
 from ecofl.accelerator import host_array
 from ecofl.pipeline.modes import mode_of
-from ecofl.pipeline.runtime.control_messages import Collect, Config, Done, Ok, Replicate, TrainPass, Setup, StageWeights
+from ecofl.pipeline.runtime.control_messages import (
+    Collect, Config, Done, GlobalCopy, Ok, Replicate, Setup, StageWeights, TrainPass,
+)
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.errors import DevicesLost
@@ -103,7 +105,7 @@ def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTo
             recovery.before_round(r)
             started = time.time()
             send_round(control, layout, r, x_np, y_np, recovery.slowdowns, layout.plan.num_micro_batches,
-                       recovery.kept_versions(r), recovery.replication(r))
+                       recovery.kept_versions(r), recovery.replication(r), recovery.uploads(r))
             recovery.after_send(r)
             replies = control.gather(Done)
             rounds[r] = _reports(layout, replies)
@@ -133,10 +135,11 @@ def _reports(layout: PipelineLayout, replies: dict[int, Done]) -> dict[int, dict
 
 def send_round(control: ControlPlane, layout: PipelineLayout, r: int, x_np: np.ndarray, y_np: np.ndarray,
                slowdowns: dict[int, float], m_count: int, keep: Sequence[int] = (),
-               replication: dict[int, Replicate] | None = None) -> None:
+               replication: dict[int, Replicate] | None = None, uploads: dict[int, GlobalCopy] | None = None) -> None:
     """Sync-round r's ``m_count`` micro-batches: inputs to stage 0, labels to the last stage (an asynchronous
     pass: all of the call's micro-batches, each its own update). ``keep``: the committed versions besides r
-    the workers keep copies of; ``replication``: each device's replicas to send and keep while it runs."""
+    the workers keep copies of; ``replication``: each device's replicas to send and keep while it runs;
+    ``uploads``: the devices that send their stage for the global copy meanwhile."""
     plan = layout.plan
     micro = plan.micro_batch
     index = (r * plan.batch_size + np.arange(m_count * micro)) % len(x_np)
@@ -151,5 +154,5 @@ def send_round(control: ControlPlane, layout: PipelineLayout, r: int, x_np: np.n
             arrays["labels"] = yb[:, role.lo : role.hi]
         request = TrainPass(version=r, batch_size=mode_of(plan).request_batch_size(plan), num_micro_batches=m_count,
                         slowdown=slowdowns.get(role.device, 1.0), keep=tuple(keep),
-                        replicate=(replication or {}).get(role.device))
+                        replicate=(replication or {}).get(role.device), global_copy=(uploads or {}).get(role.device))
         control.send(role.device, request, arrays)

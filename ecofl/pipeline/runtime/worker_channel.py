@@ -4,6 +4,7 @@ waits (:mod:`.worker_requests`)."""
 from __future__ import annotations
 
 import selectors
+import threading
 
 import numpy as np
 
@@ -21,9 +22,11 @@ class WorkerChannel:
         self.sock = sock
         self._selector = selectors.DefaultSelector()
         self._selector.register(sock, selectors.EVENT_READ)
+        self._sending = threading.Lock()  # a message at a time: the global copy's pieces go from a thread
 
     def reply(self, reply: Reply, arrays: dict[str, np.ndarray] | None = None) -> None:
-        send_message(self.sock, encode(reply), arrays)
+        with self._sending:
+            send_message(self.sock, encode(reply), arrays)
 
     def interrupted(self, error: BaseException, holdings: dict[int, list[int]]) -> None:
         """Answer that the current request cannot finish: why, the abort's token, what I hold committed."""

@@ -9,9 +9,10 @@ epoch and that role's executor, and serves the portal's requests::
     Infer        stage 0: inputs [M, share, ...]; stream M micro-batches       -> Inferred (+ outputs)
     GetState     layers' state at a version (heavy rescheduling's gather)      -> State
     TrainPass    stage 0: inputs [M, share, ...]; last stage: labels; the        -> Done + measurements
-                 replicas to send and keep meanwhile (:mod:`.replica`)
+                 replicas to send and keep meanwhile (:mod:`.replica`), my
+                 stage for the global copy (:mod:`.global_copy`)            -> CopyPiece... first
     Abort        (while in a round or a re-configuration; or idle)             -> Interrupted + holdings
-    Collect      my stage's weights (+ momentum)                               -> StageWeights
+    Collect      my stage's weights                                            -> StageWeights
     Reconfigure  a new epoch: role, roll back to a version, migrate layers     -> Reconfigured
     Arm          a phase-targeted failure of this device (:mod:`.traps`)       -> Armed
     Stop                                                                       -> (session over)
@@ -50,6 +51,7 @@ from ecofl.pipeline.runtime.control_messages import (
     Entered,
     Epoch,
     GetState,
+    GlobalCopy,
     Infer,
     Inferred,
     Load,
@@ -68,6 +70,7 @@ from ecofl.net.heartbeat import HeartbeatSender
 from ecofl.net.links import MIGRATION_TAG, PeerLost, RoundAborted
 from ecofl.net.mesh import DataListener, EpochMesh
 from ecofl.net.pacing import TokenBucket
+from ecofl.pipeline.runtime.global_copy import CopyUpload
 from ecofl.pipeline.runtime.migration_io import exchange_layer_states, paced
 from ecofl.pipeline.runtime.model_spec import spec_from_json, stage_module
 from ecofl.pipeline.runtime.process_memory import peak_rss_bytes, reset_peak
@@ -213,8 +216,9 @@ class Worker:
 
         ``keep``: the versions the portal may still restore from; copies of
         others are dropped. ``replicate``: the replicas of ``version`` that
-        travel while the round computes (:mod:`.replica`); the round is done
-        when they are.
+        travel while the round computes (:mod:`.replica`); ``global_copy``: my
+        stage at ``version`` to the portal meanwhile (:mod:`.global_copy`).
+        The round is done when they are.
         """
         version = request.version
         self._require_clean(f"run sync-round {version}")
@@ -228,21 +232,24 @@ class Worker:
         reset_peak(), reset_peak_memory(self.accelerator)
         self.clean, cpu = False, ThreadClock()
         replicas = self._replicas(request.replicate) if request.replicate is not None else None
+        upload = self._upload(version, request.global_copy) if request.global_copy is not None else None
+        travelling = [t for t in (replicas, upload) if t is not None]
         executor.reserved_bytes = self.state.held_bytes(self.stage_keys) + (replicas.received_bytes if replicas else 0)
         try:
             program = mode_of(self.role).pass_program(self.role, request.num_micro_batches)  # None: the role's
             stats = executor.run_round(inputs, labels, request.batch_size, self.channel.abort_check, program)
-            if replicas is not None:
-                replicas.finish(self.channel.abort_check)
+            for copies in travelling:
+                copies.finish(self.channel.abort_check)
         except INTERRUPTIONS as error:
-            if replicas is not None:
-                replicas.stop()  # before the holdings: a replica not complete is not kept
+            for copies in travelling:
+                copies.stop()  # before the holdings: a replica not complete is not kept
             self.channel.interrupted(error, self.state.holdings())
             return
         finally:
-            if replicas is not None:
-                replicas.stop()
+            for copies in travelling:
+                copies.stop()
         self._commit(version + 1)
+        ended_cpu_s = {job: s for copies in travelling for job, s in copies.ended_cpu_s().items()}
         self.channel.reply(Done(
             events=stats.events, loss_sum=float(stats.loss_sum), peak_resident=stats.peak_resident,
             peak_activation_bytes=stats.peak_activation_bytes, fixed_bytes=stats.fixed_bytes,
@@ -250,8 +257,16 @@ class Worker:
             baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions,
             peak_accelerator_bytes=peak_memory_bytes(self.accelerator),
             replica_after_s=replicas.complete_after_s if replicas is not None and replicas.receives else None,
-            cpu_s=cpu.process_s(), cpu_s_by_job=cpu.by_job(replicas.ended_cpu_s() if replicas else None),
+            cpu_s=cpu.process_s(), cpu_s_by_job=cpu.by_job(ended_cpu_s),
+            global_copy_after_s=upload.sent_after_s if upload is not None else None,
         ))
+
+    def _upload(self, version: int, request: GlobalCopy) -> CopyUpload:
+        """My stage's committed state at ``version`` to the portal, off the critical path (:mod:`.global_copy`)."""
+        upload = CopyUpload(self.channel.reply, version,
+                            as_arrays(self.state.layers_state(self.stage_layers, version)), request.link_bps)
+        self.traps.reached("global-copy")
+        return upload
 
     def _replicas(self, request: Replicate) -> ReplicaExchange:
         """My stage at version r to my backup, and the stages I back up, off the critical path (:mod:`.replica`)."""
@@ -279,11 +294,10 @@ class Worker:
         self.channel.reply(Inferred(stats.events, stats.peak_held, peak_rss_bytes(), self.baseline_rss), outputs)
 
     def _collect(self, request: Collect, _arrays: Arrays) -> None:
-        """My stage's live weights (+ momentum), from the first replica of a stage only, paced at my link."""
-        self.traps.reached("global-copy")
+        """My stage's live weights (the trained model), from the first replica of a stage only, paced at my link."""
         self._require_clean("send my weights")
         first = self.role is not None and self.role.rank == self.role.replicas[0]  # a stage's first replica
-        arrays = as_arrays(self.state.capture(self.stage_layers, self._momentum(), request.momentum) if first else {})
+        arrays = as_arrays(self.state.capture(self.stage_layers, {}, with_momentum=False) if first else {})
         self.channel.reply(StageWeights(self.version), paced(arrays, request.link_bps))
 
     def _reconfigure(self, request: Reconfigure, arrays: Arrays) -> None:
