@@ -20,9 +20,11 @@ comparison is measured side by side in one run of this script:
 4. The cost of safety: failure-free throughput with heartbeats and
    replication on against off (alternating repeats).
 
-``python benchmarks/adapt.py [--quick]`` prints the tables and writes
-``benchmarks/results/adapt.json``, ``docs/adapt.md`` and
-``docs/adapt_throughput.png``.
+``python benchmarks/adapt.py [--quick] [--parts fig13 asteroid detection
+safety]`` prints the tables and writes ``benchmarks/results/adapt.json``,
+``docs/adapt.md`` and ``docs/adapt_throughput.png``. ``--parts`` measures
+only those parts and keeps the others from the results file; each part says
+when and with which command it was measured.
 
 ``--emulate cgroup`` (root) runs the same on devices confined by cgroups
 (docs/pipeline.md, "Confined devices"): each pool's devices first measure
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -200,6 +203,15 @@ def plot(curves: dict, fig: dict, path: Path) -> None:
     plt.close(figure)
 
 
+PARTS = ("fig13", "asteroid", "detection", "safety")
+
+
+def measured(results: dict, part: str) -> str:
+    """When and how ``part`` was measured (results of before per-part records: the file's command)."""
+    at = results.get("measured", {}).get(part)
+    return f"Measured {at['at']} with `{at['command']}`." if at else f"Measured with `{results['command']}`."
+
+
 def markdown(results: dict, command: str) -> str:
     fig, drops, det, cost = results["fig13"], results["asteroid"]["rows"], results["detection"], results["safety"]
     confined = results.get("emulate", "sleep") == "cgroup"
@@ -219,12 +231,14 @@ def markdown(results: dict, command: str) -> str:
     lines = [
         "# Adapting and surviving: measured" + (" on confined devices" if confined else ""),
         "",
-        f"Measured with `{command}` ({MODEL} on {DATASET}, mini-batch {BATCH}, momentum 0.9). Real worker",
+        f"{MODEL} on {DATASET}, mini-batch {BATCH}, momentum 0.9 (last run: `{command}`). Real worker",
         *how,
         "",
         f"![throughput]({'adapt_cgroup_throughput.png' if confined else 'adapt_throughput.png'})",
         "",
         "## Eco-FL Fig. 13's shape: a load spike on device 2",
+        "",
+        measured(results, "fig13"),
         "",
         "| | samples/s |",
         "|---|---|",
@@ -238,6 +252,8 @@ def markdown(results: dict, command: str) -> str:
         "The paper reports re-scheduling in several seconds.",
         "",
         "## Asteroid Figs. 16-17's shape: each device of Env D dropped in turn",
+        "",
+        measured(results, "asteroid"),
         "",
         "| dropped | lightweight: re-scheduling s | heavy: re-scheduling s | speed-up | lightweight: samples/s after"
         " | heavy: samples/s after | throughput ratio | MiB moved (light / heavy) |",
@@ -262,6 +278,8 @@ def markdown(results: dict, command: str) -> str:
         "",
         "## Detection and recovery",
         "",
+        measured(results, "detection"),
+        "",
         "| event | detected after s | first sync-round completed after s |",
         "|---|---|---|",
         f"| `kill -9` of device 1 | {det['kill']['detected_after_s']:.2f} | {det['kill']['recovered_after_s']:.2f} |",
@@ -272,6 +290,8 @@ def markdown(results: dict, command: str) -> str:
         "(1 s) and an unanswered probe (1 s). FTPipeHD reports recovery in 2.24 s.",
         "",
         "## The cost of safety (no failure)",
+        "",
+        measured(results, "safety"),
         "",
         "| repeat | off samples/s | on samples/s | on / off |",
         "|---|---|---|---|",
@@ -309,6 +329,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats (a smoke run)")
     parser.add_argument("--emulate", choices=("sleep", "cgroup"), default="sleep",
                         help="devices sleeping to the cost model, or confined by cgroups (root)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="measure only these parts; the others are kept from the results file")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite docs/adapt.md and the plot from benchmarks/results/adapt.json, measuring nothing")
     args = parser.parse_args()
@@ -318,21 +340,33 @@ def main() -> None:
         write_report(results, results.get("command", "python benchmarks/adapt.py"), name)
         return
     rounds, repeats = (8, 1) if args.quick else (14, 3)
+    out = ROOT / "benchmarks" / "results"
     home = Home(MODEL, DATASET, BATCH, args.emulate)
     results = {"model": MODEL, "dataset": DATASET, "batch": BATCH, "rounds": rounds, "emulate": args.emulate}
-    results["fig13"] = fig13(home, rounds, spike_round=4)
-    print(json.dumps(results["fig13"], indent=1, default=float)[:800])
-    results["asteroid"] = asteroid_drops(home, rounds, drop_round=4)
-    for row in results["asteroid"]["rows"]:
-        print(f"drop {row['device']}: recovery {row['recovery_speedup']:.1f}x faster, throughput "
-              f"{row['throughput_ratio']:.2f} of heavy's")
-    results["detection"] = detection(home, rounds)
-    print(results["detection"])
-    results["safety"] = safety_cost(home, rounds, repeats)
-    print(f"cost of safety: on/off {results['safety']['ratios']}")
-    results["command"] = ("python benchmarks/adapt.py" + (" --quick" if args.quick else "")
-                          + (f" --emulate {args.emulate}" if args.emulate != "sleep" else ""))
-    out = ROOT / "benchmarks" / "results"
+    if set(args.parts) != set(PARTS):  # the other parts as they were
+        results = {**json.loads((out / f"{name}.json").read_text()), **results}
+    command = ("python benchmarks/adapt.py" + (" --quick" if args.quick else "")
+               + (f" --emulate {args.emulate}" if args.emulate != "sleep" else "")
+               + (f" --parts {' '.join(args.parts)}" if set(args.parts) != set(PARTS) else ""))
+    results["command"] = command
+    records = results.setdefault("measured", {})
+    for part in args.parts:
+        load = os.getloadavg()[0]
+        if part == "fig13":
+            results["fig13"] = fig13(home, rounds, spike_round=4)
+            print(json.dumps(results["fig13"], indent=1, default=float)[:800])
+        elif part == "asteroid":
+            results["asteroid"] = asteroid_drops(home, rounds, drop_round=4)
+            for row in results["asteroid"]["rows"]:
+                print(f"drop {row['device']}: recovery {row['recovery_speedup']:.1f}x faster, throughput "
+                      f"{row['throughput_ratio']:.2f} of heavy's")
+        elif part == "detection":
+            results["detection"] = detection(home, rounds)
+            print(results["detection"])
+        else:
+            results["safety"] = safety_cost(home, rounds, repeats)
+            print(f"cost of safety: on/off {results['safety']['ratios']}")
+        records[part] = {"at": time.strftime("%Y-%m-%d %H:%M"), "command": command, "load_before": round(load, 2)}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(results, indent=1, default=float))
     write_report(results, results["command"], name)

@@ -12,8 +12,10 @@ by the factor compared. Reported:
 - each run's measured and predicted sync-round (median of its rounds) and the
   plain runs' spread;
 - what fault tolerance (heartbeats, replication every sync-round while it
-  computes, a global copy every 5) costs: runs with it alternate with plain
-  runs, and each is compared with the mean of the plain runs either side;
+  computes, a global copy every 5, also while a round computes) costs: runs
+  with it alternate with plain runs, and each run's mean over all its
+  sync-rounds (the round that carries the global copy too, which a median
+  would leave out) is compared with the plain runs' either side;
 - ``--kills`` runs with ``--inject kill:2@4``: detection, kill to resumed (the
   next sync-round sent), kill to the first completed round, and that round's
   own time (the replayed round on the survivors' plan, beside its prediction);
@@ -80,7 +82,9 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-3000:]}")
     report = json.loads(done.stdout)
+    rounds_s = report["sync_rounds_s"]
     return {"fault_tolerance": fault_tolerance, "inject": inject, "sync_round_s": report["sync_round_s"],
+            "mean_round_s": sum(rounds_s) / len(rounds_s),
             "predicted_sync_round_s": report["predicted_sync_round_s"],
             "error": report["sync_round_s"] / report["predicted_sync_round_s"] - 1,
             "sync_rounds_s": report["sync_rounds_s"], "events": report["events"],
@@ -131,7 +135,7 @@ def main() -> int:
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "events"}), flush=True)
     plain_runs = [i for i, r in enumerate(runs) if not r["fault_tolerance"]]
     plain = [runs[i]["sync_round_s"] for i in plain_runs]
-    costs = [runs[i]["sync_round_s"] / ((runs[i - 1]["sync_round_s"] + runs[i + 1]["sync_round_s"]) / 2) - 1
+    costs = [runs[i]["mean_round_s"] / ((runs[i - 1]["mean_round_s"] + runs[i + 1]["mean_round_s"]) / 2) - 1
              for i in range(1, 2 * args.pairs + 1, 2)]
     kills = [kill_figures(r) for r in runs if r["inject"]]
     result = {
@@ -151,16 +155,17 @@ def main() -> int:
         f"`{result['runs_of']}` (`--fault-tolerance`, `--inject {KILL}` where said), all on one calibration "
         "(the first run measures and writes it).",
         "",
-        "| run | fault tolerance | sync-round s | predicted s | error | CPU s a sync-round (stages) | of it not the "
-        "stage's thread | host reference s | load before |",
-        "|---:|---|---:|---:|---:|---|---|---:|---:|",
+        "| run | fault tolerance | sync-round s (median) | predicted s | error | mean of all rounds s | CPU s a "
+        "sync-round (stages) | of it not the stage's thread | host reference s | load before |",
+        "|---:|---|---:|---:|---:|---:|---|---|---:|---:|",
         *(f"| {i + 1} | {'on' if r['fault_tolerance'] else 'off'}{', ' + r['inject'] if r['inject'] else ''} | "
           f"{r['sync_round_s']:.2f} | {r['predicted_sync_round_s']:.2f} | {r['error']:+.1%} | "
+          f"{r['mean_round_s']:.2f} | "
           f"{_stages(r['cpu_s_per_round'])} | {_stages(_not_the_stages_thread(r))} | {r['host_reference_s']:.3f} | "
           f"{r['load_before']} |" for i, r in enumerate(runs)),
         "",
-        f"Plain runs within {result['plain_spread']:.1%} of each other."
-        + (f" Fault tolerance, each run against the plain runs either side: "
+        f"Plain runs' medians within {result['plain_spread']:.1%} of each other."
+        + (f" Fault tolerance, each run's mean of all rounds against the plain runs' either side: "
            f"{', '.join(f'{c:+.1%}' for c in costs)} (mean {result['fault_tolerance_cost']:+.1%})." if costs else ""),
     ]
     if kills:
