@@ -159,7 +159,7 @@ def asteroid_drops(home: Home, rounds: int, drop_round: int) -> dict:
                 "plan_after": run["final_plan"],
             }
             if device == 1:
-                curves[kind] = {"end_s": run["round_end_s"], "throughput": [BATCH / s for s in run["round_s"]]}
+                curves[kind] = {"end_s": run["round_end_s"]}
         light, heavy = row["lightweight"], row["heavy"]
         row["recovery_speedup"] = heavy["rescheduling_s"] / light["rescheduling_s"]
         row["throughput_ratio"] = light["throughput_after"] / heavy["throughput_after"]
@@ -194,8 +194,9 @@ def plot(curves: dict, fig: dict, path: Path) -> None:
     left.plot(range(len(fig["per_round_without"])), fig["per_round_without"], marker="x", label="without")
     left.set(xlabel="sync-round", ylabel="samples/s", title=f"load spike on device 2 ({fig['event']})")
     left.legend()
-    for kind, curve in curves.items():
-        right.plot(curve["end_s"], curve["throughput"], marker=".", label=kind)
+    for kind, curve in curves.items():  # between one completed round and the next, the replayed ones too
+        ends = curve["end_s"]
+        right.plot(ends[1:], [BATCH / (b - a) for a, b in zip(ends, ends[1:])], marker=".", label=kind)
     right.set(xlabel="wall seconds", ylabel="samples/s", title="device 1 of Env D dropped")
     right.legend()
     figure.tight_layout()
@@ -206,10 +207,10 @@ def plot(curves: dict, fig: dict, path: Path) -> None:
 PARTS = ("fig13", "asteroid", "detection", "safety")
 
 
-def measured(results: dict, part: str) -> str:
-    """When and how ``part`` was measured (results of before per-part records: the file's command)."""
+def measured(results: dict, part: str, command: str) -> str:
+    """When and how ``part`` was measured (results of before per-part records: with ``command``)."""
     at = results.get("measured", {}).get(part)
-    return f"Measured {at['at']} with `{at['command']}`." if at else f"Measured with `{results['command']}`."
+    return f"Measured {at['at']} with `{at['command']}`." if at else f"Measured with `{command}`."
 
 
 def markdown(results: dict, command: str) -> str:
@@ -238,7 +239,7 @@ def markdown(results: dict, command: str) -> str:
         "",
         "## Eco-FL Fig. 13's shape: a load spike on device 2",
         "",
-        measured(results, "fig13"),
+        measured(results, "fig13", command),
         "",
         "| | samples/s |",
         "|---|---|",
@@ -253,7 +254,7 @@ def markdown(results: dict, command: str) -> str:
         "",
         "## Asteroid Figs. 16-17's shape: each device of Env D dropped in turn",
         "",
-        measured(results, "asteroid"),
+        measured(results, "asteroid", command),
         "",
         "| dropped | lightweight: re-scheduling s | heavy: re-scheduling s | speed-up | lightweight: samples/s after"
         " | heavy: samples/s after | throughput ratio | MiB moved (light / heavy) |",
@@ -278,7 +279,7 @@ def markdown(results: dict, command: str) -> str:
         "",
         "## Detection and recovery",
         "",
-        measured(results, "detection"),
+        measured(results, "detection", command),
         "",
         "| event | detected after s | first sync-round completed after s |",
         "|---|---|---|",
@@ -291,7 +292,7 @@ def markdown(results: dict, command: str) -> str:
         "",
         "## The cost of safety (no failure)",
         "",
-        measured(results, "safety"),
+        measured(results, "safety", command),
         "",
         "| repeat | off samples/s | on samples/s | on / off |",
         "|---|---|---|---|",
@@ -319,8 +320,9 @@ def below_targets(drops: list[dict]) -> list[str]:
     if weak:
         lines += ["", f"Throughput after recovery is below 0.9 of heavy's for device(s) "
                   f"{', '.join(weak)}: lightweight keeps the device order and moves cut points in proportion to "
-                  "FLOPs over the survivors' capacities, with no search; heavy re-runs the planner (device order, "
-                  "cut points and micro-batch size), which wins where FLOPs misjudge a stage's time."]
+                  "FLOPs over the survivors' capacities, with no search over them (its micro-batch size is the one "
+                  "predicted fastest for those cut points); heavy re-runs the planner (device order, cut points and "
+                  "micro-batch size), which wins where FLOPs misjudge a stage's time."]
     return lines
 
 

@@ -91,6 +91,9 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
             "stages": [s["layers"] for s in report["stages"]], "rounds_completed": report["rounds_completed"],
             "cpu_s_per_round": [s["cpu_s_per_round"] for s in report["stages"]],
             "cpu_s_per_round_by_job": [s["cpu_s_per_round_by_job"] for s in report["stages"]],
+            "busy_fraction": [s["busy_fraction"] for s in report["stages"]],
+            "predicted_busy_fraction": [s["predicted_busy_fraction"] for s in report["stages"]],
+            "devices": report["devices"],  # the speeds planned on (the calibration's) and how CFS held each
             "host_reference_s": round(reference, 4), "load_before": round(load, 2),
             "wall_s": round(time.monotonic() - start, 1)}
 

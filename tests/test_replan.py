@@ -11,7 +11,7 @@ from ecofl.pipeline.cost import simulate, stage_compute_s
 from ecofl.pipeline.migration import GLOBAL_COPY, PORTAL_DEVICE, bytes_moved, heavy_moves, layer_moves, layer_owners
 from ecofl.pipeline.plan import Plan, StagePlan, plan_schedule
 from ecofl.pipeline.planners import make_plan
-from ecofl.pipeline.replan import full_replan, lightweight_replan, measured_speeds, with_speeds
+from ecofl.pipeline.replan import full_replan, lightweight_replan, lightweight_replans, measured_speeds, with_speeds
 from ecofl.pipeline.replication import backup_bytes, backup_targets, restore_source, stage_state_bytes
 from ecofl.pipeline.schedule import validate
 from pipeline_kit import random_profile
@@ -62,6 +62,27 @@ def test_lightweight_replan_drops_a_lost_stage_and_cuts_by_capacity():
     assert flops_share(new, profile, 1) == pytest.approx(2 / 3, abs=0.12)  # capacity 2 of 3
     assert [s.in_flight for s in new.stages] == [3, 1]  # P_s = 2(S-s)-1 for two stages
     assert_runnable(new)
+
+
+def test_lightweight_replans_keep_the_partition_at_every_micro_batch_size_the_plans_own_first():
+    """The sizes move no state: the same cut points and devices, the mini-batch re-split (32 = 4 x 8 = 8 x 4 ...)."""
+    profile = random_profile(np.random.default_rng(1), 12)
+    pool = pool_of(1.0, 1.0, 2.0)
+    plans = lightweight_replans(three_stage_plan(), profile, pool, lost={1})
+    assert plans[0] == lightweight_replan(three_stage_plan(), profile, pool, lost={1})
+    assert len(plans) > 1 and len({p.micro_batch for p in plans}) == len(plans)
+    for plan in plans:
+        assert [(s.layers, s.devices) for s in plan.stages] == [(s.layers, s.devices) for s in plans[0].stages]
+        assert plan.batch_size == 32 and all(sum(s.shares) == plan.micro_batch for s in plan.stages)
+        assert_runnable(plan)
+    with pytest.raises(ValueError, match="does not divide"):
+        lightweight_replan(three_stage_plan(), profile, pool, lost={1}, micro_batch=5)
+
+
+def test_lightweight_replans_refuse_where_no_micro_batch_fits_the_memory():
+    profile = random_profile(np.random.default_rng(1), 12)
+    with pytest.raises(UserError, match="does not fit"):
+        lightweight_replans(three_stage_plan(), profile, pool_of(1.0, 1.0, 2.0, memory=1024), lost={1})
 
 
 def test_lightweight_replan_gives_a_slowed_device_less_work():

@@ -6,7 +6,11 @@ Three ways, as the papers compare them:
   Re-planning"): keep the stages and their order, drop the devices that are
   gone, and move the partition points so that every stage's share of the
   model's FLOPs is proportional to its computing capacity sum_{d in G_s} v_d.
-  No search: one pass over the FLOPs prefix sums.
+  No search: one pass over the FLOPs prefix sums. :func:`lightweight_replans`
+  gives the same partition at each micro-batch size, for a runtime that
+  picks the one it predicts fastest: the size moves no state, and a plan of
+  fewer stages may want larger micro-batches (beyond Asteroid, which keeps
+  the size).
 - **full** (Eco-FL §4.4; FTPipeHD §III-D's re-partition): run the planner
   again on the surviving devices with their re-measured speeds (it may change
   the device order and the number of stages).
@@ -40,6 +44,7 @@ from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.memory_model import stage_memory_bytes
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.planners import make_plan, plans_by_micro_batch
+from ecofl.pipeline.planners.memory import micro_batch_candidates
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replication import backup_bytes
 from ecofl.pipeline.schedule import target_in_flight
@@ -87,18 +92,22 @@ def surviving_pool(pool: HomePool, alive: Collection[int]) -> tuple[HomePool, tu
 
 def lightweight_replan(
     plan: Plan, profile: ModelProfile, pool: HomePool, lost: Collection[int] = (),
-    speeds: Mapping[int, float] | None = None,
+    speeds: Mapping[int, float] | None = None, micro_batch: int | None = None,
 ) -> Plan:
     """Asteroid §3.4: drop ``lost`` devices, re-cut the layers by FLOPs in proportion to stage capacity.
 
     A replicated stage that loses devices keeps its survivors (samples re-split
     by speed); a stage that loses all of them disappears and its layers go to
     its neighbours through the new cut points. K_s is re-derived for the new
-    number of stages (P_s = 2(S-s)-1, capped by memory and M). Raises
+    number of stages (P_s = 2(S-s)-1, capped by memory and M). ``micro_batch``
+    (a divisor of the mini-batch) replaces the plan's. Raises
     :class:`UserError` when the shifted plan does not fit a device's memory
     (the caller then re-plans fully).
     """
     speeds = {d: spec.speed for d, spec in enumerate(pool.devices)} | dict(speeds or {})
+    micro_batch = micro_batch or plan.micro_batch
+    if plan.batch_size % micro_batch:
+        raise ValueError(f"micro-batch {micro_batch} does not divide the mini-batch {plan.batch_size}")
     lost = set(lost)
     groups = [tuple(d for d in stage.devices if d not in lost) for stage in plan.stages]
     groups = [g for g in groups if g]
@@ -110,11 +119,33 @@ def lightweight_replan(
     cuts = _proportional_cuts(profile.flops[: plan.num_layers], capacity)
     bounds = list(zip([0, *cuts], [c - 1 for c in cuts] + [plan.num_layers - 1]))
     stages = [
-        StagePlan(layers=(lo, hi), devices=g, shares=_split(plan.micro_batch, [speeds[d] for d in g]), in_flight=1)
+        StagePlan(layers=(lo, hi), devices=g, shares=_split(micro_batch, [speeds[d] for d in g]), in_flight=1)
         for g, (lo, hi) in zip(groups, bounds)
     ]
-    shifted = replace(plan, stages=tuple(stages))
+    shifted = replace(plan, stages=tuple(stages), micro_batch=micro_batch,
+                      num_micro_batches=plan.batch_size // micro_batch)
     return _with_in_flight(shifted, profile, pool)
+
+
+def lightweight_replans(
+    plan: Plan, profile: ModelProfile, pool: HomePool, lost: Collection[int] = (),
+    speeds: Mapping[int, float] | None = None,
+) -> list[Plan]:
+    """:func:`lightweight_replan` at each micro-batch size a planner may choose for the survivors
+    (:func:`~ecofl.pipeline.planners.memory.micro_batch_candidates`), the plan's own first; a size the devices'
+    memory refuses is left out (if every size is, the refusal of the plan's own is raised)."""
+    survivors = len({d for stage in plan.stages for d in stage.devices} - set(lost))
+    sizes = [plan.micro_batch] + [m for m in micro_batch_candidates(plan.batch_size, survivors)
+                                  if m != plan.micro_batch]
+    plans, refused = [], None
+    for size in sizes:
+        try:
+            plans.append(lightweight_replan(plan, profile, pool, lost, speeds, size))
+        except UserError as error:
+            refused = refused or error
+    if not plans:
+        raise refused
+    return plans
 
 
 def full_replan(

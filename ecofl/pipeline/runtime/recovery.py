@@ -43,7 +43,7 @@ import numpy as np
 from ecofl.errors import UserError
 from ecofl.pipeline.migration import Holders, restore_point
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.replan import full_replan, lightweight_replan, measured_speeds, with_speeds
+from ecofl.pipeline.replan import full_replan, lightweight_replans, measured_speeds, with_speeds
 from ecofl.pipeline.runtime.control_messages import Config, Done, GlobalCopy, Replicate
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.copies import Copies
@@ -54,6 +54,7 @@ from ecofl.pipeline.runtime.faults import FaultEvent, FaultTolerance, Injection
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.pipeline_tuning import decide
+from ecofl.pipeline.runtime.prediction import fastest_plan
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.reconfiguration import reconfigure, restored_from
 from ecofl.pipeline.runtime.slowdown_watch import SlowdownWatch
@@ -268,15 +269,18 @@ class Recovery:
     # -- re-planning and migration -------------------------------------------------------
 
     def _replan(self, kind: str) -> Plan:
-        """A plan for the devices connected now (lightweight: the current plan's cut points shifted)."""
+        """A plan for the devices connected now (lightweight: the current plan's cut points shifted, at the
+        micro-batch size predicted fastest as the pipeline runs, :func:`.prediction.fastest_plan`)."""
         layout = self.layout
         alive = set(self.control.connections)
         lost = {d for stage in layout.plan.stages for d in stage.devices} - alive
         if kind == "lightweight":
             try:
-                return lightweight_replan(layout.plan, layout.profile, layout.pool, lost=lost, speeds=self.speeds)
+                shifted = lightweight_replans(layout.plan, layout.profile, layout.pool, lost=lost, speeds=self.speeds)
             except UserError:
                 pass  # the shifted partition does not fit: plan afresh
+            else:
+                return fastest_plan(shifted, layout.profile, with_speeds(layout.pool, self.speeds), self.emulation)[0]
         return full_replan(self.ft.planner, layout.profile, layout.pool, alive, layout.plan.batch_size,
                            speeds=self.speeds)
 
