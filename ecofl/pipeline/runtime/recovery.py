@@ -43,7 +43,7 @@ import numpy as np
 from ecofl.errors import UserError
 from ecofl.pipeline.migration import Holders, restore_point
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.replan import full_replan, lightweight_replans, measured_speeds, with_speeds
+from ecofl.pipeline.replan import full_replans, lightweight_replans, measured_speeds, with_speeds
 from ecofl.pipeline.runtime.control_messages import Config, Done, GlobalCopy, Replicate
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.copies import Copies
@@ -269,20 +269,23 @@ class Recovery:
     # -- re-planning and migration -------------------------------------------------------
 
     def _replan(self, kind: str) -> Plan:
-        """A plan for the devices connected now (lightweight: the current plan's cut points shifted, at the
-        micro-batch size predicted fastest as the pipeline runs, :func:`.prediction.fastest_plan`)."""
+        """A plan for the devices connected now (lightweight: the current plan's cut points shifted; full and
+        heavy: the planner's), of its micro-batch sizes the one predicted fastest as the pipeline runs
+        (:func:`.prediction.fastest_plan`, as the CLI plans up front)."""
         layout = self.layout
         alive = set(self.control.connections)
         lost = {d for stage in layout.plan.stages for d in stage.devices} - alive
+        candidates = None
         if kind == "lightweight":
             try:
-                shifted = lightweight_replans(layout.plan, layout.profile, layout.pool, lost=lost, speeds=self.speeds)
+                candidates = lightweight_replans(layout.plan, layout.profile, layout.pool, lost=lost,
+                                                 speeds=self.speeds)
             except UserError:
                 pass  # the shifted partition does not fit: plan afresh
-            else:
-                return fastest_plan(shifted, layout.profile, with_speeds(layout.pool, self.speeds), self.emulation)[0]
-        return full_replan(self.ft.planner, layout.profile, layout.pool, alive, layout.plan.batch_size,
-                           speeds=self.speeds)
+        if candidates is None:
+            candidates = full_replans(self.ft.planner, layout.profile, layout.pool, alive, layout.plan.batch_size,
+                                      speeds=self.speeds)
+        return fastest_plan(candidates, layout.profile, with_speeds(layout.pool, self.speeds), self.emulation)[0]
 
     def _plan_holders(self) -> Holders:
         """Between sync-rounds every device holds its stage at the current version."""
