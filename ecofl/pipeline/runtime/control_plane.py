@@ -75,13 +75,12 @@ class ControlPlane:
                  port: int = 0, network: HomeNetwork | None = None, heartbeat: LivenessSettings | None = None,
                  departed: Callable[[], set[int]] | None = None, confinement: Confinement | None = None):
         self.names, self.secret, self.timeout_s = list(names), secret, timeout_s
-        self.host, self.port, self.network, self.heartbeat = host, port, network, heartbeat
-        self.departed = departed
+        self.host, self.port, self.network, self.heartbeat, self.departed = host, port, network, heartbeat, departed
         self.devices = LocalDevices(confinement)
         self.connections: dict[int, SealedSocket] = {}
         self.data_ports: dict[int, tuple[str, int]] = {}  # device -> its worker's DataListener
         self.trapped: dict[int, float] = {}  # device -> when its phase-targeted trap fired (:mod:`.traps`)
-        self.copy_pieces: CopyAssembly | None = None  # where a global copy's pieces go as they arrive
+        self.copy_pieces = CopyAssembly.refusing()  # where the pieces of the global copy under way go
         self.monitor: HeartbeatMonitor | None = None
         self.arrivals: Arrivals | None = None  # the control port
         self._members: set[int] = set()  # devices started or expected, not yet removed
@@ -219,10 +218,7 @@ class ControlPlane:
                                         f"{self.timeout_s:.0f} s{why}")
                 for device in channels.ready():
                     reply, arrays = self._next_reply(device, deadline) or (None, {})
-                    if isinstance(reply, Trapped):
-                        continue
-                    if isinstance(reply, CopyPiece):
-                        self._file_piece(device, reply, arrays)
+                    if isinstance(reply, (Trapped, CopyPiece)):
                         continue
                     if reply is None or isinstance(reply, Error):
                         raise self.failure(device, reply, during)
@@ -256,29 +252,22 @@ class ControlPlane:
                     unreachable.add(device)
                 for device in channels.ready():
                     reply = (self._next_reply(device, deadline) or (None, {}))[0]
-                    if isinstance(reply, Trapped):
-                        continue
                     if reply is None or isinstance(reply, Error):
                         unreachable.add(device)
                     elif isinstance(reply, Interrupted) and reply.token == token:
                         replies[device] = reply
                     else:
-                        continue  # an answer to a request from before the abort
+                        continue  # a trap's notice, a copy's piece, an answer to a request from before the abort
                     channels.done(device)
         return replies, unreachable
 
-    def _file_piece(self, device: int, piece: CopyPiece, arrays: Arrays) -> None:
-        """A piece of ``device``'s stage for the global copy under way; one nobody asked for is its failure."""
-        if self.copy_pieces is None:
-            raise WorkerFailed(f"device {device} ({self.name(device)}) sent a global-copy piece unasked")
-        self.copy_pieces.add(device, piece, arrays)
-
     def _next_reply(self, device: int, deadline: float) -> tuple[Reply, Arrays] | None:
-        """The next reply on ``device``'s channel (:func:`.reply_wait.next_reply`); a trap's notice is noted in
-        :attr:`trapped`."""
+        """The next reply on ``device``'s channel, after noting a trap's notice and filing a copy's piece."""
         received = next_reply(self.connections[device], deadline, f"device {device} ({self.name(device)})")
         if received is not None and isinstance(received[0], Trapped):
             self.trapped[device] = received[0].time
+        elif received is not None and isinstance(received[0], CopyPiece):  # unasked: the sender's failure
+            self.copy_pieces.add(device, *received)
         return received
 
     # -- losses and failures -------------------------------------------------------------

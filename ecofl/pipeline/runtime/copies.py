@@ -32,7 +32,7 @@ class Copies:
         copy_every = self.ft.global_copy_every
         due = bool(copy_every) and r % copy_every == 0 and self.global_copy[0] != r
         self._incoming = CopyAssembly(r, self._senders()) if due else None
-        self.control.copy_pieces = self._incoming
+        self.control.copy_pieces = self._incoming or CopyAssembly.refusing()
 
     def uploads(self, r: int) -> dict[int, GlobalCopy]:
         """Which devices send their stage for the global copy while sync-round ``r`` computes ({}: none due):
@@ -76,7 +76,7 @@ class Copies:
             self.replica_version, self._carried = r, None
         if self._incoming is not None and self._incoming.version == r:
             self.global_copy = (r, self._incoming.result())
-            self._incoming = self.control.copy_pieces = None
+            self._incoming, self.control.copy_pieces = None, CopyAssembly.refusing()
 
     def kept_versions(self, r: int) -> list[int]:
         """The committed versions besides ``r`` that the workers keep copies of during sync-round ``r``: the
@@ -86,4 +86,4 @@ class Copies:
     def plan_changed(self) -> None:
         """A new plan has new backups: its first sync-round carries them (and the global copy, if due)."""
         self.replica_version, self._carried = None, None
-        self._incoming = self.control.copy_pieces = None
+        self._incoming, self.control.copy_pieces = None, CopyAssembly.refusing()

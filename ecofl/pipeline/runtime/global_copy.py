@@ -124,6 +124,11 @@ class CopyAssembly:
         self.state: Arrays = {}
         self.complete: set[int] = set()
 
+    @classmethod
+    def refusing(cls) -> CopyAssembly:
+        """No global copy under way: every piece is refused as one the portal did not ask for."""
+        return cls(-1, {})
+
     def add(self, device: int, piece: CopyPiece, arrays: Arrays) -> None:
         """File one piece from ``device``; a piece nobody asked for, or of keys not its stage's, is its failure."""
         if piece.version != self.version or device not in self.expected or device in self.complete:

@@ -51,7 +51,6 @@ from ecofl.pipeline.runtime.control_messages import (
     Entered,
     Epoch,
     GetState,
-    GlobalCopy,
     Infer,
     Inferred,
     Load,
@@ -59,7 +58,6 @@ from ecofl.pipeline.runtime.control_messages import (
     Ok,
     Reconfigure,
     Reconfigured,
-    Replicate,
     TrainPass,
     Setup,
     State,
@@ -69,12 +67,10 @@ from ecofl.pipeline.runtime.control_messages import (
 from ecofl.net.heartbeat import HeartbeatSender
 from ecofl.net.links import MIGRATION_TAG, PeerLost, RoundAborted
 from ecofl.net.mesh import DataListener, EpochMesh
-from ecofl.net.pacing import TokenBucket
-from ecofl.pipeline.runtime.global_copy import CopyUpload
 from ecofl.pipeline.runtime.migration_io import exchange_layer_states, paced
 from ecofl.pipeline.runtime.model_spec import spec_from_json, stage_module
 from ecofl.pipeline.runtime.process_memory import peak_rss_bytes, reset_peak
-from ecofl.pipeline.runtime.replica import ReplicaExchange
+from ecofl.pipeline.runtime.round_copies import RoundCopies
 from ecofl.net.sealed import SealedSocket
 from ecofl.pipeline.runtime.stage import Optimization, ShareExecutor
 from ecofl.pipeline.runtime.stage_state import StageState, as_arrays, from_arrays
@@ -217,8 +213,8 @@ class Worker:
         ``keep``: the versions the portal may still restore from; copies of
         others are dropped. ``replicate``: the replicas of ``version`` that
         travel while the round computes (:mod:`.replica`); ``global_copy``: my
-        stage at ``version`` to the portal meanwhile (:mod:`.global_copy`).
-        The round is done when they are.
+        stage at ``version`` to the portal meanwhile (:mod:`.global_copy`;
+        both: :mod:`.round_copies`). The round is done when they are.
         """
         version = request.version
         self._require_clean(f"run sync-round {version}")
@@ -231,55 +227,29 @@ class Worker:
         labels = torch.from_numpy(arrays["labels"]).to(self.accelerator) if "labels" in arrays else None
         reset_peak(), reset_peak_memory(self.accelerator)
         self.clean, cpu = False, ThreadClock()
-        replicas = self._replicas(request.replicate) if request.replicate is not None else None
-        upload = self._upload(version, request.global_copy) if request.global_copy is not None else None
-        travelling = [t for t in (replicas, upload) if t is not None]
-        executor.reserved_bytes = self.state.held_bytes(self.stage_keys) + (replicas.received_bytes if replicas else 0)
+        copies = RoundCopies(request, self.state, self.stage_layers, self._with_momentum(), self.mesh,
+                             executor.links, self.channel.reply, self.traps)
+        executor.reserved_bytes = self.state.held_bytes(self.stage_keys) + copies.received_bytes
         try:
             program = mode_of(self.role).pass_program(self.role, request.num_micro_batches)  # None: the role's
             stats = executor.run_round(inputs, labels, request.batch_size, self.channel.abort_check, program)
-            for copies in travelling:
-                copies.finish(self.channel.abort_check)
+            copies.finish(self.channel.abort_check)
         except INTERRUPTIONS as error:
-            for copies in travelling:
-                copies.stop()  # before the holdings: a replica not complete is not kept
+            copies.stop()  # before the holdings: a replica not complete is not kept
             self.channel.interrupted(error, self.state.holdings())
             return
         finally:
-            for copies in travelling:
-                copies.stop()
+            copies.stop()
         self._commit(version + 1)
-        ended_cpu_s = {job: s for copies in travelling for job, s in copies.ended_cpu_s().items()}
         self.channel.reply(Done(
             events=stats.events, loss_sum=float(stats.loss_sum), peak_resident=stats.peak_resident,
             peak_activation_bytes=stats.peak_activation_bytes, fixed_bytes=stats.fixed_bytes,
             peak_rss_bytes=peak_rss_bytes(),  # measured: the process's peak during this sync-round
             baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions,
-            peak_accelerator_bytes=peak_memory_bytes(self.accelerator),
-            replica_after_s=replicas.complete_after_s if replicas is not None and replicas.receives else None,
-            cpu_s=cpu.process_s(), cpu_s_by_job=cpu.by_job(ended_cpu_s),
-            global_copy_after_s=upload.sent_after_s if upload is not None else None,
+            peak_accelerator_bytes=peak_memory_bytes(self.accelerator), replica_after_s=copies.replica_after_s,
+            cpu_s=cpu.process_s(), cpu_s_by_job=cpu.by_job(copies.ended_cpu_s()),
+            global_copy_after_s=copies.global_copy_after_s,
         ))
-
-    def _upload(self, version: int, request: GlobalCopy) -> CopyUpload:
-        """My stage's committed state at ``version`` to the portal, off the critical path (:mod:`.global_copy`)."""
-        upload = CopyUpload(self.channel.reply, version,
-                            as_arrays(self.state.layers_state(self.stage_layers, version)), request.link_bps)
-        self.traps.reached("global-copy")
-        return upload
-
-    def _replicas(self, request: Replicate) -> ReplicaExchange:
-        """My stage at version r to my backup, and the stages I back up, off the critical path (:mod:`.replica`)."""
-        version = request.version
-        sends = [] if request.to is None else [(request.to, self.state.layers_state(self.stage_layers, version))]
-        receives = [(rank, self.state.empty_like_layers(range(first, last + 1), self._with_momentum()))
-                    for _source, rank, first, last in request.sources]
-        buckets = {rank: self.executor.links.get(rank) or (TokenBucket(request.link_bps) if request.link_bps else None)
-                   for rank, _ in sends}
-        replicas = ReplicaExchange(self.mesh, sends, receives, buckets,
-                                   lambda buffers: self.state.hold(version, buffers))  # a complete replica
-        self.traps.reached("replicate")
-        return replicas
 
     def _infer(self, request: Infer, arrays: Arrays) -> None:
         """Stream the call's micro-batches through my stage (pipelined inference)."""
