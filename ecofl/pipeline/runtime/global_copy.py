@@ -26,7 +26,6 @@ device's link with its activations, at no lower priority.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Collection
 
@@ -36,13 +35,10 @@ from ecofl.net.links import AbortCheck
 from ecofl.net.pacing import TokenBucket
 from ecofl.pipeline.runtime.byte_stream import piece_bytes
 from ecofl.pipeline.runtime.control_messages import CopyPiece
+from ecofl.pipeline.runtime.copy_thread import CopyThread
 from ecofl.pipeline.runtime.errors import WorkerFailed
 
 Arrays = dict[str, np.ndarray]
-
-
-class UploadStopped(Exception):
-    """The upload was told to stop (the round was interrupted)."""
 
 
 def copy_pieces(arrays: Arrays, size_bytes: int) -> list[Arrays]:
@@ -71,47 +67,26 @@ class CopyUpload:
         self.pieces = copy_pieces(arrays, piece_bytes(self.bucket))
         self.started = time.time()
         self.sent_after_s: float | None = None  # when the last piece was sent, from the start
-        self.cpu_s = 0.0  # the thread's CPU time, measured by itself when it ends
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._upload, daemon=True, name="global-copy")
-        self._thread.start()
+        self._thread = CopyThread("global-copy", self._upload)
 
-    def _stopped(self) -> None:
-        if self._stop.is_set():
-            raise UploadStopped()
-
-    def _upload(self) -> None:
-        try:
-            for i, piece in enumerate(self.pieces):
-                if self.bucket is not None:
-                    self.bucket.consume(sum(a.nbytes for a in piece.values()), self._stopped)
-                self._stopped()
-                self.send(CopyPiece(self.version, last=i == len(self.pieces) - 1), piece)
-            self.sent_after_s = time.time() - self.started
-        except UploadStopped:
-            pass
-        except BaseException as error:  # noqa: BLE001 - re-raised by finish() on the worker's thread
-            self.error = error
-        finally:
-            self.cpu_s = time.thread_time()
+    def _upload(self, stopped: Callable[[], None]) -> None:
+        for i, piece in enumerate(self.pieces):
+            if self.bucket is not None:
+                self.bucket.consume(sum(a.nbytes for a in piece.values()), stopped)
+            stopped()
+            self.send(CopyPiece(self.version, last=i == len(self.pieces) - 1), piece)
+        self.sent_after_s = time.time() - self.started
 
     def ended_cpu_s(self) -> dict[str, float]:
-        """The thread's CPU seconds once it has ended (:meth:`.ThreadClock.by_job`'s ``finished``)."""
-        return {} if self._thread.is_alive() else {self._thread.name: self.cpu_s}
+        return self._thread.ended_cpu_s()
 
     def finish(self, abort: AbortCheck) -> None:
         """Wait until every piece is sent; re-raise what went wrong."""
-        while self._thread.is_alive():
-            abort()
-            self._thread.join(0.02)
-        if self.error is not None:
-            raise self.error
+        self._thread.join(abort)
 
     def stop(self) -> None:
         """Stop sending (an interrupted round): the portal drops a copy that is not complete."""
-        self._stop.set()
-        self._thread.join()
+        self._thread.stop()
 
 
 class CopyAssembly:

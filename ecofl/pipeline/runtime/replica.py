@@ -32,7 +32,6 @@ the quota it computes with (``benchmarks/steady_runs.py`` measures the cost).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
@@ -40,11 +39,8 @@ from ecofl.net.links import REPLICA_TAG, AbortCheck, Ticket
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
 from ecofl.pipeline.runtime.byte_stream import in_key_order, receive_stream, send_stream
+from ecofl.pipeline.runtime.copy_thread import CopyThread
 from ecofl.pipeline.runtime.stage_state import State
-
-
-class ReplicaStopped(Exception):
-    """The receiving thread was told to stop (the round was interrupted)."""
 
 
 class ReplicaExchange:
@@ -62,53 +58,32 @@ class ReplicaExchange:
         self.mesh, self.receives, self.keep = mesh, receives, keep
         self.started = time.time()
         self.complete_after_s: float | None = None  # when the last replica kept here was complete
-        self.receiver_cpu_s = 0.0  # the receiving thread's CPU time, measured by itself when it ends
-        self.error: BaseException | None = None
         self.tickets: list[Ticket] = [
             ticket for rank, state in sends
             for ticket in send_stream(mesh, rank, in_key_order(state), REPLICA_TAG, buckets.get(rank), background=True)
         ]
-        self._stop = threading.Event()
-        self._receiver = threading.Thread(target=self._receive, daemon=True, name="replica-receiver")
-        self._receiver.start()
+        self._receiver = CopyThread("replica-receiver", self._receive)
 
     @property
     def received_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for _, buffers in self.receives for b in buffers.values())
 
-    def _stopped(self) -> None:
-        if self._stop.is_set():
-            raise ReplicaStopped()
-
-    def _receive(self) -> None:
-        try:
-            for rank, buffers in self.receives:
-                receive_stream(self.mesh, rank, REPLICA_TAG, in_key_order(buffers), "replica", self._stopped)
-                self.keep(buffers)
-                self.complete_after_s = time.time() - self.started
-        except ReplicaStopped:
-            pass
-        except BaseException as error:  # noqa: BLE001 - re-raised by finish() on the worker's thread
-            self.error = error
-        finally:
-            self.receiver_cpu_s = time.thread_time()
+    def _receive(self, stopped: Callable[[], None]) -> None:
+        for rank, buffers in self.receives:
+            receive_stream(self.mesh, rank, REPLICA_TAG, in_key_order(buffers), "replica", stopped)
+            self.keep(buffers)
+            self.complete_after_s = time.time() - self.started
 
     def ended_cpu_s(self) -> dict[str, float]:
-        """The CPU seconds of this exchange's threads that have ended (:meth:`.ThreadClock.by_job`'s
-        ``finished``)."""
-        return {} if self._receiver.is_alive() else {self._receiver.name: self.receiver_cpu_s}
+        """The receiving thread's CPU seconds once it has ended (:meth:`.ThreadClock.by_job`'s ``finished``)."""
+        return self._receiver.ended_cpu_s()
 
     def finish(self, abort: AbortCheck) -> None:
         """Wait until every replica is sent and every one for me is kept; re-raise what went wrong."""
         for ticket in self.tickets:
             ticket.wait(self.mesh.timeout_s, abort, "sending a replica")
-        while self._receiver.is_alive():
-            abort()
-            self._receiver.join(0.02)
-        if self.error is not None:
-            raise self.error
+        self._receiver.join(abort)
 
     def stop(self) -> None:
         """Stop receiving (an interrupted round): a replica not complete is not kept."""
-        self._stop.set()
-        self._receiver.join()
+        self._receiver.stop()
