@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                "gap_ms": args.gap_ms, "steps": args.steps, "rows": rows, "command": command}
     (ROOT / "benchmarks" / "results" / "handoff_wait.json").write_text(json.dumps(results, indent=2) + "\n")
     write_table(results)
+    return 0
 
 
 def write_table(results: dict) -> None:
@@ -125,7 +126,6 @@ def write_table(results: dict) -> None:
     table = "\n".join(lines)
     print(table)
     replace_section(ROOT / "docs" / "pipeline.md", table, "handoff-wait")
-    return 0
 
 
 if __name__ == "__main__":
