@@ -47,9 +47,11 @@ What is simulated (choices documented here, not in the papers):
   spends host seconds on every byte it sends or receives (copying a tensor
   into a frame, AES-GCM sealing or opening it, the reader thread's copies),
   charged to the forward or backward that sends or needs them, at the
-  device's speed. On a device of a fortieth of a core this is what its links
-  cost it; at host speed it is next to nothing. Measured with the per-
-  operation overhead, on a model whose activations are wide.
+  device's speed; at host speed it is next to nothing. Measured with the
+  per-operation overhead, on a model whose activations are wide. A confined
+  device's links are in the speed it calibrated instead (its steps carry
+  their tensors through sealed links, :mod:`ecofl.pipeline.runtime.link_work`),
+  so its predictions pass none.
 - **Memory.** Each device's peak by Asteroid eq. 3, with the forward tasks
   the schedule keeps resident (:mod:`ecofl.pipeline.memory_model`).
 """

@@ -3,8 +3,8 @@
 Asteroid §3.3 profiles every layer on every device before planning; Eco-FL
 §4.2 plans from each device's measured compute. Here a confined device
 (``--emulate cgroup``, :mod:`.confinement`) times training steps (forward,
-loss or the gradient from the next stage, and backward of one micro-batch)
-in its own cgroup, at its own quota, for at least ``min_seconds``: many CFS
+loss or the gradient from the next stage, and backward of one micro-batch,
+then what its links seal and open for it, :mod:`.link_work`) in its own cgroup, at its own quota, for at least ``min_seconds``: many CFS
 periods, so the burst of quota an idle device starts with does not flatter
 it. Its speed for the planner is the host profile's time for the same
 layers over the measured time (:func:`speed_from_step`); the cost model
@@ -56,6 +56,7 @@ from ecofl.allocator import keep_freed_memory
 from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
 from ecofl.pipeline.runtime.cpu_pace import CpuPace
+from ecofl.pipeline.runtime.link_work import LoopbackLinks, carried_per_step
 from ecofl.pipeline.runtime.worker_environment import worker_environment
 from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
 from ecofl.net.schema import MalformedMessage
@@ -367,11 +368,19 @@ def main() -> int:
             stage(x)
 
     step = train if args.objective == "training" else infer
-    step()  # allocations and first-call work, not measured
-    write_line(sys.stdout, Timed(None))  # ready
-    read_line(sys.stdin.readline(), CALIBRATION_REQUESTS)  # Go, or MalformedMessage
-    pace = CpuPace.of_this_process()  # under its own quota now: each step at the device's pace, as in the pipeline
-    write_line(sys.stdout, Timed(seconds_per_call(lambda: pace.call(step), args.seconds)))
+    carried = carried_per_step(x.detach(), out, first, is_last, args.objective)  # what its links seal and open
+    with LoopbackLinks() as links:
+        step()  # allocations and first-call work, not measured
+        links.carry(carried)
+        write_line(sys.stdout, Timed(None))  # ready
+        read_line(sys.stdin.readline(), CALIBRATION_REQUESTS)  # Go, or MalformedMessage
+        pace = CpuPace.of_this_process()  # under its own quota now: each step at the device's pace, as in the pipeline
+
+        def step_and_links() -> None:  # the links' threads are not paced: the kernel's quota holds them
+            pace.call(step)
+            links.carry(carried)
+
+        write_line(sys.stdout, Timed(seconds_per_call(step_and_links, args.seconds)))
     return 0
 
 

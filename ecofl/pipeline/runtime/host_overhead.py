@@ -69,9 +69,13 @@ def host_byte_overhead_s(cache_dir: str | None = None) -> float:
 
 def runtime_overheads(emulation: Emulation, cache_dir: str | None = None) -> dict[str, float]:
     """The cost models' overhead arguments for a run in ``emulation``: this host's, measured once and cached,
-    where devices compute for real (confined or at host speed); none where they sleep to the model."""
+    where devices compute for real; none where they sleep to the model. A confined device's time per byte is
+    in the speed it calibrated (its steps carry their tensors through sealed links, :mod:`.link_work`), so
+    confined runs add the per-operation overhead only."""
     if emulation == Emulation.SLEEP:
         return {}
+    if emulation == Emulation.CGROUP:
+        return {"operation_overhead_s": host_operation_overhead_s(cache_dir)}
     return {"operation_overhead_s": host_operation_overhead_s(cache_dir),
             "byte_overhead_s": host_byte_overhead_s(cache_dir)}
 

@@ -1,0 +1,74 @@
+"""A confined device's calibration carries what its stage's links seal and open (ecofl.pipeline.runtime.link_work)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import threading
+
+import pytest
+import torch
+
+from ecofl.pipeline.runtime import calibration
+from ecofl.pipeline.runtime.link_work import LoopbackLinks, carried_per_step
+from ecofl.pipeline.runtime.model_spec import LayerList
+from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REPLIES, Go, line_of, read_line
+
+INPUT, OUTPUT = torch.zeros(2, 3), torch.ones(2, 5)
+
+
+@pytest.mark.parametrize("first, is_last, objective, carried", [
+    (0, True, "training", []),  # the whole model: no links
+    (0, False, "training", [OUTPUT]),  # the first stage sends its output and receives its gradient
+    (2, False, "training", [INPUT, OUTPUT]),  # a middle stage: its input's gradient goes back too
+    (2, True, "training", [INPUT]),  # the last stage receives its input, sends its gradient
+    (0, True, "inference", []),
+    (0, False, "inference", [OUTPUT]),  # a stream stage seals its output...
+    (2, False, "inference", [OUTPUT]),  # ...and opens its input: one carry
+    (2, True, "inference", [INPUT]),  # the last stage only opens its input
+])
+def test_a_step_carries_what_its_stage_sends_and_receives(first, is_last, objective, carried):
+    got = carried_per_step(INPUT, OUTPUT, first, is_last, objective)
+    assert [tensor is INPUT for tensor in got] == [tensor is INPUT for tensor in carried]
+    assert len(got) == len(carried)
+
+
+def test_loopback_links_seal_send_receive_and_open_each_tensor_and_close_their_threads():
+    tensors = [torch.randn(4, 16), torch.arange(10.0).reshape(2, 5), torch.randn(64, 1024)]  # the last: records
+    before = {thread.name for thread in threading.enumerate()}
+    with LoopbackLinks() as links:
+        for _ in range(3):
+            got = links.carry(tensors)
+            assert [torch.equal(a, b) for a, b in zip(got, tensors)] == [True] * 3
+        assert links.carry([]) == []
+    for thread in threading.enumerate():
+        if thread.name not in before and thread.name.startswith(("send-to", "recv-from")):
+            thread.join(timeout=10)
+            assert not thread.is_alive(), f"{thread.name} outlived its links"
+
+
+def test_a_calibrating_middle_stage_carries_its_input_and_output_after_every_timed_step(monkeypatch):
+    """The calibration process of a stage between two others (layers 2-3 of five): every step, its first one
+    included, is followed by one carry of its input (16 wide) and its output (8 wide) at its micro-batch."""
+    model = LayerList((("Linear", {"in_features": 4, "out_features": 16}), ("ReLU", {}),
+                       ("Linear", {"in_features": 16, "out_features": 8}), ("ReLU", {}),
+                       ("Linear", {"in_features": 8, "out_features": 3})))
+    shapes: list[list[tuple[int, ...]]] = []
+    carry = LoopbackLinks.carry
+
+    def counted(self, tensors):
+        shapes.append([tuple(t.shape) for t in tensors])
+        return carry(self, tensors)
+
+    monkeypatch.setattr(LoopbackLinks, "carry", counted)
+    monkeypatch.setattr(sys, "argv", ["calibration", "--model", json.dumps(model.to_json()), "--input-shape", "4",
+                                      "--micro-batch", "2", "--layers", "2,3", "--seconds", "0.05"])
+    monkeypatch.setattr(sys, "stdin", io.StringIO(line_of(Go())))
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert calibration.main() == 0
+    ready, timed = (read_line(line, CALIBRATION_REPLIES) for line in out.getvalue().splitlines())
+    assert ready.seconds_per_step is None and timed.seconds_per_step > 0
+    assert len(shapes) >= 4  # the untimed first step and at least three timed ones
+    assert all(carried == [(2, 16), (2, 8)] for carried in shapes)
