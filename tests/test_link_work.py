@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from ecofl.pipeline.runtime import calibration
+from ecofl.pipeline.runtime.emulation import Emulation
+from ecofl.pipeline.runtime.host_overhead import record_path, runtime_overheads
 from ecofl.pipeline.runtime.link_work import LoopbackLinks, carried_per_step
 from ecofl.pipeline.runtime.model_spec import LayerList
 from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REPLIES, Go, line_of, read_line
@@ -72,3 +74,13 @@ def test_a_calibrating_middle_stage_carries_its_input_and_output_after_every_tim
     assert ready.seconds_per_step is None and timed.seconds_per_step > 0
     assert len(shapes) >= 4  # the untimed first step and at least three timed ones
     assert all(carried == [(2, 16), (2, 8)] for carried in shapes)
+
+
+def test_confined_predictions_leave_the_per_byte_overhead_to_the_devices_speeds(tmp_path):
+    """A confined device's calibration holds its links' CPU (above), so its prediction adds only the runtime's
+    per-operation work; at host speed both overheads; sleeping devices none."""
+    record_path(str(tmp_path)).write_text(json.dumps({"operation_overhead_s": 0.0006, "byte_overhead_s": 7e-10}))
+    assert runtime_overheads(Emulation.CGROUP, str(tmp_path)) == {"operation_overhead_s": 0.0006}
+    assert runtime_overheads(Emulation.NONE, str(tmp_path)) == {"operation_overhead_s": 0.0006,
+                                                                 "byte_overhead_s": 7e-10}
+    assert runtime_overheads(Emulation.SLEEP, str(tmp_path)) == {}

@@ -80,11 +80,16 @@ def runtime_overheads(emulation: Emulation, cache_dir: str | None = None) -> dic
             "byte_overhead_s": host_byte_overhead_s(cache_dir)}
 
 
+def record_path(cache_dir: str | None = None) -> Path:
+    """Where this host's record is cached (per record version, profiling method, torch version and cores)."""
+    path = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    return path / (f"runtime-overhead-v{RECORD_VERSION}-m{PROFILE_METHOD}-torch{torch.__version__}-"
+                   f"{host_cores()}cores.json")
+
+
 def operation_overhead_record(cache_dir: str | None = None) -> dict:
     """The cached calibration of this host (:func:`measure_operation_overhead`'s record), measured if missing."""
-    path = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    path = path / (f"runtime-overhead-v{RECORD_VERSION}-m{PROFILE_METHOD}-torch{torch.__version__}-"
-                   f"{host_cores()}cores.json")
+    path = record_path(cache_dir)
     if path.exists():
         return json.loads(path.read_text())
     measured = measure_operation_overhead(cache_dir=cache_dir)
