@@ -11,7 +11,9 @@ from ecofl.pipeline.cost import simulate, stage_compute_s
 from ecofl.pipeline.migration import GLOBAL_COPY, PORTAL_DEVICE, bytes_moved, heavy_moves, layer_moves, layer_owners
 from ecofl.pipeline.plan import Plan, StagePlan, plan_schedule
 from ecofl.pipeline.planners import make_plan
-from ecofl.pipeline.replan import full_replan, lightweight_replan, lightweight_replans, measured_speeds, with_speeds
+from ecofl.pipeline.replan import (MAX_SHIFTED_PLANS, full_replan, lightweight_replan, lightweight_replans,
+                                  measured_speeds, shifted_replans, with_speeds)
+from ecofl.pipeline.runtime.prediction import predict_sync_round, quickest_to_finish
 from ecofl.pipeline.replication import backup_bytes, backup_targets, restore_source, stage_state_bytes
 from ecofl.pipeline.schedule import validate
 from pipeline_kit import random_profile
@@ -106,6 +108,49 @@ def test_lightweight_replan_keeps_surviving_replicas_and_refuses_what_does_not_f
         lightweight_replan(plan, profile, pool_of(1.0, 1.0, 1.0, 1.0, memory=1000), lost={3})
     with pytest.raises(UserError, match="every device"):
         lightweight_replan(plan, profile, pool, lost={0, 1, 2, 3})
+
+
+def test_shifted_replans_move_each_cut_by_at_most_the_window_and_keep_every_stage_a_layer():
+    profile = random_profile(np.random.default_rng(5), 12)
+    plan = three_stage_plan()  # cuts before layers 4 and 8
+    shifted = shifted_replans(plan, profile, pool_of(1.0, 1.0, 1.0), window=2)
+    cuts = {tuple(s.layers[0] for s in p.stages[1:]) for p in shifted}
+    assert cuts == {(a, b) for a in range(2, 7) for b in range(6, 11) if (a, b) != (4, 8) and a < b}
+    assert len(shifted) == len(cuts)
+    for p in shifted:
+        assert [s.devices for s in p.stages] == [s.devices for s in plan.stages] and p.micro_batch == plan.micro_batch
+        assert [s.layers[1] + 1 for s in p.stages[:-1]] == [s.layers[0] for s in p.stages[1:]]
+        assert p.stages[-1].layers[1] == 11
+        assert_runnable(p)
+    # two stages on a two-layer model: the only other cut is none
+    two = Plan("ecofl", (StagePlan((0, 0), (0,), (4,), 3), StagePlan((1, 1), (1,), (4,), 1)), 4, 8)
+    assert shifted_replans(two, random_profile(np.random.default_rng(5), 2), pool_of(1.0, 1.0)) == []
+
+
+def test_shifted_replans_narrow_their_window_to_stay_few():
+    profile = random_profile(np.random.default_rng(6), 30)
+    stages = tuple(StagePlan((5 * s, 5 * s + 4), (s,), (4,), 1) for s in range(6))
+    shifted = shifted_replans(Plan("ecofl", stages, 4, 8), profile, pool_of(*[1.0] * 6), window=3)
+    assert len(shifted) <= MAX_SHIFTED_PLANS  # 7^5 vectors at 3 layers; 3^5 - 1 at one
+    assert max(abs(p.stages[s].layers[0] - 5 * s) for p in shifted for s in range(1, 6)) == 1
+
+
+def test_a_recovery_moves_less_with_few_rounds_left_and_trains_faster_with_many():
+    """Two candidates after device 1 of three is lost: the one whose layers stay where the survivors hold them
+    (nothing crosses a link) but puts most of the work on the slow device, and the balanced one, which moves
+    layers over a slow link. One round left: moving nothing finishes first; a hundred: the balanced one."""
+    profile = random_profile(np.random.default_rng(7), 12)
+    pool = HomePool("test", (DeviceSpec("fast", 2.0, 4 * GB, 1e5), DeviceSpec("gone", 1.0, 4 * GB, 1e5),
+                             DeviceSpec("slow", 0.5, 4 * GB, 1e5)))
+    holders = {layer: {0} for layer in range(0, 4)} | {layer: {2} for layer in range(4, 12)}
+    stay = Plan("ecofl", (StagePlan((0, 3), (0,), (4,), 3), StagePlan((4, 11), (2,), (4,), 1)), 4, 8)
+    balanced = Plan("ecofl", (StagePlan((0, 9), (0,), (4,), 3), StagePlan((10, 11), (2,), (4,), 1)), 4, 8)
+    rounds = {p: predict_sync_round(p, profile, pool, "sleep").sync_round_s for p in (stay, balanced)}
+    assert rounds[balanced] < rounds[stay]
+    plan, seconds = quickest_to_finish([balanced, stay], holders, 1, profile, pool, "sleep")
+    assert plan == stay and seconds == pytest.approx(rounds[stay])
+    plan, seconds = quickest_to_finish([stay, balanced], holders, 100, profile, pool, "sleep")
+    assert plan == balanced and seconds > 100 * rounds[balanced]  # its moves are in the time too
 
 
 def test_full_replan_plans_the_survivors_in_original_indices():

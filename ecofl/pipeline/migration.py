@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
+from ecofl.devices import HomePool
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replication import restore_source, stage_state_bytes
@@ -138,6 +139,16 @@ def heavy_moves(
         nbytes = stage_state_bytes(profile, (layer, layer))
         moves.extend(LayerMove(layer, PORTAL_DEVICE, t, nbytes) for t in targets)
     return moves
+
+
+def migration_s(new: Plan, holders: Holders, profile: ModelProfile, pool: HomePool) -> float:
+    """Seconds the layer moves into ``new`` take: device pairs move in parallel, each its bytes over its link
+    (a restore from the portal's global copy is not counted)."""
+    pairs: dict[tuple[int, int], int] = {}
+    for move in moves_from_holders(new, holders, profile):
+        if move.source not in (move.target, GLOBAL_COPY):
+            pairs[move.source, move.target] = pairs.get((move.source, move.target), 0) + move.nbytes
+    return max((nbytes / float(pool.bandwidth_bps[pair]) for pair, nbytes in pairs.items()), default=0.0)
 
 
 def bytes_moved(moves: list[LayerMove]) -> int:

@@ -32,6 +32,7 @@ no stage.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
@@ -166,6 +167,39 @@ def full_replans(planner: str, profile: ModelProfile, pool: HomePool, alive: Col
     caller that compares them with costs the planner leaves out."""
     survivors, original = surviving_pool(with_speeds(pool, speeds or {}), alive)
     return [_in_pool_indices(plan, original) for plan in plans_by_micro_batch(planner, profile, survivors, batch_size)]
+
+
+#: Most cut-point vectors :func:`shifted_replans` returns (the cost model predicts each during a recovery).
+MAX_SHIFTED_PLANS = 250
+
+
+def shifted_replans(plan: Plan, profile: ModelProfile, pool: HomePool, window: int = 3) -> list[Plan]:
+    """``plan`` with its cut points moved, each by at most ``window`` layers (fewer where the vectors would
+    number more than :data:`MAX_SHIFTED_PLANS`): the same stages, devices, shares and micro-batch, every stage
+    keeping a layer; plans that do not fit memory are left out.
+
+    A lightweight re-plan's cut points are in proportion to FLOPs (Asteroid §3.4), which is neither what
+    the cost model predicts fastest (it counts activations on the links and the runtime's work) nor what
+    moves the fewest bytes from where the survivors hold their layers: its neighbours are the candidates
+    a recovery weighs the two with (:func:`ecofl.pipeline.runtime.prediction.quickest_to_finish`)."""
+    cuts = [stage.layers[0] for stage in plan.stages[1:]]
+    while window > 0 and (2 * window + 1) ** len(cuts) > MAX_SHIFTED_PLANS:
+        window -= 1
+    plans = []
+    for shift in itertools.product(range(-window, window + 1), repeat=len(cuts)):
+        if not any(shift):
+            continue
+        moved = [c + d for c, d in zip(cuts, shift)]
+        firsts, lasts = [0, *moved], [c - 1 for c in moved] + [plan.num_layers - 1]
+        if any(last < first for first, last in zip(firsts, lasts)):
+            continue
+        stages = tuple(replace(stage, layers=(first, last))
+                       for stage, first, last in zip(plan.stages, firsts, lasts))
+        try:
+            plans.append(_with_in_flight(replace(plan, stages=stages), profile, pool))
+        except UserError:
+            continue  # a stage that no longer fits its device
+    return plans
 
 
 def _in_pool_indices(plan: Plan, original: Sequence[int]) -> Plan:

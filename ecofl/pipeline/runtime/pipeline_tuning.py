@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.cost import SyncRoundCost
-from ecofl.pipeline.migration import GLOBAL_COPY, Holders, moves_from_holders
+from ecofl.pipeline.migration import Holders, migration_s
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import full_replan, full_replans, with_speeds
@@ -106,15 +106,6 @@ def pipeline_speeds(plan: Plan, profile: ModelProfile, pool: HomePool, emulation
         if seconds > 0 and modelled.get(device, 0.0) > 0:
             speeds[device] = pool.devices[device].speed * modelled[device] / seconds
     return speeds
-
-
-def migration_s(new: Plan, holders: Holders, profile: ModelProfile, pool: HomePool) -> float:
-    """Seconds the layer moves into ``new`` take: device pairs move in parallel, each its bytes over its link."""
-    pairs: dict[tuple[int, int], int] = {}
-    for move in moves_from_holders(new, holders, profile):
-        if move.source not in (move.target, GLOBAL_COPY):
-            pairs[move.source, move.target] = pairs.get((move.source, move.target), 0) + move.nbytes
-    return max((nbytes / float(pool.bandwidth_bps[pair]) for pair, nbytes in pairs.items()), default=0.0)
 
 
 def candidate_plans(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool,

@@ -43,7 +43,7 @@ import numpy as np
 from ecofl.errors import UserError
 from ecofl.pipeline.migration import Holders, restore_point
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.replan import full_replans, lightweight_replans, measured_speeds, with_speeds
+from ecofl.pipeline.replan import full_replans, lightweight_replans, measured_speeds, shifted_replans, with_speeds
 from ecofl.pipeline.runtime.control_messages import Config, Done, GlobalCopy, Replicate
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.copies import Copies
@@ -54,7 +54,7 @@ from ecofl.pipeline.runtime.faults import FaultEvent, FaultTolerance, Injection
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.pipeline_tuning import decide
-from ecofl.pipeline.runtime.prediction import fastest_plan
+from ecofl.pipeline.runtime.prediction import fastest_plan, quickest_to_finish
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.reconfiguration import reconfigure, restored_from
 from ecofl.pipeline.runtime.slowdown_watch import SlowdownWatch
@@ -167,7 +167,7 @@ class Recovery:
         self.speeds.update(measured_speeds(layout.plan, layout.profile, with_speeds(layout.pool, self.speeds),
                                            measured))
         kind = self.ft.adapt_replan
-        new = self._replan(kind)
+        new = self._replan(kind, self._plan_holders(), r + 1)
         event = next((e for e in reversed(self.log.events) if e.kind == "slow" and e.device in slow), None)
         if event is None:
             event = FaultEvent("slow", slow[0], r)
@@ -191,7 +191,8 @@ class Recovery:
         event.detected_after_s = time.time() - event.struck_at
         event.replan = "full"
         started = time.time()
-        event.bytes_moved = self._reconfigure(self._replan("full"), r, self._plan_holders())
+        holders = self._plan_holders()
+        event.bytes_moved = self._reconfigure(self._replan("full", holders, r), r, holders)
         event.rescheduling_s = time.time() - started
         self.log.recovered(event)
 
@@ -213,7 +214,8 @@ class Recovery:
             kind = self.ft.replan
             rescheduling = time.time()
             try:
-                moved = self._reconfigure(self._replan(kind), version, holders, heavy=kind == "heavy", recovery=True)
+                moved = self._reconfigure(self._replan(kind, holders, version), version, holders,
+                                          heavy=kind == "heavy", recovery=True)
             except DevicesLost as again:  # lost while recovering: once more, without it
                 found.update(dict.fromkeys(set(again.failures) - set(found), time.time()))
                 continue
@@ -268,24 +270,31 @@ class Recovery:
 
     # -- re-planning and migration -------------------------------------------------------
 
-    def _replan(self, kind: str) -> Plan:
-        """A plan for the devices connected now (lightweight: the current plan's cut points shifted; full and
-        heavy: the planner's), of its micro-batch sizes the one predicted fastest as the pipeline runs
-        (:func:`.prediction.fastest_plan`, as the CLI plans up front)."""
+    def _replan(self, kind: str, holders: Holders, version: int) -> Plan:
+        """A plan for the devices connected now to run from sync-round ``version``, ``holders`` holding its
+        layers. Full and heavy: the planner's, of its micro-batch sizes the one predicted fastest as the
+        pipeline runs (:func:`.prediction.fastest_plan`, as the CLI plans up front). Lightweight: the current
+        plan's cut points moved in proportion to capacity (Asteroid §3.4) at the micro-batch size predicted
+        fastest, or one of its neighbours (:func:`~ecofl.pipeline.replan.shifted_replans`): the one that
+        finishes the call's rounds first, its layer moves included (:func:`.prediction.quickest_to_finish`)."""
         layout = self.layout
+        pool = with_speeds(layout.pool, self.speeds)
         alive = set(self.control.connections)
         lost = {d for stage in layout.plan.stages for d in stage.devices} - alive
-        candidates = None
         if kind == "lightweight":
             try:
-                candidates = lightweight_replans(layout.plan, layout.profile, layout.pool, lost=lost,
-                                                 speeds=self.speeds)
+                proportional = lightweight_replans(layout.plan, layout.profile, layout.pool, lost=lost,
+                                                   speeds=self.speeds)
             except UserError:
                 pass  # the shifted partition does not fit: plan afresh
-        if candidates is None:
-            candidates = full_replans(self.ft.planner, layout.profile, layout.pool, alive, layout.plan.batch_size,
-                                      speeds=self.speeds)
-        return fastest_plan(candidates, layout.profile, with_speeds(layout.pool, self.speeds), self.emulation)[0]
+            else:
+                best = fastest_plan(proportional, layout.profile, pool, self.emulation)[0]
+                candidates = [best, *shifted_replans(best, layout.profile, pool)]
+                rounds_left = max(1, self.sync_rounds - version)
+                return quickest_to_finish(candidates, holders, rounds_left, layout.profile, pool, self.emulation)[0]
+        candidates = full_replans(self.ft.planner, layout.profile, layout.pool, alive, layout.plan.batch_size,
+                                  speeds=self.speeds)
+        return fastest_plan(candidates, layout.profile, pool, self.emulation)[0]
 
     def _plan_holders(self) -> Holders:
         """Between sync-rounds every device holds its stage at the current version."""
