@@ -8,7 +8,8 @@ import pytest
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import simulate, stage_compute_s
-from ecofl.pipeline.migration import GLOBAL_COPY, PORTAL_DEVICE, bytes_moved, heavy_moves, layer_moves, layer_owners
+from ecofl.pipeline.migration import (GLOBAL_COPY, PORTAL_DEVICE, bytes_moved, heavy_moves, layer_moves, layer_owners,
+                                     migration_s)
 from ecofl.pipeline.plan import Plan, StagePlan, plan_schedule
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.replan import (MAX_SHIFTED_PLANS, full_replan, lightweight_replan, lightweight_replans,
@@ -133,6 +134,20 @@ def test_shifted_replans_narrow_their_window_to_stay_few():
     shifted = shifted_replans(Plan("ecofl", stages, 4, 8), profile, pool_of(*[1.0] * 6), window=3)
     assert len(shifted) <= MAX_SHIFTED_PLANS  # 7^5 vectors at 3 layers; 3^5 - 1 at one
     assert max(abs(p.stages[s].layers[0] - 5 * s) for p in shifted for s in range(1, 6)) == 1
+
+
+def test_migration_takes_the_slowest_pair_and_a_global_copy_restore_crosses_the_portals_link():
+    profile = random_profile(np.random.default_rng(8), 12)
+    pool = pool_of(1.0, 1.0, 1.0)  # 12.5 MB/s links
+    plan = three_stage_plan()  # device 0: layers 0-3, device 1: 4-7, device 2: 8-11
+    held = {layer: {0, 1, 2} for layer in range(12)}
+    assert migration_s(plan, held, profile, pool) == 0.0
+    layer_bytes = [stage_state_bytes(profile, (layer, layer)) for layer in range(12)]
+    from_1 = dict(held) | {layer: {1} for layer in (8, 9)}  # device 2 fetches layers 8-9 from device 1
+    assert migration_s(plan, from_1, profile, pool) == pytest.approx((layer_bytes[8] + layer_bytes[9]) / 12.5e6)
+    lost = dict(held) | {5: set(), 10: set()}  # nobody holds layers 5 and 10: from the portal's global copy
+    assert migration_s(plan, lost, profile, pool) == pytest.approx(max(layer_bytes[5], layer_bytes[10]) / 12.5e6)
+    assert migration_s(plan, dict(held) | {2: set()}, profile, pool) == 0.0  # the portal's own layer
 
 
 def test_a_recovery_moves_less_with_few_rounds_left_and_trains_faster_with_many():

@@ -142,12 +142,13 @@ def heavy_moves(
 
 
 def migration_s(new: Plan, holders: Holders, profile: ModelProfile, pool: HomePool) -> float:
-    """Seconds the layer moves into ``new`` take: device pairs move in parallel, each its bytes over its link
-    (a restore from the portal's global copy is not counted)."""
+    """Seconds the layer moves into ``new`` take: device pairs move in parallel, each its bytes over its link (a
+    restore from the portal's global copy over the portal's)."""
     pairs: dict[tuple[int, int], int] = {}
     for move in moves_from_holders(new, holders, profile):
-        if move.source not in (move.target, GLOBAL_COPY):
-            pairs[move.source, move.target] = pairs.get((move.source, move.target), 0) + move.nbytes
+        source = PORTAL_DEVICE if move.source == GLOBAL_COPY else move.source
+        if source != move.target:
+            pairs[source, move.target] = pairs.get((source, move.target), 0) + move.nbytes
     return max((nbytes / float(pool.bandwidth_bps[pair]) for pair, nbytes in pairs.items()), default=0.0)
 
 

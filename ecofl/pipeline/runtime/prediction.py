@@ -7,8 +7,9 @@ every forward and backward also costs the runtime's own work, per operation
 and, at host speed, per byte sent or received (:mod:`.host_overhead`,
 measured once on this host), at the device's speed (a confined device's
 links are in the speed it calibrated, :mod:`.link_work`); at host speed the
-devices share this machine's cores. One function for every figure that sets a prediction beside a
-measurement: the CLI, the benchmarks and a simulation's pipeline homes.
+devices share this machine's cores. One function for every figure that
+sets a prediction beside a measurement: the CLI, the benchmarks and a
+simulation's pipeline homes.
 """
 
 from __future__ import annotations
