@@ -24,7 +24,6 @@ from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
 from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.runtime.byte_stream import MAX_PIECE_BYTES, MIN_PIECE_BYTES, byte_pieces, piece_bytes
 from ecofl.pipeline.runtime.migration_io import exchange_layer_states
-from ecofl.pipeline.runtime import replica
 from ecofl.pipeline.runtime.replica import ReplicaExchange
 from helpers import SECRET, answer_of, wait_for
 
@@ -324,41 +323,6 @@ def test_a_replica_is_cut_into_pieces_and_kept_only_once_all_of_it_arrived():
         waiting = ReplicaExchange(b, [], [(0, {"w": torch.empty(10)})], {}, kept.append)  # nothing will come
         waiting.stop()
         assert len(kept) == 1 and waiting.complete_after_s is None  # an interrupted replica is not kept
-    finally:
-        close_all(listeners, [a, b])
-
-
-def test_a_waiter_that_polls_rarely_is_woken_to_check_its_abort(monkeypatch):
-    """A replica's receiver waits the whole sync-round and checks for a stop once a second, not every 20 ms:
-    stopping it (an interrupted round) wakes it at once. Polls of a minute here: only the wake can end them."""
-    listeners, (a, b) = meshes(2)
-    try:
-        stopped = threading.Event()
-        failures: list[BaseException] = []
-
-        def abort() -> None:
-            if stopped.is_set():
-                raise RuntimeError("aborted")
-
-        def wait() -> None:
-            try:
-                b.recv(0, 5, timeout_s=120, abort=abort, poll_s=60)
-            except RuntimeError as error:
-                failures.append(error)
-
-        waiter = threading.Thread(target=wait)
-        waiter.start()
-        stopped.set()
-        b.wake()
-        waiter.join(timeout=20)
-        assert not waiter.is_alive() and [str(f) for f in failures] == ["aborted"]
-
-        monkeypatch.setattr(replica, "WOKEN_POLL_S", 60.0)
-        receiver = ReplicaExchange(b, [], [(0, {"w": torch.empty(10)})], {}, lambda kept: None)
-        stopping = threading.Thread(target=receiver.stop)
-        stopping.start()
-        stopping.join(timeout=20)
-        assert not stopping.is_alive() and receiver.complete_after_s is None
     finally:
         close_all(listeners, [a, b])
 

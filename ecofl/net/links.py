@@ -260,26 +260,20 @@ class PeerLink:
         except (OSError, ChannelClosed, ValueError) as error:
             self._fail(f"receiving from rank {self.peer}: {error}")
 
-    def take(self, tag: int, timeout_s: float, abort: AbortCheck = never_aborted, poll_s: float = POLL_S
-             ) -> torch.Tensor:
+    def take(self, tag: int, timeout_s: float, abort: AbortCheck = never_aborted) -> torch.Tensor:
         """The next tensor the peer sent under ``tag``; PeerLost if the link broke first, TimeoutError after
-        ``timeout_s``. ``abort`` is checked every ``poll_s`` and whenever :meth:`wake` is called: a waiter
-        whose aborter wakes it can poll rarely (every wake costs a device CPU it would compute with)."""
+        ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         with self._arrived:
-            while not self._inbox[tag]:  # checks before each wait: a wake before the first one is not missed
+            while not self._inbox[tag]:
                 if self.error is not None:
                     raise self.error
-                abort()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"nothing arrived from rank {self.peer} within {timeout_s:.0f} s")
-                self._arrived.wait(poll_s)
+                self._arrived.wait(POLL_S)
+                if not self._inbox[tag]:
+                    abort()
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"nothing arrived from rank {self.peer} within {timeout_s:.0f} s")
             return self._inbox[tag].popleft()
-
-    def wake(self) -> None:
-        """Wake every thread waiting in :meth:`take` to check its abort now."""
-        with self._arrived:
-            self._arrived.notify_all()
 
     # -- lifetime ------------------------------------------------------------------------
 

@@ -143,16 +143,10 @@ class EpochMesh:
         """Post ``tensor`` to rank ``dst`` under ``tag``; see :meth:`.links.PeerLink.post`."""
         return self._link(dst).post(tensor, tag, bucket, background)
 
-    def recv(self, src: int, tag: int, timeout_s: float | None = None, abort: AbortCheck = never_aborted,
-             poll_s: float = POLL_S) -> torch.Tensor:
-        """The next tensor rank ``src`` sent under ``tag`` (``abort`` checked every ``poll_s`` and at
-        :meth:`wake`: :meth:`~ecofl.net.links.PeerLink.take`)."""
-        return self._link(src).take(tag, self.timeout_s if timeout_s is None else timeout_s, abort, poll_s)
-
-    def wake(self) -> None:
-        """Wake every thread waiting in :meth:`recv` to check its abort now."""
-        for link in self.links.values():
-            link.wake()
+    def recv(self, src: int, tag: int, timeout_s: float | None = None, abort: AbortCheck = never_aborted
+             ) -> torch.Tensor:
+        """The next tensor rank ``src`` sent under ``tag``."""
+        return self._link(src).take(tag, self.timeout_s if timeout_s is None else timeout_s, abort)
 
     def all_reduce(self, tensor: torch.Tensor, ranks: tuple[int, ...], tag: int,
                    abort: AbortCheck = never_aborted, bucket: TokenBucket | None = None) -> torch.Tensor:

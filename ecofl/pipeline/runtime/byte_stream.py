@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ecofl.net.links import POLL_S, AbortCheck, Ticket, never_aborted
+from ecofl.net.links import AbortCheck, Ticket, never_aborted
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
 
@@ -99,13 +99,12 @@ def send_stream(mesh: EpochMesh, rank: int, tensors: Sequence[torch.Tensor], tag
 
 
 def receive_stream(mesh: EpochMesh, rank: int, tag: int, buffers: Sequence[torch.Tensor], what: str,
-                   abort: AbortCheck = never_aborted, poll_s: float = POLL_S) -> None:
+                   abort: AbortCheck = never_aborted) -> None:
     """Fill ``buffers`` in order from the pieces ``rank`` sends under ``tag`` (no bytes: one empty piece); a
-    piece that is not bytes or does not fit what is left is a ValueError naming ``what`` travels. ``abort`` is
-    checked every ``poll_s`` and when the mesh is woken (:meth:`~ecofl.net.mesh.EpochMesh.wake`)."""
+    piece that is not bytes or does not fit what is left is a ValueError naming ``what`` travels."""
     sink = ByteSink(byte_views(buffers))
     while True:
-        piece = mesh.recv(rank, tag, abort=abort, poll_s=poll_s)
+        piece = mesh.recv(rank, tag, abort=abort)
         left = sink.total - sink.filled
         fits = 0 < piece.numel() <= left or left == 0 == piece.numel()
         if piece.dim() != 1 or piece.dtype != torch.uint8 or not fits:

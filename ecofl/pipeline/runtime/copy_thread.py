@@ -14,22 +14,12 @@ class CopyStopped(Exception):
     """The copy was told to stop (the round was interrupted)."""
 
 
-#: How often a copy thread that :meth:`CopyThread.stop` wakes checks whether it was stopped (and its deadline).
-WOKEN_POLL_S = 1.0
-
-
 class CopyThread:
     """Runs ``work(stopped)`` once on a thread named ``name``; ``stopped()`` raises :class:`CopyStopped` once
-    :meth:`stop` was called. An error is kept for :meth:`join` to raise on the worker's thread.
+    :meth:`stop` was called. An error is kept for :meth:`join` to raise on the worker's thread."""
 
-    ``wake`` wakes whatever the work waits in, so that it checks ``stopped`` at once: such a work can wait
-    with a long poll (:data:`WOKEN_POLL_S`). A replica's receiver waits for pieces the whole sync-round, and
-    polling every 20 ms cost a confined Nano 0.012-0.014 CPU-s a round, 0.12-0.14 s of its 0.1 cores
-    (``benchmarks/steady_runs.py``, 2026-12-01 22:33)."""
-
-    def __init__(self, name: str, work: Callable[[Callable[[], None]], None],
-                 wake: Callable[[], None] = lambda: None):
-        self.work, self._wake = work, wake
+    def __init__(self, name: str, work: Callable[[Callable[[], None]], None]):
+        self.work = work
         self.error: BaseException | None = None
         self.cpu_s = 0.0  # the thread's CPU time, measured by itself when it ends
         self._stop = threading.Event()
@@ -63,7 +53,6 @@ class CopyThread:
             raise self.error
 
     def stop(self) -> None:
-        """Stop the work (woken to check at once) and wait for the thread."""
+        """Stop the work at its next check and wait for the thread."""
         self._stop.set()
-        self._wake()
         self._thread.join()

@@ -39,7 +39,7 @@ from ecofl.net.links import REPLICA_TAG, AbortCheck, Ticket
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
 from ecofl.pipeline.runtime.byte_stream import in_key_order, receive_stream, send_stream
-from ecofl.pipeline.runtime.copy_thread import WOKEN_POLL_S, CopyThread
+from ecofl.pipeline.runtime.copy_thread import CopyThread
 from ecofl.pipeline.runtime.stage_state import State
 
 
@@ -62,7 +62,7 @@ class ReplicaExchange:
             ticket for rank, state in sends
             for ticket in send_stream(mesh, rank, in_key_order(state), REPLICA_TAG, buckets.get(rank), background=True)
         ]
-        self._receiver = CopyThread("replica-receiver", self._receive, wake=mesh.wake)
+        self._receiver = CopyThread("replica-receiver", self._receive)
 
     @property
     def received_bytes(self) -> int:
@@ -70,7 +70,7 @@ class ReplicaExchange:
 
     def _receive(self, stopped: Callable[[], None]) -> None:
         for rank, buffers in self.receives:
-            receive_stream(self.mesh, rank, REPLICA_TAG, in_key_order(buffers), "replica", stopped, WOKEN_POLL_S)
+            receive_stream(self.mesh, rank, REPLICA_TAG, in_key_order(buffers), "replica", stopped)
             self.keep(buffers)
             self.complete_after_s = time.time() - self.started
 
