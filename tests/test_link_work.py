@@ -84,17 +84,3 @@ def test_confined_predictions_leave_the_per_byte_overhead_to_the_devices_speeds(
     assert runtime_overheads(Emulation.NONE, str(tmp_path)) == {"operation_overhead_s": 0.0006,
                                                                  "byte_overhead_s": 7e-10}
     assert runtime_overheads(Emulation.SLEEP, str(tmp_path)) == {}
-
-
-def test_a_carry_counts_as_its_cpu_at_the_devices_cores_not_as_its_wall_time():
-    """In the pipeline the links' threads seal and open while the stage computes: only their CPU takes the
-    quota. A carry waited for alone also waits for its threads to be scheduled, which the step time drops."""
-    with LoopbackLinks() as links:
-        links.carry([torch.randn(256, 256)])
-        assert links.carries == 1 and links.wall_s > 0 and links.cpu_s > 0
-        links.reset()
-        assert (links.carries, links.wall_s, links.cpu_s) == (0, 0.0, 0.0)
-        assert links.step_s(0.3, 0.1) == 0.3  # nothing carried: the step as timed
-        links.carries, links.wall_s, links.cpu_s = 4, 0.4, 0.02  # 0.1 s of wall a carry, 5 ms of CPU
-        assert links.step_s(0.3, 0.1) == pytest.approx(0.3 - 0.1 + 0.05)  # 5 ms of CPU at 0.1 cores: 50 ms
-        assert links.step_s(0.3, None) == 0.3  # not confined: the wall time stands

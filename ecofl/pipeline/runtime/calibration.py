@@ -375,14 +375,12 @@ def main() -> int:
         write_line(sys.stdout, Timed(None))  # ready
         read_line(sys.stdin.readline(), CALIBRATION_REQUESTS)  # Go, or MalformedMessage
         pace = CpuPace.of_this_process()  # under its own quota now: each step at the device's pace, as in the pipeline
-        links.reset()
 
         def step_and_links() -> None:  # the links' threads are not paced: the kernel's quota holds them
             pace.call(step)
             links.carry(carried)
 
-        seconds = seconds_per_call(step_and_links, args.seconds)
-        write_line(sys.stdout, Timed(links.step_s(seconds, pace.cores)))  # a carry as its CPU at the quota
+        write_line(sys.stdout, Timed(seconds_per_call(step_and_links, args.seconds)))
     return 0
 
 

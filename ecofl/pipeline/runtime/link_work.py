@@ -23,15 +23,7 @@ device sends plus one it receives:
 A stage streaming inference (PipeEdge) opens its input and seals its
 output, one carry: of its output, or, on the last stage, of its input.
 
-A carry counts as the CPU it took (this process's, over the carry) at the
-device's cores, not as its wall time: in the pipeline the link threads
-seal and open while the stage computes, and only their CPU takes the
-stage's quota; a carry waited for on its own also waits for each thread to
-be scheduled, which at a quota of 1 ms in every 40 (a Raspberry Pi at
-0.025 cores) made a one-block stage calibrate 1.6x slower than it then
-computed in the pipeline (benchmarks/results/confined.json, 2026-12-01
-22:44). The step time (:func:`LoopbackLinks.step_s`) then holds the links'
-CPU at the device's pace, and the device's speed
+Its step time then holds its links' CPU at its own pace, and its speed
 (:func:`.calibration.speed_from_step`) carries it into the plan and the
 cost model. A device timing the whole model sends nothing and carries
 nothing.
@@ -41,7 +33,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
 import torch
 
@@ -70,29 +61,12 @@ class LoopbackLinks:
         forward, backward = os.urandom(KEY_BYTES), os.urandom(KEY_BYTES)
         self._sending = PeerLink(SealedSocket(near, forward, backward), peer=0)
         self._receiving = PeerLink(SealedSocket(far, backward, forward), peer=0)
-        self.carries, self.wall_s, self.cpu_s = 0, 0.0, 0.0  # since the last reset: how many, their seconds
 
     def carry(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Send each tensor across and take it at the other end (sealed, sent, received and opened); its wall
-        and CPU seconds (this process's: the links' threads and the caller) are added up."""
-        wall, cpu = time.perf_counter(), time.process_time()
+        """Send each tensor across and take it at the other end (sealed, sent, received and opened)."""
         for tag, tensor in enumerate(tensors):
             self._sending.post(tensor, tag)
-        carried = [self._receiving.take(tag, CARRY_TIMEOUT_S) for tag in range(len(tensors))]
-        self.carries += 1
-        self.wall_s += time.perf_counter() - wall
-        self.cpu_s += time.process_time() - cpu
-        return carried
-
-    def reset(self) -> None:
-        self.carries, self.wall_s, self.cpu_s = 0, 0.0, 0.0
-
-    def step_s(self, seconds_per_step: float, cores: float | None) -> float:
-        """A step's seconds with its carry (one a step since the last reset, in ``seconds_per_step``) counted as
-        its CPU at ``cores`` instead of its wall time (None: not confined, the wall time stands)."""
-        if cores is None or not self.carries:
-            return seconds_per_step
-        return seconds_per_step + (self.cpu_s / cores - self.wall_s) / self.carries
+        return [self._receiving.take(tag, CARRY_TIMEOUT_S) for tag in range(len(tensors))]
 
     def close(self) -> None:
         self._sending.close()
