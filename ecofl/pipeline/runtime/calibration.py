@@ -6,9 +6,10 @@ Asteroid §3.3 profiles every layer on every device before planning; Eco-FL
 loss or the gradient from the next stage, and backward of one micro-batch,
 then what its links seal and open for it, :mod:`.link_work`) in its own
 cgroup, at its own quota, for at least ``min_seconds``: many CFS periods,
-so the burst of quota an idle device starts with does not flatter it. Its speed for the planner is the host profile's time for the same
-layers over the measured time (:func:`speed_from_step`); the cost model
-then predicts the device's time for those layers as what it measured.
+so the burst of quota an idle device starts with does not flatter it. Its
+speed for the planner is the host profile's time for the same layers over
+the measured time (:func:`speed_from_step`); the cost model then predicts
+the device's time for those layers as what it measured.
 
 What a device times is a :class:`Work`: first the whole model, at the
 samples per call the plan on the presets gives it; then the layers and the

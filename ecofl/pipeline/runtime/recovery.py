@@ -272,29 +272,20 @@ class Recovery:
 
     def _replan(self, kind: str, holders: Holders, version: int) -> Plan:
         """A plan for the devices connected now to run from sync-round ``version``, ``holders`` holding its
-        layers. Full and heavy: the planner's, of its micro-batch sizes the one predicted fastest as the
-        pipeline runs (:func:`.prediction.fastest_plan`, as the CLI plans up front). Lightweight: the current
-        plan's cut points moved in proportion to capacity (Asteroid §3.4) at the micro-batch size predicted
-        fastest, or one of its neighbours (:func:`~ecofl.pipeline.replan.shifted_replans`): the one that
-        finishes the call's rounds first, its layer moves included (:func:`.prediction.quickest_to_finish`)."""
+        layers: lightweight (:func:`lightweight_recovery_plan`) where its partition fits, else the planner's, of
+        its micro-batch sizes the one predicted fastest as the pipeline runs (:func:`.prediction.fastest_plan`,
+        as the CLI plans up front)."""
         layout = self.layout
-        pool = with_speeds(layout.pool, self.speeds)
         alive = set(self.control.connections)
-        lost = {d for stage in layout.plan.stages for d in stage.devices} - alive
         if kind == "lightweight":
             try:
-                proportional = lightweight_replans(layout.plan, layout.profile, layout.pool, lost=lost,
-                                                   speeds=self.speeds)
+                return lightweight_recovery_plan(layout, self.speeds, alive, holders,
+                                                 max(1, self.sync_rounds - version), self.emulation)
             except UserError:
                 pass  # the shifted partition does not fit: plan afresh
-            else:
-                best = fastest_plan(proportional, layout.profile, pool, self.emulation)[0]
-                candidates = [best, *shifted_replans(best, layout.profile, pool)]
-                rounds_left = max(1, self.sync_rounds - version)
-                return quickest_to_finish(candidates, holders, rounds_left, layout.profile, pool, self.emulation)[0]
         candidates = full_replans(self.ft.planner, layout.profile, layout.pool, alive, layout.plan.batch_size,
                                   speeds=self.speeds)
-        return fastest_plan(candidates, layout.profile, pool, self.emulation)[0]
+        return fastest_plan(candidates, layout.profile, with_speeds(layout.pool, self.speeds), self.emulation)[0]
 
     def _plan_holders(self) -> Holders:
         """Between sync-rounds every device holds its stage at the current version."""
@@ -320,3 +311,18 @@ class Recovery:
     def finish(self) -> list[FaultEvent]:
         """The events, with the throughput of the sync-rounds before each and after its recovery."""
         return self.log.finish(self.layout.plan.batch_size)
+
+
+def lightweight_recovery_plan(layout: PipelineLayout, speeds: dict[int, float], alive: set[int], holders: Holders,
+                              rounds_left: int, emulation: Emulation) -> Plan:
+    """The current plan's cut points moved in proportion to capacity (Asteroid §3.4) at the micro-batch size
+    predicted fastest, or one of its neighbours (:func:`~ecofl.pipeline.replan.shifted_replans`): the one that
+    finishes ``rounds_left`` sync-rounds first, its layer moves from ``holders`` included
+    (:func:`.prediction.quickest_to_finish`). A UserError where the proportional partition does not fit."""
+    plan, profile = layout.plan, layout.profile
+    pool = with_speeds(layout.pool, speeds)
+    lost = {d for stage in plan.stages for d in stage.devices} - alive
+    proportional = lightweight_replans(plan, profile, layout.pool, lost=lost, speeds=speeds)
+    best = fastest_plan(proportional, profile, pool, emulation)[0]
+    candidates = [best, *shifted_replans(best, profile, pool)]
+    return quickest_to_finish(candidates, holders, rounds_left, profile, pool, emulation)[0]
