@@ -210,9 +210,7 @@ PARTS = ("fig13", "asteroid", "detection", "safety")
 def measured(results: dict, part: str, command: str) -> str:
     """When and how ``part`` was measured (results of before per-part records: with ``command``)."""
     at = results.get("measured", {}).get(part)
-    if not at:
-        return f"Measured with `{command}`."
-    return f"Measured {at['at']} with `{at['command']}`." if at["at"] else f"Measured with `{at['command']}`."
+    return f"Measured {at['at']} with `{at['command']}`." if at else f"Measured with `{command}`."
 
 
 def markdown(results: dict, command: str) -> str:
@@ -352,11 +350,8 @@ def main() -> None:
     command = ("python benchmarks/adapt.py" + (" --quick" if args.quick else "")
                + (f" --emulate {args.emulate}" if args.emulate != "sleep" else "")
                + (f" --parts {' '.join(args.parts)}" if set(args.parts) != set(PARTS) else ""))
-    records = results.setdefault("measured", {})
-    for part in set(PARTS) - set(args.parts):  # a part kept from a run before per-part records: that run's command
-        if part in results and part not in records and "command" in results:
-            records[part] = {"at": None, "command": results["command"]}
     results["command"] = command
+    records = results.setdefault("measured", {})
     for part in args.parts:
         load = os.getloadavg()[0]
         if part == "fig13":

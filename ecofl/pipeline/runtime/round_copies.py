@@ -23,10 +23,10 @@ class RoundCopies:
     def __init__(self, request: TrainPass, state: StageState, stage_layers: range, with_momentum: bool,
                  mesh: EpochMesh, links: dict[int, TokenBucket], reply: Callable[[CopyPiece, Arrays], None],
                  traps: Traps):
-        version = request.version
         self.replicas: ReplicaExchange | None = None
         self.upload: CopyUpload | None = None
         if (replicate := request.replicate) is not None:
+            version = replicate.version
             sends = [] if replicate.to is None else [(replicate.to, state.layers_state(stage_layers, version))]
             receives = [(rank, state.empty_like_layers(range(first, last + 1), with_momentum))
                         for _source, rank, first, last in replicate.sources]
@@ -36,7 +36,8 @@ class RoundCopies:
                                             lambda buffers: state.hold(version, buffers))  # a complete replica
             traps.reached("replicate")
         if request.global_copy is not None:
-            self.upload = CopyUpload(reply, version, as_arrays(state.layers_state(stage_layers, version)),
+            self.upload = CopyUpload(reply, request.version,
+                                     as_arrays(state.layers_state(stage_layers, request.version)),
                                      request.global_copy.link_bps)
             traps.reached("global-copy")
 
