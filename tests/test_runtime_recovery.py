@@ -39,6 +39,9 @@ def test_a_lost_device_of_a_three_stage_pipeline_is_survived_exactly(event):
     assert record["replan"] == "lightweight" and restored in (2, 3) and record["lost_rounds"] == 3 - restored
     assert record["detected_after_s"] < FAST_HEARTBEAT.detection_bound_s + 10  # never a round deadline
     assert record["recovered_after_s"] >= record["detected_after_s"]
+    # the timeline is every device's, also of a stage the final plan no longer has (device 2 was stage 2)
+    before_the_loss = sum(result.sync_round_s[:2])
+    assert {e.device for e in result.timeline if e.start < before_the_loss} == {0, 1, 2}
 
 
 def test_fedprox_survives_two_re_plans_exactly():

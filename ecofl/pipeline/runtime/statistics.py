@@ -82,7 +82,8 @@ def pipeline_result(
 
     Per-stage figures are those of the final plan's ``num_stages`` stages (a
     re-planned pipeline reports its devices under the stage they served in
-    each round).
+    each round); the timeline has every device's events, under the stage it
+    served in then.
     """
     fwd = [[] for _ in range(num_stages)]
     bwd = [[] for _ in range(num_stages)]
@@ -102,13 +103,14 @@ def pipeline_result(
         for device, reply in replies.items():
             s = reply["stage"]
             loss += reply["loss_sum"]
+            timeline += [TimelineEvent(device, s, kind, m, start - origin, end - origin)
+                         for kind, m, start, end in _events(reply)]  # every device's, whichever plan
             if s >= num_stages:
                 continue
             stage_of[device] = s
             versions.setdefault(device, []).extend(tuple(v) for v in reply.get("weight_versions", ()))
             compute = 0.0
             for kind, m, start, end in _events(reply):
-                timeline.append(TimelineEvent(device, s, kind, m, start - origin, end - origin))
                 if kind in PASSES:
                     compute += end - start
                     per_device = per_device_f if kind == ActionKind.FORWARD else per_device_b
