@@ -257,6 +257,8 @@ def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,
         "sync_round_s": measured,
         "predicted_sync_round_s": predicted.sync_round_s / per_pass,
         "sync_rounds_s": list(result.sync_round_s),
+        # the most memory one device touched for the first time in each round (a new stage maps its stash)
+        "first_touched_mib_by_round": [None if b is None else b / 2**20 for b in result.first_touched_bytes],
         "loss": result.loss,
         "stages": stages,
         "rounds_completed": result.rounds_completed,

@@ -189,6 +189,7 @@ class Done:
     cpu_s: float | None = None  # measured: the worker process's CPU time (every thread) during the sync-round
     cpu_s_by_job: dict[str, float] | None = None  # measured: the same by what each thread does (:mod:`.thread_cpu`)
     global_copy_after_s: float | None = None  # when my stage's global copy was sent, from the round's start
+    first_touched_bytes: int | None = None  # measured: memory the process touched for the first time in the round
 
 
 @message("copy_piece")

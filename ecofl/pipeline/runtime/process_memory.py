@@ -6,11 +6,14 @@ The emulation's :class:`~ecofl.pipeline.runtime.emulation.MemoryLedger`
 (``VmRSS``) and its peak (``VmHWM``), which :func:`reset_peak` sets back to
 the current resident set (``/proc/self/clear_refs``, value 5, Linux 4.0+),
 so that a sync-round's own peak can be read. Where ``/proc`` is missing,
-the figures are None.
+the figures are None. :func:`first_touched_bytes` counts the memory the
+kernel mapped on its first touch: a stage's first sync-round maps its stash
+(docs/pipeline.md, "A new stage's first round").
 """
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 
 _STATUS = Path("/proc/self/status")
@@ -43,3 +46,9 @@ def reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def first_touched_bytes() -> int:
+    """Bytes of this process (every thread) the kernel has mapped on their first touch since it started: its
+    minor faults, a page each."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt * resource.getpagesize()

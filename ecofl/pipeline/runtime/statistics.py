@@ -48,6 +48,9 @@ class PipelineResult:
     weight_versions: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     # the re-tune on the pipeline's own speeds (TuningDecision.to_dict, with its seconds and bytes moved); None: none
     tuning: dict | None = None
+    # measured, per sync-round: the most bytes one device's process touched for the first time (a stage's first
+    # round maps its stash, docs/pipeline.md); None: no device reported
+    first_touched_bytes: tuple[int | None, ...] = ()
 
     @property
     def throughput(self) -> float:
@@ -150,7 +153,14 @@ def pipeline_result(
         round_epochs=tuple(round_epochs),
         weight_versions={d: tuple(v) for d, v in versions.items() if v},
         tuning=tuning,
+        first_touched_bytes=tuple(_first_touched(replies) for replies in rounds),
     )
+
+
+def _first_touched(replies: dict[int, dict[str, Any]]) -> int | None:
+    """The most bytes one device's process touched for the first time in a round (None: none reported)."""
+    touched = [reply.get("first_touched_bytes") for reply in replies.values()]
+    return max((b for b in touched if b is not None), default=None)
 
 
 @dataclass(frozen=True)
