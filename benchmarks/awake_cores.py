@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.markdown_section import replace_section  # noqa: E402
+from benchmarks.markdown_section import publish  # noqa: E402
 from ecofl.awake_cores import AwakeCores  # noqa: E402
 from ecofl.cgroups import DeviceLimits, find_hierarchy  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
@@ -134,12 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"repeat {repeat}, cores {'kept awake' if awake else 'left to halt'}: {run['mean']:.2f} "
                       f"steps/s, cv {100 * run['cv']:.1f}%", file=sys.stderr, flush=True)
                 results["runs"].append(run)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
-    table = markdown(results)
-    if not replace_section(Path(args.doc), table, "awake-cores"):
-        print(f"{args.doc} has no section 'awake-cores': the table is only printed", file=sys.stderr)
-    print(table)
+    publish(results, Path(args.json), markdown(results), Path(args.doc), "awake-cores")
     return 0
 
 

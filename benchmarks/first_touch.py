@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.markdown_section import replace_section  # noqa: E402
+from benchmarks.markdown_section import publish  # noqa: E402
 from ecofl.cgroups import DeviceLimits, find_hierarchy  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 
@@ -166,12 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             results["runs"][where] = run = first_against_later(rounds_of(settings, cores))
             print(f"{where}: first round {run['rounds'][0]['wall_s']:.2f} s, {run['extra_wall_s']:+.2f} s over the "
                   f"later ones, {run['first_touched_mib']:.0f} MiB first touched", file=sys.stderr, flush=True)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
-    table = markdown(results)
-    if not replace_section(Path(args.doc), table, "first-touch"):
-        print(f"{args.doc} has no section 'first-touch': the table is only printed", file=sys.stderr)
-    print(table)
+    publish(results, Path(args.json), markdown(results), Path(args.doc), "first-touch")
     return 0
 
 

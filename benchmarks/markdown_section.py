@@ -9,6 +9,8 @@ text.
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 START, END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
@@ -37,3 +39,13 @@ def replace_section(doc: Path, table: str, name: str | None = None) -> bool:
 def cell(text: str) -> str:
     """``text`` safe inside a Markdown table cell (its pipes escaped)."""
     return text.replace("|", "\\|")
+
+
+def publish(results: dict, json_path: Path, table: str, doc: Path, name: str) -> None:
+    """Write ``results`` to ``json_path`` and ``table`` into ``doc``'s section ``name`` (said on stderr where
+    ``doc`` has none), and print the table."""
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=1))
+    if not replace_section(doc, table, name):
+        print(f"{doc} has no section {name!r}: the table is only printed", file=sys.stderr)
+    print(table)

@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 
 from benchmarks.home_runs import LR, MOMENTUM, describe_plan, run_plan, synthetic_batch  # noqa: E402
-from benchmarks.markdown_section import replace_section  # noqa: E402
+from benchmarks.markdown_section import publish  # noqa: E402
 from ecofl.awake_cores import AwakeCores  # noqa: E402
 from ecofl.cgroups import DeviceLimits, find_hierarchy  # noqa: E402
 from ecofl.devices import HomePool, host_cores, make_pool  # noqa: E402
@@ -455,12 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             kept[key] = row
         report["results"] = {**{k: r for k, r in kept.items() if k not in report["results"]},
                              **report["results"]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1))
-    table = markdown(report)
-    if not replace_section(Path(args.doc), table, "versus-pipelining"):
-        print(f"(no versus-pipelining section in {args.doc}: table not written there)", file=sys.stderr)
-    print(table)
+    publish(report, path, markdown(report), Path(args.doc), "versus-pipelining")
     return 0
 
 
