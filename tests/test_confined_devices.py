@@ -331,6 +331,10 @@ def test_ecofl_home_train_confined_reports_quota_limit_and_real_memory_and_leave
         assert device["cpu_quota"] == pytest.approx(device["quota_cores"], rel=0.01)
         assert device["memory_limit_bytes"] > device["memory_budget_bytes"]  # the budget on top of the runtime
         assert device["peak_rss_bytes"] > 0 and device["measured_speed"] > 0
+        assert device["first_touch_s_per_byte"] is None or device["first_touch_s_per_byte"] >= 0  # calibrated
+    first = report["predicted_first_round_s"]  # None only where a device's first step mapped nothing
+    assert (first is None) == any(d["first_touch_s_per_byte"] is None for d in used)
+    assert first is None or first >= report["predicted_sync_round_s"]
     print(f"\nconfined cnn on nano,nano,tx2-maxq: sync-round {report['sync_round_s']:.3f} s measured, "
           f"{report['predicted_sync_round_s']:.3f} s predicted; speeds measured "
           + ", ".join(f"{d['name']} {d['measured_speed']:.3f} (quota {d['cpu_quota']:.3f})" for d in used))

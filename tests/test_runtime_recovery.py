@@ -123,6 +123,24 @@ def test_a_sustained_slow_down_re_plans_the_slowed_device_to_less_work():
     assert work_of(final_plan, 1) < work_of(THREE_STAGES, 1)
 
 
+def test_a_slow_down_taken_into_a_neighbours_re_plan_is_recorded_with_it():
+    """Device 2 computes 4x slower from round 2 and device 1 2x slower from round 3: device 2 is found slow after
+    round 3, and the re-plan on every device's re-estimated speed takes device 1's slow-down too. Both events
+    say so (before, device 1's stayed undetected: the new plan expected its pace, so it was never found slow)."""
+    x, y = data()
+    ft = FaultTolerance(heartbeat=FAST_HEARTBEAT)
+    quick = dataclasses.replace(PROFILE, forward_s=PROFILE.forward_s / 4, backward_s=PROFILE.backward_s / 4)
+    hosts = HomePool("test", (DeviceSpec("host", 1.0, 1 << 30, 1e9),) * 3)
+    with HomePipeline(WITHOUT_BATCH_NORM, hosts, THREE_STAGES, profile=quick, emulate="sleep", timeout_s=60,
+                      fault_tolerance=ft) as home:
+        result = home.train(None, x, y, 8, lr=0.1, momentum=0.9,
+                            inject=[Injection.parse("slow:2*4@2"), Injection.parse("slow:1*2@3")])
+    events = {e["device"]: e for e in result.events}
+    assert set(events) == {1, 2}, result.events
+    assert all(e["kind"] == "slow" and e["replan"] and e["detected_after_s"] is not None for e in events.values())
+    assert events[1]["rescheduling_s"] == pytest.approx(events[2]["rescheduling_s"], abs=1.0)  # one re-plan
+
+
 def test_a_device_that_joins_between_rounds_takes_layers_and_the_result_is_exact():
     two_stages = Plan("hand", (StagePlan((0, 2), (0,), (4,), 3), StagePlan((3, 4), (1,), (4,), 1)), 4, 6)
     result, final_plan = train_exactly(two_stages, ["join:2@3"])

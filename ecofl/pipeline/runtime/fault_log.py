@@ -24,6 +24,16 @@ class FaultLog:
         self.events.append(event)
         return event
 
+    def slow_down(self, device: int, r: int, found: float) -> FaultEvent:
+        """The injected slow-down of ``device`` not yet adapted to, or a new one found at ``found`` in round ``r``."""
+        event = next((e for e in reversed(self.events)
+                      if e.kind == "slow" and e.device == device and e.detected_after_s is None), None)
+        if event is None:
+            event = FaultEvent("slow", device, r)
+            event.struck_at = found
+            self.events.append(event)
+        return event
+
     def recovered(self, event: FaultEvent) -> None:
         """The pipeline has adapted to ``event``: it resumes with the next sync-round sent."""
         self._waiting.append(event)

@@ -161,23 +161,23 @@ class Recovery:
         self.tuned = {**decision.to_dict(), "seconds": time.time() - started, "bytes_moved": moved}
 
     def _adapt(self, slow: list[int], measured: dict[int, float], r: int) -> None:
-        """Eco-FL §4.4: re-plan on the slow devices' re-estimated speeds, between sync-rounds, no replay."""
+        """Eco-FL §4.4: re-plan on the devices' re-estimated speeds, between sync-rounds, no replay. Each device
+        found slow, or re-estimated ``slowdown_ratio`` times slower (its slow-down taken into this re-plan
+        before it was found on its own), has its event: the injected one, or a new one."""
         layout = self.layout
         started = time.time()
-        self.speeds.update(measured_speeds(layout.plan, layout.profile, with_speeds(layout.pool, self.speeds),
-                                           measured))
+        planned = with_speeds(layout.pool, self.speeds)
+        self.speeds.update(measured_speeds(layout.plan, layout.profile, planned, measured))
+        slowed = set(slow) | {d for d, speed in self.speeds.items()
+                              if speed * self.ft.slowdown_ratio < planned.devices[d].speed}
         kind = self.ft.adapt_replan
         new = self._replan(kind, self._plan_holders(), r + 1)
-        event = next((e for e in reversed(self.log.events) if e.kind == "slow" and e.device in slow), None)
-        if event is None:
-            event = FaultEvent("slow", slow[0], r)
-            event.struck_at = started
-            self.log.events.append(event)
-        event.detected_after_s = started - event.struck_at
-        event.replan = kind
-        event.bytes_moved = self._reconfigure(new, r + 1, self._plan_holders())
-        event.rescheduling_s = time.time() - started
-        self.log.recovered(event)
+        events = [self.log.slow_down(device, r, started) for device in sorted(slowed)]
+        moved = self._reconfigure(new, r + 1, self._plan_holders())
+        for event in events:
+            event.detected_after_s = started - event.struck_at
+            event.replan, event.bytes_moved, event.rescheduling_s = kind, moved, time.time() - started
+            self.log.recovered(event)
 
     def join(self, device: int, r: int) -> None:
         """A device (new, or back) joins between sync-rounds: admit it, re-plan with it, migrate its layers."""
