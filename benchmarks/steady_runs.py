@@ -89,6 +89,7 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
             "error": report["sync_round_s"] / report["predicted_sync_round_s"] - 1,
             "sync_rounds_s": report["sync_rounds_s"], "events": report["events"],
             "first_touched_mib_by_round": report["first_touched_mib_by_round"],
+            "predicted_first_round_s": report["predicted_first_round_s"],
             "stages": [s["layers"] for s in report["stages"]], "rounds_completed": report["rounds_completed"],
             "cpu_s_per_round": [s["cpu_s_per_round"] for s in report["stages"]],
             "cpu_s_per_round_by_job": [s["cpu_s_per_round_by_job"] for s in report["stages"]],
@@ -115,8 +116,9 @@ def _stages(values: list[float | None]) -> str:
 
 def kill_figures(run: dict) -> dict:
     """Kill to detected, to resumed and to the first completed round, and that round's own time: the round
-    replayed from the version restored, on the survivors' plan (its prediction beside it), with the round after
-    it and the memory each mapped for the first time (a new stage maps its stash in its first round)."""
+    replayed from the version restored, on the survivors' plan, with the round after it and the memory each
+    mapped for the first time; the replayed round's prediction is the survivors' first round's (their sync-round
+    and the memory their new stages map, :mod:`ecofl.pipeline.first_touch`), beside their sync-round's."""
     [event] = run["events"]
     replayed = event["round"] - event["lost_rounds"]
     touched = run["first_touched_mib_by_round"]
@@ -124,7 +126,8 @@ def kill_figures(run: dict) -> dict:
             "resumed_s": event["resumed_after_s"],
             "first_round_after_s": event["recovered_after_s"], "lost_rounds": event["lost_rounds"],
             "replayed_round_s": run["sync_rounds_s"][replayed],
-            "replayed_round_predicted_s": run["predicted_sync_round_s"],
+            "replayed_round_predicted_s": run["predicted_first_round_s"],
+            "predicted_sync_round_s": run["predicted_sync_round_s"],
             "round_after_s": run["sync_rounds_s"][replayed + 1] if replayed + 1 < len(touched) else None,
             "first_touched_mib": touched[replayed : replayed + 2],
             "rescheduling_s": event["rescheduling_s"], "bytes_moved": event["bytes_moved"]}
@@ -182,12 +185,14 @@ def main() -> int:
     ]
     if kills:
         lines += ["", "| kill run | detected s | survivors stopped s | re-scheduling s | resumed s | first round "
-                      "after s | its round s (predicted) | the next round s | first-touched MiB (its, next) "
+                      "after s | its round s (predicted) | the next round s (predicted) | first-touched MiB "
+                      "(its, next) "
                       "| lost rounds | bytes moved |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {i + 1} | {k['detected_s']:.2f} | {k['stopping_s']:.2f} | {k['rescheduling_s']:.2f} | "
                   f"{k['resumed_s']:.2f} | {k['first_round_after_s']:.2f} | {k['replayed_round_s']:.2f} "
-                  f"({k['replayed_round_predicted_s']:.2f}) | {_seconds(k['round_after_s'])} | "
+                  f"({_seconds(k['replayed_round_predicted_s'])}) | {_seconds(k['round_after_s'])} "
+                  f"({k['predicted_sync_round_s']:.2f}) | "
                   f"{', '.join(f'{m:.0f}' for m in k['first_touched_mib'] if m is not None)} | {k['lost_rounds']} | "
                   f"{k['bytes_moved']} |" for i, k in enumerate(kills)]
     table = "\n".join(lines)

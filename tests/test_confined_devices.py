@@ -45,7 +45,7 @@ from ecofl.pipeline.runtime.confinement import Confinement, check_fits, pool_lim
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.errors import DeviceOutOfMemory
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
-from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REPLIES, Go, Timed, line_of, read_line
+from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REPLIES, Go, line_of, read_line
 from ecofl.pipeline.runtime.portal import HomePipeline
 from helpers import CGROUPS as FOUND, needs_cgroups
 from pipeline_kit import FAST_HEARTBEAT, THREE_STAGES, assert_gone, synthetic_profile
@@ -269,13 +269,15 @@ def test_a_device_that_will_stream_times_eval_mode_forwards_and_its_speed_counts
     out = subprocess.run(command, input=line_of(Go()), capture_output=True, text=True, check=True, timeout=120,
                          cwd=ROOT)
     ready, measured = (read_line(line, CALIBRATION_REPLIES) for line in out.stdout.splitlines())
-    assert ready == Timed(None) and measured.seconds_per_step > 0
+    assert ready.seconds_per_step is None and measured.seconds_per_step > 0  # ready, then timed
+    assert ready.first_touch_cpu_s_per_byte is None or ready.first_touch_cpu_s_per_byte >= 0
     assert speed_from_step(profile, Work(4, (2, 3)), 0.01) == pytest.approx(
         (forward[2:4].sum() + backward[2:4].sum()) / 0.01)
     stage = [*command[:command.index("--objective")], "--layers", "2,3"]  # a middle stage, trained on a gradient
     out = subprocess.run(stage, input=line_of(Go()), capture_output=True, text=True, check=True, timeout=120, cwd=ROOT)
     ready, measured = (read_line(line, CALIBRATION_REPLIES) for line in out.stdout.splitlines())
-    assert ready == Timed(None) and measured.seconds_per_step > 0
+    assert ready.seconds_per_step is None and measured.seconds_per_step > 0  # ready, then timed
+    assert ready.first_touch_cpu_s_per_byte is None or ready.first_touch_cpu_s_per_byte >= 0
     refused = subprocess.run([*command, "--layers", "3,9"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert refused.returncode != 0 and "the model has layers 0-4" in refused.stderr
     with pytest.raises(ValueError, match="objective must be one of training, inference"):

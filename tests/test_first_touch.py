@@ -1,15 +1,21 @@
-"""benchmarks/first_touch.py: a new stage's first round against its later ones, in one process."""
+"""A new stage's first round: benchmarks/first_touch.py (its first round against its later ones, in one process),
+the cost model's part (ecofl.pipeline.first_touch) and its measure in the calibration."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.first_touch import PAGE, first_against_later, main, rounds_of  # noqa: E402
+from ecofl.pipeline.first_touch import first_round_extra_s, mapped_bytes  # noqa: E402
+from ecofl.pipeline.plan import Plan, StagePlan  # noqa: E402
+from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte  # noqa: E402
+from pipeline_kit import synthetic_profile  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,3 +45,46 @@ def test_one_round_cannot_be_compared(capsys):
     with pytest.raises(SystemExit):
         main(["--rounds", "1"])
     assert "--rounds must be at least 2" in capsys.readouterr().err
+
+
+# -- the cost model's part (ecofl.pipeline.first_touch) and its measure (the calibration's first step) ---------
+
+def two_stage(devices: tuple[int, int], micro_batch: int, cut: int = 2) -> Plan:
+    return Plan("hand", (StagePlan((0, cut), (devices[0],), (micro_batch,), 2),
+                         StagePlan((cut + 1, 4), (devices[1],), (micro_batch,), 1)), micro_batch, 4)
+
+
+def test_a_device_maps_its_stage_beyond_the_weights_once():
+    profile = synthetic_profile(5, activation=1e6, weight=1e6)
+    plan = two_stage((0, 1), 4)
+    mapped = mapped_bytes(plan, profile)
+    assert set(mapped) == {0, 1} and mapped[0] > mapped[1] > 0  # the first stage holds more layers and stashes
+    # a run's first round: every device maps its stage; the slowest mapping is the round's extra
+    assert first_round_extra_s(plan, profile, {0: 1e-9, 1: 1e-9}) == pytest.approx(mapped[0] * 1e-9)
+    assert first_round_extra_s(plan, profile, {0: 1e-9, 1: 1e-6}) == pytest.approx(mapped[1] * 1e-6)
+    # the same plan again maps nothing new; a device with no measurement leaves the round unpredicted
+    assert first_round_extra_s(plan, profile, {0: 1e-9, 1: 1e-9}, before=plan) == 0
+    assert first_round_extra_s(plan, profile, {0: 1e-9}) is None
+
+
+def test_a_re_plan_costs_what_a_device_holds_beyond_its_last_stage():
+    """The devices swap stages: device 1 maps what the first stage holds beyond its old one; device 0, now on the
+    smaller stage, maps nothing."""
+    profile = synthetic_profile(5, activation=1e6, weight=1e6)
+    before, after = two_stage((0, 1), 4), two_stage((1, 0), 4)
+    grown = mapped_bytes(after, profile)[1] - mapped_bytes(before, profile)[1]
+    assert grown > 0
+    assert first_round_extra_s(after, profile, {0: 1e-9, 1: 1e-9}, before=before) == pytest.approx(grown * 1e-9)
+    bigger = two_stage((1, 0), 8)  # twice the micro-batch: twice the stash to map
+    assert first_round_extra_s(bigger, profile, {0: 1e-9, 1: 1e-9}, before=before) > grown * 1e-9
+
+
+def test_the_calibrations_first_step_measures_the_cpu_of_each_byte_it_maps():
+    kept = []
+
+    def step():  # the first call maps 64 MiB and keeps it (as a worker keeps its freed memory); later calls reuse
+        if not kept:
+            kept.append(np.ones(8 << 20))
+
+    per_byte = first_touch_cpu_s_per_byte(step)
+    assert per_byte is not None and 1e-12 < per_byte < 1e-7  # between 1 us and 100 ms a MiB: a page fault's order

@@ -45,6 +45,7 @@ from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.data import load_dataset
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import SyncRoundCost
+from ecofl.pipeline.first_touch import first_round_extra_s
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import check_planner
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if final_plan != plan:
         predicted = predict_sync_round(final_plan, profile, pool, mode, args.rounds, args.cache_dir)
     report = describe(final_plan, pool, predicted, result, mode, args.rounds)
+    report["predicted_first_round_s"] = _first_round(report, final_plan, plan, profile, calibration)
     report["devices"] = device_report(final_plan, pool, result, calibration, confined)
     if result.tuning is not None:
         report["tuning"] = result.tuning
@@ -151,6 +153,15 @@ def _plan(args: argparse.Namespace, profile, pool, mode: Emulation) -> Plan:
         except ValueError as error:
             raise UserError(f"{args.planner} plan with {args.schedule}: {error}") from None
     return plan
+
+
+def _first_round(report: dict, final_plan: Plan, plan: Plan, profile, calibration: dict) -> float | None:
+    """The final plan's first sync-round predicted: its sync-round, plus the memory its devices map for the first
+    time (beyond what they mapped on the plan the run started with, if it changed), at each device's seconds
+    per byte measured in its calibration (None: not calibrated; :mod:`ecofl.pipeline.first_touch`)."""
+    s_per_byte = {d: measured.get("first_touch_s_per_byte") for d, measured in calibration.items()}
+    extra = first_round_extra_s(final_plan, profile, s_per_byte, None if final_plan == plan else plan)
+    return None if extra is None else report["predicted_sync_round_s"] + extra
 
 
 def device_report(plan: Plan, pool, result: PipelineResult, calibration: dict, confined: dict) -> list[dict]:

@@ -60,6 +60,7 @@ from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.link_work import LoopbackLinks, carried_per_step
 from ecofl.pipeline.runtime.worker_environment import worker_environment
 from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
+from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte
 from ecofl.net.schema import MalformedMessage
 from ecofl.pipeline.runtime.pipe_messages import (CALIBRATION_REPLIES, CALIBRATION_REQUESTS, Go, Timed, read_line,
                                                    write_line)
@@ -160,9 +161,12 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             group, env = confinement.enter(device)
             processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
                                                  text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        first_touch = {}  # device -> its first step's CPU per byte mapped, at host speed (before its quota)
         for device, process in processes.items():
-            if _timed(device, _line(process, timeout_s) or "it exited") is not None:
+            ready = _timed(device, _line(process, timeout_s) or "it exited")
+            if ready.seconds_per_step is not None:
                 raise RuntimeError(f"device {device} could not calibrate: it timed before it was told to")
+            first_touch[device] = ready.first_touch_cpu_s_per_byte
             confinement.throttle(device)
             bar.update()
         bar.set_postfix_str("timing", refresh=False)
@@ -174,7 +178,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             if not said:
                 why = "out of memory" if confinement.out_of_memory(device) else f"exit code {process.wait()}"
                 raise RuntimeError(f"device {device} could not calibrate: {why}")
-            timed = _timed(device, said)
+            timed = _timed(device, said).seconds_per_step
             if timed is None:
                 raise RuntimeError(f"device {device} could not calibrate: it said it was ready twice")
             measured[device] = timed
@@ -189,9 +193,13 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
                 confinement.release(device)
     step_s = shared_by_identical(measured, confinement.limits, work)
     speeds = {d: speed_from_step(profile, work[d], s, objective) for d, s in step_s.items()}
-    report = {d: {"quota_cores": confinement.limits[d].cores, "objective": objective,
+    cores = {d: confinement.limits[d].cores for d in devices}
+    report = {d: {"quota_cores": cores[d], "objective": objective,
                   "micro_batch": work[d].samples, "layers": work[d].layers, "step_s": step_s[d],
-                  "own_step_s": measured[d], "measured_speed": speeds[d]} for d in devices}
+                  "own_step_s": measured[d], "measured_speed": speeds[d],
+                  # at its quota: the kernel maps a new page out of the device's own CPU time
+                  "first_touch_s_per_byte": None if first_touch[d] is None else first_touch[d] / cores[d]}
+              for d in devices}
     return with_speeds(pool, speeds), report
 
 
@@ -307,10 +315,10 @@ def _known(workload: Workload, calibrated: dict[Workload, ConfinedPool]) -> bool
     return True
 
 
-def _timed(device: int, said: str) -> float | None:
-    """What a calibrating device said: its seconds per step (None: ready to time); RuntimeError otherwise."""
+def _timed(device: int, said: str) -> Timed:
+    """What a calibrating device said (its seconds per step, or ready to time); RuntimeError otherwise."""
     try:
-        return read_line(said, CALIBRATION_REPLIES).seconds_per_step
+        return read_line(said, CALIBRATION_REPLIES)
     except MalformedMessage:
         raise RuntimeError(f"device {device} could not calibrate: {said}") from None
 
@@ -371,9 +379,9 @@ def main() -> int:
     step = train if args.objective == "training" else infer
     carried = carried_per_step(x.detach(), out, first, is_last, args.objective)  # what its links seal and open
     with LoopbackLinks() as links:
-        step()  # allocations and first-call work, not measured
+        first_touch = first_touch_cpu_s_per_byte(step)  # not timed as a step: the stage maps its memory
         links.carry(carried)
-        write_line(sys.stdout, Timed(None))  # ready
+        write_line(sys.stdout, Timed(None, first_touch))  # ready
         read_line(sys.stdin.readline(), CALIBRATION_REQUESTS)  # Go, or MalformedMessage
         pace = CpuPace.of_this_process()  # under its own quota now: each step at the device's pace, as in the pipeline
 

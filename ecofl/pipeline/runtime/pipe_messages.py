@@ -60,6 +60,8 @@ class Go:
 @message("timed")
 class Timed:
     seconds_per_step: float | None  # None: ready to time (its work built, its first step run)
+    # ready: the first step's CPU beyond a later step's, per byte it mapped for the first time (None: nothing mapped)
+    first_touch_cpu_s_per_byte: float | None = None
 
 
 FORK_REQUESTS, FORK_REPLIES = MessageSet(Fork), MessageSet(Forked, ForkFailed, Exited)

@@ -69,7 +69,7 @@ from ecofl.net.links import MIGRATION_TAG, PeerLost, RoundAborted
 from ecofl.net.mesh import DataListener, EpochMesh
 from ecofl.pipeline.runtime.migration_io import exchange_layer_states, paced
 from ecofl.pipeline.runtime.model_spec import spec_from_json, stage_module
-from ecofl.pipeline.runtime.process_memory import first_touched_bytes, peak_rss_bytes, reset_peak
+from ecofl.pipeline.runtime.process_memory import mapped_since, peak_rss_bytes, reset_peak, resident_from_now
 from ecofl.pipeline.runtime.round_copies import RoundCopies
 from ecofl.net.sealed import SealedSocket
 from ecofl.pipeline.runtime.stage import Optimization, ShareExecutor
@@ -225,8 +225,9 @@ class Worker:
         executor.slowdown = request.slowdown
         inputs = torch.from_numpy(arrays["inputs"]).to(self.accelerator) if "inputs" in arrays else None
         labels = torch.from_numpy(arrays["labels"]).to(self.accelerator) if "labels" in arrays else None
-        reset_peak(), reset_peak_memory(self.accelerator)
-        self.clean, cpu, touched = False, ThreadClock(), first_touched_bytes()
+        resident = resident_from_now()  # and the round's peak resident set from it
+        reset_peak_memory(self.accelerator)
+        self.clean, cpu = False, ThreadClock()
         copies = RoundCopies(request, self.state, self.stage_layers, self._with_momentum(), self.mesh,
                              executor.links, self.channel.reply, self.traps)
         executor.reserved_bytes = self.state.held_bytes(self.stage_keys) + copies.received_bytes
@@ -248,7 +249,7 @@ class Worker:
             baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions,
             peak_accelerator_bytes=peak_memory_bytes(self.accelerator), replica_after_s=copies.replica_after_s,
             cpu_s=cpu.process_s(), cpu_s_by_job=cpu.by_job(copies.ended_cpu_s()),
-            global_copy_after_s=copies.global_copy_after_s, first_touched_bytes=first_touched_bytes() - touched,
+            global_copy_after_s=copies.global_copy_after_s, first_touched_bytes=mapped_since(resident),
         ))
 
     def _infer(self, request: Infer, arrays: Arrays) -> None:

@@ -1,0 +1,46 @@
+"""The first sync-round of a new stage: the memory a device's process maps for the first time.
+
+A worker keeps the memory its stage freed (:mod:`ecofl.allocator`), so a
+stage maps its gradients, optimizer state and held activations once: in its
+first sync-round. A re-plan that hands a device a stage holding more than
+its last one (more layers, bigger micro-batches) makes its first round
+longer by the difference, mapped page by page out of the device's own CPU
+(docs/pipeline.md, "A new stage's first round"). Sizes are Asteroid eq. 3's
+(:func:`~ecofl.pipeline.memory_model.stage_memory_bytes`) without the
+weights, which every worker holds from its start; each device's seconds per
+byte are measured in its calibration (:mod:`ecofl.pipeline.runtime.calibration`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ecofl.pipeline.memory_model import resident_forwards, stage_memory_bytes
+from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.profile import ModelProfile
+
+
+def mapped_bytes(plan: Plan, profile: ModelProfile) -> dict[int, int]:
+    """Each device's memory under ``plan`` beyond the weights: gradients, optimizer state, held activations."""
+    mapped = {}
+    for s, stage in enumerate(plan.stages):
+        first, last = stage.layers
+        weights = int(profile.weight_bytes[first : last + 1].sum())
+        for device, share in zip(stage.devices, stage.shares):
+            mapped[device] = stage_memory_bytes(profile, stage.layers, share, resident_forwards(plan, s)) - weights
+    return mapped
+
+
+def first_round_extra_s(plan: Plan, profile: ModelProfile, s_per_byte: Mapping[int, float | None],
+                        before: Plan | None = None) -> float | None:
+    """How much longer ``plan``'s first sync-round takes than its later ones, for devices that ran ``before``
+    (None: nothing yet, a run's first round): the slowest device's new bytes at its ``s_per_byte``. The slowest,
+    not the sum: the stages map their memory in their first forwards, while the pipeline fills, and the round
+    waits for the one that maps longest. None where a device of ``plan`` has no measurement."""
+    held = mapped_bytes(before, profile) if before is not None else {}
+    extra = 0.0
+    for device, size in mapped_bytes(plan, profile).items():
+        if s_per_byte.get(device) is None:
+            return None
+        extra = max(extra, max(0, size - held.get(device, 0)) * s_per_byte[device])
+    return extra
