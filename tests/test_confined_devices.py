@@ -263,7 +263,7 @@ def test_a_device_that_will_stream_times_eval_mode_forwards_and_its_speed_counts
     forward, backward = profile.layer_times(4)
     assert speed_from_step(profile, 4, 0.01, "inference") == pytest.approx(forward.sum() / 0.01)
     assert speed_from_step(profile, 4, 0.01) == pytest.approx((forward.sum() + backward.sum()) / 0.01)
-    command = [sys.executable, "-m", "ecofl.pipeline.runtime.calibration", "--model", json.dumps(model.to_json()),
+    command = [sys.executable, "-m", "ecofl.pipeline.runtime.device_timing", "--model", json.dumps(model.to_json()),
                "--input-shape", f"3,{side},{side}", "--micro-batch", "4", "--seconds", "0.2",
                "--objective", "inference"]
     out = subprocess.run(command, input=line_of(Go()), capture_output=True, text=True, check=True, timeout=120,

@@ -32,7 +32,7 @@ from ecofl.own_cgroup import own_memory_limit_bytes
 from ecofl.deploy.service_messages import Register
 from ecofl.devices import MBPS, DeviceSpec, preset
 from ecofl.errors import UserError
-from ecofl.pipeline.runtime.calibration import seconds_per_call
+from ecofl.pipeline.runtime.device_timing import seconds_per_call
 from ecofl.pipeline.runtime.process_memory import rss_bytes
 
 _WORKLOAD_REPEATS = 5

@@ -24,60 +24,41 @@ devices measured on their own stages. A device that will stream inference
 (PipeEdge) times eval-mode forwards without autograd instead, cheaper than
 the profile's training-mode forwards.
 
-Each device runs :func:`main` (``python -m ecofl.pipeline.runtime.calibration``)
-as a process in its cgroup: it imports torch, builds the model and computes
-its stage's input at the start-up quota, says ``ready``, and times the
-steps once the portal has put it under its own quota and said ``go``. The
-devices measure at the same time, as they will train.
+Each device runs :mod:`.device_timing` as a process in its cgroup: it
+imports torch, builds the model and computes its stage's input at the
+start-up quota, says ``ready``, and times the steps once the portal has
+put it under its own quota and said ``go``. The devices measure at the same
+time, as they will train.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import selectors
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-import torch
 from tqdm import tqdm
 
 from ecofl.devices import HomePool
 from ecofl.interrupt import interrupts_deferred
+from ecofl.pipeline.memory_model import stage_memory_bytes
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import with_speeds
 from ecofl.cgroups import DeviceLimits
-from ecofl.allocator import keep_freed_memory
-from ecofl.pipeline.runtime.heap import freeze_heap
-from ecofl.pipeline.runtime.confinement import Confinement, pool_limits, worker_threads
-from ecofl.pipeline.runtime.cpu_pace import CpuPace
-from ecofl.pipeline.runtime.link_work import LoopbackLinks, carried_per_step
+from ecofl.pipeline.runtime.confinement import Confinement, pool_limits
 from ecofl.pipeline.runtime.worker_environment import worker_environment
-from ecofl.pipeline.runtime.model_spec import ModelSpec, spec_from_json
-from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte
+from ecofl.pipeline.runtime.model_spec import ModelSpec
 from ecofl.net.schema import MalformedMessage
-from ecofl.pipeline.runtime.pipe_messages import (CALIBRATION_REPLIES, CALIBRATION_REQUESTS, Go, Timed, read_line,
-                                                   write_line)
+from ecofl.pipeline.runtime.device_timing import CALIBRATION_S, OBJECTIVES
+from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REPLIES, Go, Timed, read_line, write_line
 
-OBJECTIVES = ("training", "inference")  # what a device times: the steps it will run
-#: Seconds of timed steps per device. Asteroid Env B's five devices at 4 samples, calibrated 6 times each:
-#: 2 s varied by 4.5-7.4% (coefficient of variation; up to 1.24x between two runs), 6 s by 2.0-6.2%.
-CALIBRATION_S = 5.0
-
-
-def seconds_per_call(step: Callable[[], object], min_seconds: float, min_calls: int = 3) -> float:
-    """Mean seconds of ``step`` over at least ``min_calls`` calls lasting at least ``min_seconds`` in all."""
-    calls, start = 0, time.perf_counter()
-    while calls < min_calls or time.perf_counter() - start < min_seconds:
-        step()
-        calls += 1
-    return (time.perf_counter() - start) / calls
+FIRST_TOUCH_HELD = 4  # at most: micro-batches held in the first-touch sample, as a 1F1B stage holds its in-flight
 
 
 @dataclass(frozen=True)
@@ -153,11 +134,12 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
                f"steps, {min_seconds:.0f} s together)", unit="step", disable=None, leave=False)
     try:
         for device in devices:
-            command = [sys.executable, "-m", "ecofl.pipeline.runtime.calibration", "--model", json.dumps(
+            command = [sys.executable, "-m", "ecofl.pipeline.runtime.device_timing", "--model", json.dumps(
                 model.to_json()), "--input-shape", ",".join(map(str, input_shape)), "--micro-batch",
                 str(work[device].samples), "--seconds", str(min_seconds), "--objective", objective]
             if work[device].layers is not None:
                 command += ["--layers", ",".join(map(str, work[device].layers))]
+            command += ["--held", str(held_stashes(profile, work[device], pool.devices[device].memory_bytes))]
             group, env = confinement.enter(device)
             processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
                                                  text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -201,6 +183,15 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
                   "first_touch_s_per_byte": None if first_touch[d] is None else first_touch[d] / cores[d]}
               for d in devices}
     return with_speeds(pool, speeds), report
+
+
+def held_stashes(profile: ModelProfile, work: Work, memory_bytes: int) -> int:
+    """How many micro-batches' stashes a device holds in its first-touch sample: FIRST_TOUCH_HELD, or as many as
+    its memory budget takes (Asteroid eq. 3), at least one."""
+    layers = work.layers if work.layers is not None else (0, profile.num_layers - 1)
+    fitting = [k for k in range(1, FIRST_TOUCH_HELD + 1)
+               if stage_memory_bytes(profile, layers, work.samples, k) <= memory_bytes]
+    return max(fitting, default=1)
 
 
 def shared_by_identical(step_s: Mapping[int, float], limits: Mapping[int, DeviceLimits],
@@ -330,68 +321,3 @@ def _line(process: subprocess.Popen, timeout_s: float) -> str:
         if not selector.select(timeout_s):
             raise TimeoutError(f"a calibrating device said nothing in {timeout_s:.0f} s")
     return process.stdout.readline().strip()
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description="time steps of a model here (in a device's cgroup)")
-    parser.add_argument("--model", required=True, help="the model as JSON (ModelSpec.to_json)")
-    parser.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 1,28,28")
-    parser.add_argument("--micro-batch", type=int, required=True)
-    parser.add_argument("--layers", default=None, help="first,last layer of the stage to time (default: all)")
-    parser.add_argument("--seconds", type=float, default=CALIBRATION_S)
-    parser.add_argument("--objective", choices=OBJECTIVES, default="training")
-    args = parser.parse_args()
-    torch.set_num_threads(worker_threads())
-    _, layers = spec_from_json(json.loads(args.model)).build()
-    first, last = map(int, args.layers.split(",")) if args.layers else (0, len(layers) - 1)
-    if not 0 <= first <= last < len(layers):
-        parser.error(f"--layers {args.layers}: the model has layers 0-{len(layers) - 1}")
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(args.micro_batch, *map(int, args.input_shape.split(",")), generator=generator)
-    with torch.no_grad():  # the stage's input, as the stage before it would send it
-        for layer in layers[:first]:
-            x = layer(x)
-    stage = torch.nn.Sequential(*layers[first : last + 1])
-    if args.objective == "inference":
-        stage.eval()
-    freeze_heap()  # as a worker does: no full collection of torch's objects inside the timed steps
-    keep_freed_memory()  # as a worker does: the timed steps allocate as the stage's will (ecofl.allocator)
-    x.requires_grad_(first > 0 and args.objective == "training")  # a stage sends its input's gradient back
-    with torch.no_grad():
-        out = stage(x)
-    is_last = last == len(layers) - 1
-    y = torch.randint(0, out.shape[1], (args.micro_batch,), generator=generator) if is_last else None
-    gradient = None if is_last else torch.randn(out.shape, generator=generator)  # as the next stage sends it
-
-    def train() -> None:
-        stage.zero_grad(set_to_none=True)
-        x.grad = None
-        out = stage(x)
-        if is_last:
-            torch.nn.functional.cross_entropy(out, y).backward()
-        else:
-            out.backward(gradient)
-
-    def infer() -> None:  # as a streaming stage runs (.stream_stage)
-        with torch.no_grad():
-            stage(x)
-
-    step = train if args.objective == "training" else infer
-    carried = carried_per_step(x.detach(), out, first, is_last, args.objective)  # what its links seal and open
-    with LoopbackLinks() as links:
-        first_touch = first_touch_cpu_s_per_byte(step)  # not timed as a step: the stage maps its memory
-        links.carry(carried)
-        write_line(sys.stdout, Timed(None, first_touch))  # ready
-        read_line(sys.stdin.readline(), CALIBRATION_REQUESTS)  # Go, or MalformedMessage
-        pace = CpuPace.of_this_process()  # under its own quota now: each step at the device's pace, as in the pipeline
-
-        def step_and_links() -> None:  # the links' threads are not paced: the kernel's quota holds them
-            pace.call(step)
-            links.carry(carried)
-
-        write_line(sys.stdout, Timed(seconds_per_call(step_and_links, args.seconds)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

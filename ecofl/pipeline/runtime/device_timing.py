@@ -1,0 +1,113 @@
+"""What a calibrating device runs in its cgroup (``python -m ecofl.pipeline.runtime.device_timing``).
+
+:func:`~.calibration.measure_speeds` starts one such process per confined
+device. It imports torch, builds the model and computes its stage's input at
+the start-up quota; runs its first steps with ``--held`` micro-batches held,
+as a pipeline stage holds its in-flight ones, and measures the CPU each byte
+it maps anew costs (:func:`~.process_memory.first_touch_cpu_s_per_byte`;
+docs/pipeline.md, "A new stage's first round"); says ``ready``; and once the
+portal has put it under its own quota and said ``go``, times its steps at
+its pace, each followed by what its links seal and open for it
+(:mod:`.link_work`), for at least ``--seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from ecofl.allocator import keep_freed_memory
+from ecofl.pipeline.runtime.confinement import worker_threads
+from ecofl.pipeline.runtime.cpu_pace import CpuPace
+from ecofl.pipeline.runtime.heap import freeze_heap
+from ecofl.pipeline.runtime.link_work import LoopbackLinks, carried_per_step
+from ecofl.pipeline.runtime.model_spec import spec_from_json
+from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REQUESTS, Timed, read_line, write_line
+from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte
+
+OBJECTIVES = ("training", "inference")  # what a device times: the steps it will run
+#: Seconds of timed steps per device. Asteroid Env B's five devices at 4 samples, calibrated 6 times each:
+#: 2 s varied by 4.5-7.4% (coefficient of variation; up to 1.24x between two runs), 6 s by 2.0-6.2%.
+CALIBRATION_S = 5.0
+
+
+def seconds_per_call(step: Callable[[], object], min_seconds: float, min_calls: int = 3) -> float:
+    """Mean seconds of ``step`` over at least ``min_calls`` calls lasting at least ``min_seconds`` in all."""
+    calls, start = 0, time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < min_seconds:
+        step()
+        calls += 1
+    return (time.perf_counter() - start) / calls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="time steps of a model here (in a device's cgroup)")
+    parser.add_argument("--model", required=True, help="the model as JSON (ModelSpec.to_json)")
+    parser.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 1,28,28")
+    parser.add_argument("--micro-batch", type=int, required=True)
+    parser.add_argument("--layers", default=None, help="first,last layer of the stage to time (default: all)")
+    parser.add_argument("--seconds", type=float, default=CALIBRATION_S)
+    parser.add_argument("--objective", choices=OBJECTIVES, default="training")
+    parser.add_argument("--held", type=int, default=1, help="micro-batches held in the first-touch sample")
+    args = parser.parse_args()
+    torch.set_num_threads(worker_threads())
+    _, layers = spec_from_json(json.loads(args.model)).build()
+    first, last = map(int, args.layers.split(",")) if args.layers else (0, len(layers) - 1)
+    if not 0 <= first <= last < len(layers):
+        parser.error(f"--layers {args.layers}: the model has layers 0-{len(layers) - 1}")
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(args.micro_batch, *map(int, args.input_shape.split(",")), generator=generator)
+    with torch.no_grad():  # the stage's input, as the stage before it would send it
+        for layer in layers[:first]:
+            x = layer(x)
+    stage = torch.nn.Sequential(*layers[first : last + 1])
+    freeze_heap()  # as a worker does: no full collection of torch's objects inside the timed steps
+    keep_freed_memory()  # as a worker does: the timed steps allocate as the stage's will (ecofl.allocator)
+    with torch.no_grad():  # the output's shape from one sample in eval mode: it maps next to nothing
+        shape = (args.micro_batch, *stage.eval()(x[:1]).shape[1:])
+    training = args.objective == "training"
+    stage.train(training)
+    x.requires_grad_(first > 0 and training)  # a stage sends its input's gradient back
+    is_last = last == len(layers) - 1
+    y = torch.randint(0, shape[1], (args.micro_batch,), generator=generator) if is_last else None
+    gradient = None if is_last else torch.randn(shape, generator=generator)  # as the next stage sends it
+
+    def train(held: int = 1) -> None:  # held: forwards kept before their backwards, as a pipeline stage keeps them
+        stage.zero_grad(set_to_none=True)
+        x.grad = None
+        outs = [stage(x) for _ in range(held)]
+        for out in outs:
+            if is_last:
+                torch.nn.functional.cross_entropy(out, y).backward()
+            else:
+                out.backward(gradient)
+
+    def infer() -> None:  # as a streaming stage runs (.stream_stage)
+        with torch.no_grad():
+            stage(x)
+
+    step = train if training else infer
+    output = torch.zeros(shape)  # what the links carry on: its size, not its values, is their work
+    carried = carried_per_step(x.detach(), output, first, is_last, args.objective)  # what its links seal and open
+    with LoopbackLinks() as links:  # not timed as steps: the stage maps its memory, --held stashes of it
+        first_touch = first_touch_cpu_s_per_byte(lambda: train(max(1, args.held)) if training else infer())
+        links.carry(carried)
+        write_line(sys.stdout, Timed(None, first_touch))  # ready
+        read_line(sys.stdin.readline(), CALIBRATION_REQUESTS)  # Go, or MalformedMessage
+        pace = CpuPace.of_this_process()  # under its own quota now: each step at the device's pace, as in the pipeline
+
+        def step_and_links() -> None:  # the links' threads are not paced: the kernel's quota holds them
+            pace.call(step)
+            links.carry(carried)
+
+        write_line(sys.stdout, Timed(seconds_per_call(step_and_links, args.seconds)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
