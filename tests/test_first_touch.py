@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -83,8 +83,8 @@ def test_the_calibrations_first_step_measures_the_cpu_of_each_byte_it_maps():
     kept = []
 
     def step():  # the first call maps 64 MiB and keeps it (as a worker keeps its freed memory); later calls reuse
-        if not kept:
-            kept.append(np.ones(8 << 20))
+        if not kept:  # a torch tensor, as a stage's: numpy may ask for huge pages, a few faults the kernel counts late
+            kept.append(torch.ones(16 << 20))
 
     per_byte = first_touch_cpu_s_per_byte(step)
     assert per_byte is not None and 1e-12 < per_byte < 1e-7  # between 1 us and 100 ms a MiB: a page fault's order

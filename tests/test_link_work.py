@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from ecofl.pipeline.runtime import calibration
+from ecofl.pipeline.runtime import device_timing
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.host_overhead import record_path, runtime_overheads
 from ecofl.pipeline.runtime.link_work import LoopbackLinks, carried_per_step
@@ -69,7 +69,7 @@ def test_a_calibrating_middle_stage_carries_its_input_and_output_after_every_tim
     monkeypatch.setattr(sys, "stdin", io.StringIO(line_of(Go())))
     out = io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
-    assert calibration.main() == 0
+    assert device_timing.main() == 0
     ready, timed = (read_line(line, CALIBRATION_REPLIES) for line in out.getvalue().splitlines())
     assert ready.seconds_per_step is None and timed.seconds_per_step > 0
     assert len(shapes) >= 4  # the untimed first step and at least three timed ones
