@@ -3,18 +3,17 @@ the cost model's part (ecofl.pipeline.first_touch) and its measure in the calibr
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.first_touch import PAGE, first_against_later, main, rounds_of  # noqa: E402
 from ecofl.pipeline.first_touch import first_round_extra_s, mapped_bytes  # noqa: E402
 from ecofl.pipeline.plan import Plan, StagePlan  # noqa: E402
-from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte  # noqa: E402
 from pipeline_kit import synthetic_profile  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -79,12 +78,22 @@ def test_a_re_plan_costs_what_a_device_holds_beyond_its_last_stage():
     assert first_round_extra_s(bigger, profile, {0: 1e-9, 1: 1e-9}, before=before) > grown * 1e-9
 
 
+FIRST_STEP = """
+import torch
+from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte
+kept = []
+def step():  # the first call maps 64 MiB and keeps it (as a worker keeps its freed memory); later calls reuse
+    if not kept:
+        kept.append(torch.ones(16 << 20))
+print(first_touch_cpu_s_per_byte(step))
+"""
+
+
 def test_the_calibrations_first_step_measures_the_cpu_of_each_byte_it_maps():
-    kept = []
-
-    def step():  # the first call maps 64 MiB and keeps it (as a worker keeps its freed memory); later calls reuse
-        if not kept:  # a torch tensor, as a stage's: numpy may ask for huge pages, a few faults the kernel counts late
-            kept.append(torch.ones(16 << 20))
-
-    per_byte = first_touch_cpu_s_per_byte(step)
-    assert per_byte is not None and 1e-12 < per_byte < 1e-7  # between 1 us and 100 ms a MiB: a page fault's order
+    """In a fresh process, as a calibrating device measures it (a test worker's resident set carries what the
+    tests before it did)."""
+    done = subprocess.run([sys.executable, "-c", FIRST_STEP], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    per_byte = float(done.stdout)  # "None" fails here
+    assert 1e-12 < per_byte < 1e-7  # between 1 us and 100 ms a MiB: a page fault's order
