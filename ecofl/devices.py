@@ -44,6 +44,9 @@ class DeviceSpec:
     memory_bytes: int  # budget for weights + optimizer state + activations
     bandwidth_bps: float  # bytes/s of the device's link to the home network
     accelerator: str = "cpu"  # where its stage trains: "cpu", or a GPU ("cuda", "cuda:N") of its own machine
+    # seconds its process takes to map a byte of memory for the first time, at its speed (measured in its
+    # calibration, ecofl.pipeline.first_touch; None: not measured)
+    first_touch_s_per_byte: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.accelerator, str) or not ACCELERATOR.fullmatch(self.accelerator):
@@ -56,6 +59,9 @@ class DeviceSpec:
             raise UserError(
                 f"device {self.name!r}: link bandwidth must be positive, got {self.bandwidth_bps}"
             )
+        if self.first_touch_s_per_byte is not None and not self.first_touch_s_per_byte >= 0:
+            raise UserError(f"device {self.name!r}: seconds a byte mapped must not be negative, "
+                            f"got {self.first_touch_s_per_byte}")
 
 
 def _jetson(name: str, relative_to_nano_10w: float, memory_gb: float) -> DeviceSpec:

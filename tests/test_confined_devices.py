@@ -34,6 +34,7 @@ from ecofl.pipeline.runtime.calibration import (
     Workload,
     describe_workload,
     measure_speeds,
+    measured_pool,
     operating_micro_batch,
     plan_on_measured_speeds,
     plan_workload,
@@ -467,6 +468,7 @@ def test_a_calibration_file_gives_a_second_run_the_first_runs_plan_and_predictio
     assert [s["shares"] for s in first["stages"]] == [s["shares"] for s in second["stages"]]
     assert second["predicted_sync_round_s"] == first["predicted_sync_round_s"]
     assert [d["measured_speed"] for d in second["devices"]] == [d["measured_speed"] for d in first["devices"]]
+    assert second["predicted_first_round_s"] == first["predicted_first_round_s"] > first["predicted_sync_round_s"]
     other = subprocess.run([*command[:command.index("--batch") + 1], "16", *command[command.index("--batch") + 2:]],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert other.returncode != 0 and "calibrated for other settings" in other.stderr and "batch 32" in other.stderr
@@ -497,7 +499,7 @@ def test_identical_devices_share_one_measurement_and_others_keep_their_own():
 def test_a_plan_with_two_identical_devices_swapped_is_not_measured_again():
     """Two identical devices: planned on the whole model's speeds, device 0 gets the short stage; on their
     stages' speeds the planner swaps them. The swapped plan's work was measured already, by the twin: nothing
-    is measured a third time, and each device takes its twin's speed on that work."""
+    is measured a third time, and each device takes its twin's speed and seconds per byte mapped on that work."""
     presets = HomePool("home", (DeviceSpec("nano", 1.0, GB, 1e9),) * 2)
     profile = synthetic_profile(4)
     nano = DeviceLimits(1.0, GB)
@@ -507,10 +509,10 @@ def test_a_plan_with_two_identical_devices_swapped_is_not_measured_again():
     def measure(workload: Workload) -> ConfinedPool:
         measured.append(workload)
         speed = {None: 1.0, (0, 0): 0.5, (1, 3): 0.9}  # per sample: seconds of a stage's layers differ
-        reports = {d: {"micro_batch": w.samples, "layers": w.layers, "measured_speed": speed[w.layers]}
-                   for d, w in workload}
-        pool = with_speeds(presets, {d: r["measured_speed"] for d, r in reports.items()})
-        return ConfinedPool(pool, {0: nano, 1: nano}, reports, workload)
+        touch = {None: 1e-9, (0, 0): 2e-9, (1, 3): 3e-9}
+        reports = {d: {"micro_batch": w.samples, "layers": w.layers, "measured_speed": speed[w.layers],
+                       "first_touch_s_per_byte": touch[w.layers]} for d, w in workload}
+        return ConfinedPool(measured_pool(presets, reports), {0: nano, 1: nano}, reports, workload)
 
     def plan_for(pool: HomePool) -> Plan:
         return two_stages(0) if pool.devices[0].speed == pool.devices[1].speed else swapped
@@ -520,3 +522,5 @@ def test_a_plan_with_two_identical_devices_swapped_is_not_measured_again():
     assert plan in (two_stages(0), swapped)
     speeds = {work: confined.pool.devices[d].speed for d, work in plan_workload(plan, range(2))}
     assert speeds == {Work(8, (0, 0)): 0.5, Work(8, (1, 3)): 0.9}  # each device at its stage's measured speed
+    touch = {work: confined.pool.devices[d].first_touch_s_per_byte for d, work in plan_workload(plan, range(2))}
+    assert touch == {Work(8, (0, 0)): 2e-9, Work(8, (1, 3)): 3e-9}

@@ -19,6 +19,8 @@ def test_empty_pool_and_bad_specs_are_user_errors():
         make_pool("empty", [])
     with pytest.raises(UserError, match="speed"):
         DeviceSpec("x", speed=0, memory_bytes=1, bandwidth_bps=1)
+    with pytest.raises(UserError, match="seconds a byte mapped"):
+        DeviceSpec("x", speed=1, memory_bytes=1, bandwidth_bps=1, first_touch_s_per_byte=-1e-9)
     with pytest.raises(UserError, match="positive"):
         HomePool("p", (preset("nano-10w"),) * 2, np.zeros((2, 2)))
 

@@ -11,7 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.first_touch import PAGE, first_against_later, main, rounds_of  # noqa: E402
+from benchmarks.first_touch import first_against_later, main, rounds_of  # noqa: E402
+from ecofl.devices import DeviceSpec, HomePool  # noqa: E402
 from ecofl.pipeline.first_touch import first_round_extra_s, mapped_bytes  # noqa: E402
 from ecofl.pipeline.plan import Plan, StagePlan  # noqa: E402
 from pipeline_kit import synthetic_profile  # noqa: E402
@@ -20,13 +21,13 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_the_first_round_is_compared_with_the_median_of_the_later_ones():
-    rounds = [{"wall_s": 5.0, "cpu_s": 0.6, "minor_faults": 3000},
-              {"wall_s": 2.0, "cpu_s": 0.2, "minor_faults": 10},
-              {"wall_s": 3.0, "cpu_s": 0.3, "minor_faults": 0},
-              {"wall_s": 9.0, "cpu_s": 0.9, "minor_faults": 20}]
+    rounds = [{"wall_s": 5.0, "cpu_s": 0.6, "mapped_bytes": 300 << 20},
+              {"wall_s": 2.0, "cpu_s": 0.2, "mapped_bytes": 1 << 20},
+              {"wall_s": 3.0, "cpu_s": 0.3, "mapped_bytes": 0},
+              {"wall_s": 9.0, "cpu_s": 0.9, "mapped_bytes": 2 << 20}]
     run = first_against_later(rounds)
     assert run["extra_wall_s"] == pytest.approx(2.0) and run["extra_cpu_s"] == pytest.approx(0.3)
-    assert run["first_touched_mib"] == pytest.approx((3000 - 10) * PAGE / 2**20)
+    assert run["first_touched_mib"] == pytest.approx(300 - 1)
     assert run["cpu_ms_per_mib"] == pytest.approx(1000 * 0.3 / run["first_touched_mib"])
     assert first_against_later([rounds[1], rounds[1]])["cpu_ms_per_mib"] is None  # nothing touched first
 
@@ -38,6 +39,7 @@ def test_a_stage_faults_its_stash_in_its_first_round_only():
     rounds = rounds_of(settings, None)
     assert len(rounds) == 3 and all(r["wall_s"] > 0 and r["cpu_s"] > 0 for r in rounds)
     assert rounds[0]["minor_faults"] > 10 * max(r["minor_faults"] for r in rounds[1:])
+    assert rounds[0]["mapped_bytes"] > 10 * max(r["mapped_bytes"] for r in rounds[1:])
 
 
 def test_one_round_cannot_be_compared(capsys):
@@ -47,6 +49,12 @@ def test_one_round_cannot_be_compared(capsys):
 
 
 # -- the cost model's part (ecofl.pipeline.first_touch) and its measure (the calibration's first step) ---------
+
+def touching(*s_per_byte: float | None) -> HomePool:
+    """A pool whose device d maps a byte anew in ``s_per_byte[d]`` seconds (None: not measured)."""
+    return HomePool("test", tuple(DeviceSpec(f"d{d}", 1.0, 1 << 30, 1e9, first_touch_s_per_byte=seconds)
+                                  for d, seconds in enumerate(s_per_byte)))
+
 
 def two_stage(devices: tuple[int, int], micro_batch: int, cut: int = 2) -> Plan:
     return Plan("hand", (StagePlan((0, cut), (devices[0],), (micro_batch,), 2),
@@ -59,11 +67,11 @@ def test_a_device_maps_its_stage_beyond_the_weights_once():
     mapped = mapped_bytes(plan, profile)
     assert set(mapped) == {0, 1} and mapped[0] > mapped[1] > 0  # the first stage holds more layers and stashes
     # a run's first round: every device maps its stage; the slowest mapping is the round's extra
-    assert first_round_extra_s(plan, profile, {0: 1e-9, 1: 1e-9}) == pytest.approx(mapped[0] * 1e-9)
-    assert first_round_extra_s(plan, profile, {0: 1e-9, 1: 1e-6}) == pytest.approx(mapped[1] * 1e-6)
+    assert first_round_extra_s(plan, profile, touching(1e-9, 1e-9)) == pytest.approx(mapped[0] * 1e-9)
+    assert first_round_extra_s(plan, profile, touching(1e-9, 1e-6)) == pytest.approx(mapped[1] * 1e-6)
     # the same plan again maps nothing new; a device with no measurement leaves the round unpredicted
-    assert first_round_extra_s(plan, profile, {0: 1e-9, 1: 1e-9}, before=plan) == 0
-    assert first_round_extra_s(plan, profile, {0: 1e-9}) is None
+    assert first_round_extra_s(plan, profile, touching(1e-9, 1e-9), before=plan) == 0
+    assert first_round_extra_s(plan, profile, touching(1e-9, None)) is None
 
 
 def test_a_re_plan_costs_what_a_device_holds_beyond_its_last_stage():
@@ -73,9 +81,9 @@ def test_a_re_plan_costs_what_a_device_holds_beyond_its_last_stage():
     before, after = two_stage((0, 1), 4), two_stage((1, 0), 4)
     grown = mapped_bytes(after, profile)[1] - mapped_bytes(before, profile)[1]
     assert grown > 0
-    assert first_round_extra_s(after, profile, {0: 1e-9, 1: 1e-9}, before=before) == pytest.approx(grown * 1e-9)
+    assert first_round_extra_s(after, profile, touching(1e-9, 1e-9), before=before) == pytest.approx(grown * 1e-9)
     bigger = two_stage((1, 0), 8)  # twice the micro-batch: twice the stash to map
-    assert first_round_extra_s(bigger, profile, {0: 1e-9, 1: 1e-9}, before=before) > grown * 1e-9
+    assert first_round_extra_s(bigger, profile, touching(1e-9, 1e-9), before=before) > grown * 1e-9
 
 
 FIRST_STEP = """

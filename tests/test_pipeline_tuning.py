@@ -17,6 +17,7 @@ from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.plan import Plan, StagePlan
+from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.runtime import HomePipeline
 from ecofl.pipeline.runtime.control_messages import Done
 from ecofl.pipeline.runtime.emulation import Emulation
@@ -70,6 +71,17 @@ def test_the_plan_is_kept_when_the_gain_is_within_the_margin_or_does_not_pay_for
     assert not costly.switched and costly.migration_s > costly.current_s - costly.best_s > 0
     assert not decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, HOSTS, Emulation.SLEEP, rounds, 1, HOLDERS,
                       {0, 1, 2}, rounds_left=0).switched
+
+
+def test_the_plan_is_kept_when_the_memory_its_first_round_maps_costs_more_than_it_saves():
+    """The same re-tune as above, on devices that map a byte anew slowly (they never held the new stages'
+    gradients and stashes): switching costs more than ten rounds save."""
+    rounds = [replies_as_modelled(LOPSIDED, HOSTS, {2: 2.0})] * 2
+    slow_to_map = with_speeds(HOSTS, {}, dict.fromkeys(range(3), 1e-3))
+    kept = decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, slow_to_map, Emulation.SLEEP, rounds, 1, HOLDERS,
+                  {0, 1, 2}, rounds_left=10)
+    assert not kept.switched and kept.plan is LOPSIDED
+    assert kept.migration_s > 10 * (kept.current_s - kept.best_s) > 0
 
 
 def test_tuning_settings_are_checked():

@@ -8,6 +8,7 @@ import pytest
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import simulate, stage_compute_s
+from ecofl.pipeline.first_touch import first_round_extra_s
 from ecofl.pipeline.migration import (GLOBAL_COPY, PORTAL_DEVICE, bytes_moved, heavy_moves, layer_moves, layer_owners,
                                      migration_s)
 from ecofl.pipeline.plan import Plan, StagePlan, plan_schedule
@@ -162,10 +163,32 @@ def test_a_recovery_moves_less_with_few_rounds_left_and_trains_faster_with_many(
     balanced = Plan("ecofl", (StagePlan((0, 9), (0,), (4,), 3), StagePlan((10, 11), (2,), (4,), 1)), 4, 8)
     rounds = {p: predict_sync_round(p, profile, pool, "sleep").sync_round_s for p in (stay, balanced)}
     assert rounds[balanced] < rounds[stay]
-    plan, seconds = quickest_to_finish([balanced, stay], holders, 1, profile, pool, "sleep")
+    plan, seconds = quickest_to_finish([balanced, stay], stay, holders, 1, profile, pool, "sleep")
     assert plan == stay and seconds == pytest.approx(rounds[stay])
-    plan, seconds = quickest_to_finish([stay, balanced], holders, 100, profile, pool, "sleep")
+    plan, seconds = quickest_to_finish([stay, balanced], stay, holders, 100, profile, pool, "sleep")
     assert plan == balanced and seconds > 100 * rounds[balanced]  # its moves are in the time too
+
+
+def test_a_recovery_weighs_the_memory_a_plan_maps_for_the_first_time():
+    """Both devices hold every layer (nothing moves). The balanced plan gives the fast device layers 0-9, whose
+    gradients, momentum and stashes its process has never mapped; where mapping a byte is slow, the plan it
+    ran before finishes one round first, and a hundred rounds still pay for the balanced one."""
+    profile = random_profile(np.random.default_rng(7), 12)
+    pool = HomePool("test", (DeviceSpec("fast", 2.0, 4 * GB, 1e5, first_touch_s_per_byte=1e-5),
+                             DeviceSpec("gone", 1.0, 4 * GB, 1e5),
+                             DeviceSpec("slow", 0.5, 4 * GB, 1e5, first_touch_s_per_byte=1e-5)))
+    holders = {layer: {0, 2} for layer in range(12)}
+    stay = Plan("ecofl", (StagePlan((0, 3), (0,), (4,), 3), StagePlan((4, 11), (2,), (4,), 1)), 4, 8)
+    balanced = Plan("ecofl", (StagePlan((0, 9), (0,), (4,), 3), StagePlan((10, 11), (2,), (4,), 1)), 4, 8)
+    rounds = {p: predict_sync_round(p, profile, pool, "sleep").sync_round_s for p in (stay, balanced)}
+    mapping_s = first_round_extra_s(balanced, profile, pool, before=stay)
+    assert rounds[stay] - rounds[balanced] < mapping_s < 100 * (rounds[stay] - rounds[balanced])
+    plan, seconds = quickest_to_finish([balanced, stay], stay, holders, 1, profile, pool, "sleep")
+    assert plan == stay and seconds == pytest.approx(rounds[stay])
+    plan, seconds = quickest_to_finish([stay, balanced], stay, holders, 100, profile, pool, "sleep")
+    assert plan == balanced and seconds == pytest.approx(100 * rounds[balanced] + mapping_s)
+    unmeasured = with_speeds(pool, {}, {0: None, 2: None})  # nothing known of mapping: the faster plan
+    assert quickest_to_finish([stay, balanced], stay, holders, 1, profile, unmeasured, "sleep")[0] == balanced
 
 
 def test_full_replan_plans_the_survivors_in_original_indices():

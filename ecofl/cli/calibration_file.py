@@ -58,7 +58,8 @@ def load_calibration(path: Path, settings: dict, presets: HomePool) -> tuple[Con
                         + "): give another file, or delete it to calibrate again")
     if len(speeds) != len(presets.devices):
         raise UserError(f"{path} holds {len(speeds)} devices, the pool {len(presets.devices)}")
-    pool = with_speeds(presets, dict(enumerate(speeds)))
+    pool = with_speeds(presets, dict(enumerate(speeds)),
+                       {device: report.get("first_touch_s_per_byte") for device, report in measured.items()})
     workload = plan_workload(plan, range(len(speeds)))  # what the saved speeds were measured on
     return ConfinedPool(pool, pool_limits(presets), measured, workload), plan, saved["measured_at"]
 

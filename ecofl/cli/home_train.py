@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if final_plan != plan:
         predicted = predict_sync_round(final_plan, profile, pool, mode, args.rounds, args.cache_dir)
     report = describe(final_plan, pool, predicted, result, mode, args.rounds)
-    report["predicted_first_round_s"] = _first_round(report, final_plan, plan, profile, calibration)
+    report["predicted_first_round_s"] = _first_round(report, final_plan, plan, profile, pool)
     report["devices"] = device_report(final_plan, pool, result, calibration, confined)
     if result.tuning is not None:
         report["tuning"] = result.tuning
@@ -155,12 +155,11 @@ def _plan(args: argparse.Namespace, profile, pool, mode: Emulation) -> Plan:
     return plan
 
 
-def _first_round(report: dict, final_plan: Plan, plan: Plan, profile, calibration: dict) -> float | None:
+def _first_round(report: dict, final_plan: Plan, plan: Plan, profile, pool) -> float | None:
     """The final plan's first sync-round predicted: its sync-round, plus the memory its devices map for the first
     time (beyond what they mapped on the plan the run started with, if it changed), at each device's seconds
     per byte measured in its calibration (None: not calibrated; :mod:`ecofl.pipeline.first_touch`)."""
-    s_per_byte = {d: measured.get("first_touch_s_per_byte") for d, measured in calibration.items()}
-    extra = first_round_extra_s(final_plan, profile, s_per_byte, None if final_plan == plan else plan)
+    extra = first_round_extra_s(final_plan, profile, pool, None if final_plan == plan else plan)
     return None if extra is None else report["predicted_sync_round_s"] + extra
 
 

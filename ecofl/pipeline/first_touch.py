@@ -8,14 +8,16 @@ longer by the difference, mapped page by page out of the device's own CPU
 (docs/pipeline.md, "A new stage's first round"). Sizes are Asteroid eq. 3's
 (:func:`~ecofl.pipeline.memory_model.stage_memory_bytes`) without the
 weights, which every worker holds from its start; each device's seconds per
-byte are measured in its calibration (:mod:`ecofl.pipeline.runtime.calibration`).
+byte are measured in its calibration (:mod:`ecofl.pipeline.runtime.calibration`) and carried in the
+pool (``DeviceSpec.first_touch_s_per_byte``). A re-plan (a recovery, a re-tune)
+weighs this with its layer moves (:func:`switching_s`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
+from ecofl.devices import HomePool
 from ecofl.pipeline.memory_model import resident_forwards, stage_memory_bytes
+from ecofl.pipeline.migration import Holders, migration_s
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 
@@ -31,16 +33,24 @@ def mapped_bytes(plan: Plan, profile: ModelProfile) -> dict[int, int]:
     return mapped
 
 
-def first_round_extra_s(plan: Plan, profile: ModelProfile, s_per_byte: Mapping[int, float | None],
-                        before: Plan | None = None) -> float | None:
+def first_round_extra_s(plan: Plan, profile: ModelProfile, pool: HomePool, before: Plan | None = None
+                        ) -> float | None:
     """How much longer ``plan``'s first sync-round takes than its later ones, for devices that ran ``before``
-    (None: nothing yet, a run's first round): the slowest device's new bytes at its ``s_per_byte``. The slowest,
-    not the sum: the stages map their memory in their first forwards, while the pipeline fills, and the round
-    waits for the one that maps longest. None where a device of ``plan`` has no measurement."""
+    (None: nothing yet, a run's first round): the slowest device's new bytes at its ``first_touch_s_per_byte``.
+    The slowest, not the sum: the stages map their memory in their first forwards, while the pipeline fills,
+    and the round waits for the one that maps longest. None where a device of ``plan`` has no measurement."""
     held = mapped_bytes(before, profile) if before is not None else {}
     extra = 0.0
     for device, size in mapped_bytes(plan, profile).items():
-        if s_per_byte.get(device) is None:
+        s_per_byte = pool.devices[device].first_touch_s_per_byte
+        if s_per_byte is None:
             return None
-        extra = max(extra, max(0, size - held.get(device, 0)) * s_per_byte[device])
+        extra = max(extra, max(0, size - held.get(device, 0)) * s_per_byte)
     return extra
+
+
+def switching_s(plan: Plan, before: Plan, holders: Holders, profile: ModelProfile, pool: HomePool) -> float:
+    """What moving from ``before`` to ``plan`` costs beyond ``plan``'s own sync-rounds: its layer moves from
+    ``holders`` over the links (:func:`ecofl.pipeline.migration.migration_s`) and the memory its devices map
+    for the first time in its first round (nothing counted where a device has no measurement)."""
+    return migration_s(plan, holders, profile, pool) + (first_round_extra_s(plan, profile, pool, before) or 0.0)

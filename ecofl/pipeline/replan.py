@@ -75,9 +75,14 @@ def measured_speeds(
     return speeds
 
 
-def with_speeds(pool: HomePool, speeds: Mapping[int, float]) -> HomePool:
-    """``pool`` with device d's speed replaced by ``speeds[d]`` (links unchanged)."""
-    devices = tuple(replace(spec, speed=float(speeds.get(d, spec.speed))) for d, spec in enumerate(pool.devices))
+def with_speeds(pool: HomePool, speeds: Mapping[int, float],
+                first_touch_s_per_byte: Mapping[int, float | None] | None = None) -> HomePool:
+    """``pool`` with device d's speed replaced by ``speeds[d]`` and, where given, its seconds per byte mapped anew
+    by ``first_touch_s_per_byte[d]`` (links unchanged)."""
+    touch = {} if first_touch_s_per_byte is None else first_touch_s_per_byte
+    devices = tuple(replace(spec, speed=float(speeds.get(d, spec.speed)),
+                            first_touch_s_per_byte=touch.get(d, spec.first_touch_s_per_byte))
+                    for d, spec in enumerate(pool.devices))
     return HomePool(name=pool.name, devices=devices, bandwidth_bps=_finite(pool.bandwidth_bps))
 
 

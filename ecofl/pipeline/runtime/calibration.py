@@ -182,7 +182,14 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
                   # at its quota: the kernel maps a new page out of the device's own CPU time
                   "first_touch_s_per_byte": None if first_touch[d] is None else first_touch[d] / cores[d]}
               for d in devices}
-    return with_speeds(pool, speeds), report
+    return measured_pool(pool, report), report
+
+
+def measured_pool(pool: HomePool, reports: Mapping[int, dict]) -> HomePool:
+    """``pool`` with each reported device's measured speed and seconds per byte mapped anew (its calibration's
+    ``reports``, :func:`measure_speeds`); other devices as they were."""
+    return with_speeds(pool, {d: report["measured_speed"] for d, report in reports.items()},
+                       {d: report.get("first_touch_s_per_byte") for d, report in reports.items()})
 
 
 def held_stashes(profile: ModelProfile, work: Work, memory_bytes: int) -> int:
@@ -301,8 +308,7 @@ def _known(workload: Workload, calibrated: dict[Workload, ConfinedPool]) -> bool
     twins = {device: reports.get((base.limits[device], work)) for device, work in workload}
     if any(report is None for report in twins.values()):
         return False
-    pool = with_speeds(base.pool, {device: report["measured_speed"] for device, report in twins.items()})
-    calibrated[workload] = ConfinedPool(pool, base.limits, twins, workload)
+    calibrated[workload] = ConfinedPool(measured_pool(base.pool, twins), base.limits, twins, workload)
     return True
 
 

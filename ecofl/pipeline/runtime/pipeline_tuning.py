@@ -22,8 +22,10 @@ once, early, for every device:
    with the runtime's overheads (the planner's own search leaves them out).
 3. **Decide.** The fastest candidate replaces the current plan when, at the
    same speeds, it is predicted faster by more than ``margin`` (the model's
-   own uncertainty) and the time it saves over the rounds left exceeds its
-   predicted migration (each device pair's layer bytes over its link).
+   own uncertainty) and the time it saves over the rounds left exceeds what
+   switching costs: its predicted migration (each device pair's layer bytes
+   over its link) and the memory its devices map anew in its first round
+   (:mod:`ecofl.pipeline.first_touch`).
 
 Everything here is plain data: :func:`decide` takes what the workers reported
 and returns a :class:`TuningDecision`; :mod:`.recovery` carries it out
@@ -38,7 +40,8 @@ from dataclasses import dataclass
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.cost import SyncRoundCost
-from ecofl.pipeline.migration import Holders, migration_s
+from ecofl.pipeline.first_touch import switching_s
+from ecofl.pipeline.migration import Holders
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import full_replan, full_replans, with_speeds
@@ -58,7 +61,7 @@ class TuningDecision:
     speeds: dict[int, float]  # re-estimated from the pipeline's own operations
     current_s: float  # the current plan's sync-round
     best_s: float  # the fastest candidate's
-    migration_s: float  # the fastest candidate's layer moves
+    migration_s: float  # switching to the fastest candidate: its layer moves, and the memory its first round maps
     rounds_left: int
     plan: Plan  # the plan to run from now on (the current one when not switched)
     switched: bool
@@ -129,7 +132,7 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     current_s = predict_sync_round(plan, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
     candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive) if c != plan]
     best, best_s = fastest_plan(candidates, profile, tuned, emulation, cache_dir) if candidates else (plan, current_s)
-    moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
+    moving_s = switching_s(best, plan, holders, profile, tuned) if best is not plan else 0.0
     switched = best_s < (1 - tuning.margin) * current_s and (current_s - best_s) * rounds_left > moving_s
     return TuningDecision(after_round=after_round, calibrated_speeds={d: s.speed for d, s in enumerate(pool.devices)},
                           speeds=speeds, current_s=current_s, best_s=best_s, migration_s=moving_s,

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 from ecofl.devices import HomePool, host_cores, host_pool
 from ecofl.pipeline.cost import SyncRoundCost, simulate
-from ecofl.pipeline.migration import Holders, migration_s
+from ecofl.pipeline.first_touch import switching_s
+from ecofl.pipeline.migration import Holders
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import make_plan, plans_by_micro_batch
@@ -57,17 +58,18 @@ def fastest_plan(plans: Sequence[Plan], profile: ModelProfile, pool: HomePool, e
     return plans[best], seconds
 
 
-def quickest_to_finish(plans: Sequence[Plan], holders: Holders, rounds_left: int, profile: ModelProfile,
-                       pool: HomePool, emulation: Emulation | bool | str, cache_dir: str | None = None
-                       ) -> tuple[Plan, float]:
+def quickest_to_finish(plans: Sequence[Plan], before: Plan, holders: Holders, rounds_left: int,
+                       profile: ModelProfile, pool: HomePool, emulation: Emulation | bool | str,
+                       cache_dir: str | None = None) -> tuple[Plan, float]:
     """Of ``plans`` (at least one), the one that finishes a call's ``rounds_left`` sync-rounds first, with that
-    time: its layer moves from ``holders`` over the links (:func:`ecofl.pipeline.migration.migration_s`) plus
+    time: what switching from ``before`` to it costs (its layer moves from ``holders`` over the links, and the
+    memory its devices map anew in its first round: :func:`ecofl.pipeline.first_touch.switching_s`) plus
     ``rounds_left`` of its sync-rounds as :func:`predict_sync_round` predicts them. A recovery weighs what
     it moves now against how fast it trains after: with few rounds left, a plan that moves less wins; with
     many, the faster one."""
     if not plans:
         raise ValueError("no plan to choose from")
-    scored = [(migration_s(plan, holders, profile, pool)
+    scored = [(switching_s(plan, before, holders, profile, pool)
                + rounds_left * predict_sync_round(plan, profile, pool, emulation, cache_dir=cache_dir).sync_round_s, i)
               for i, plan in enumerate(plans)]
     seconds, best = min(scored)

@@ -317,12 +317,13 @@ def lightweight_recovery_plan(layout: PipelineLayout, speeds: dict[int, float], 
                               rounds_left: int, emulation: Emulation) -> Plan:
     """The current plan's cut points moved in proportion to capacity (Asteroid §3.4) at the micro-batch size
     predicted fastest, or one of its neighbours (:func:`~ecofl.pipeline.replan.shifted_replans`): the one that
-    finishes ``rounds_left`` sync-rounds first, its layer moves from ``holders`` included
-    (:func:`.prediction.quickest_to_finish`). A UserError where the proportional partition does not fit."""
+    finishes ``rounds_left`` sync-rounds first, what switching to it costs included: its layer moves from
+    ``holders`` and the memory its first round maps (:func:`.prediction.quickest_to_finish`). A UserError where
+    the proportional partition does not fit."""
     plan, profile = layout.plan, layout.profile
     pool = with_speeds(layout.pool, speeds)
     lost = {d for stage in plan.stages for d in stage.devices} - alive
     proportional = lightweight_replans(plan, profile, layout.pool, lost=lost, speeds=speeds)
     best = fastest_plan(proportional, profile, pool, emulation)[0]
     candidates = [best, *shifted_replans(best, profile, pool)]
-    return quickest_to_finish(candidates, holders, rounds_left, profile, pool, emulation)[0]
+    return quickest_to_finish(candidates, plan, holders, rounds_left, profile, pool, emulation)[0]
