@@ -124,6 +124,18 @@ def test_a_device_may_declare_its_gpu(tmp_path):
     assert [d.accelerator for d in pool.devices] == ["cpu", "cuda:1"]
 
 
+@pytest.mark.parametrize("claimed", [-1e-9, 2.0, "fast"])
+def test_a_registration_claiming_an_impossible_first_touch_is_refused_at_the_door(claimed):
+    from ecofl.deploy.service_messages import FROM_DAEMON
+    from ecofl.net.schema import MalformedMessage
+
+    header = {"type": "register", "name": "desk", "preset": None, "memory_bytes": 1 << 30, "bandwidth_bps": 1e7,
+              "workload_s": 0.1, "first_touch_s_per_byte": claimed}
+    with pytest.raises(MalformedMessage, match="register.first_touch_s_per_byte"):
+        FROM_DAEMON.decode(header)
+    assert FROM_DAEMON.decode({**header, "first_touch_s_per_byte": 1e-9}).first_touch_s_per_byte == 1e-9
+
+
 def test_a_daemon_says_where_it_trains_and_a_gpus_memory_is_its_budget():
     """ecofl device serve --accelerator: auto finds a GPU (its memory the planner's budget), a preset stays on the
     CPU unless told, and a GPU the machine lacks is one line (GPUs as a probe process would report them)."""
@@ -132,8 +144,13 @@ def test_a_daemon_says_where_it_trains_and_a_gpus_memory_is_its_budget():
     with_gpu = describe_device("desk", None, 100.0, "auto", gpus=[24 << 30])
     assert (with_gpu.accelerator, with_gpu.memory_bytes) == ("cuda", 24 << 30)
     assert device_spec(with_gpu, reference_workload_s=with_gpu.workload_s).accelerator == "cuda"
-    assert describe_device("desk", None, 100.0, "auto", gpus=[]).accelerator == "cpu"
-    assert describe_device("board", "nano-10w", 100.0, "auto", gpus=[24 << 30]).accelerator == "cpu"
+    on_cpu = describe_device("desk", None, 100.0, "auto", gpus=[])
+    assert on_cpu.accelerator == "cpu"
+    # it timed mapping new memory (about a microsecond a 4-KiB page, here 0.1-1 ms a MiB), and the spec keeps it
+    assert 1e-11 < on_cpu.first_touch_s_per_byte < 1e-7
+    assert device_spec(on_cpu, on_cpu.workload_s).first_touch_s_per_byte == on_cpu.first_touch_s_per_byte
+    preset_board = describe_device("board", "nano-10w", 100.0, "auto", gpus=[24 << 30])
+    assert preset_board.accelerator == "cpu" and preset_board.first_touch_s_per_byte is None  # a preset's numbers
     assert describe_device("board", "nano-10w", 100.0, "cuda", gpus=[24 << 30]).accelerator == "cuda"
     with pytest.raises(UserError, match="device desk: accelerator cuda:1, but this machine has 1 GPU"):
         describe_device("desk", None, 100.0, "cuda:1", gpus=[24 << 30])

@@ -5,7 +5,9 @@
 (:func:`workload_seconds`, over at least a second: many CPU-quota periods
 on a device confined by a cgroup) and the home service, which profiles
 models on its own machine, times the same workload, so speed = service's
-time / device's time. Memory is what the kernel reports available, within
+time / device's time. It also times how long it takes to map memory for
+the first time (a re-plan's first round pays that for the stage it hands
+the device: ecofl.pipeline.first_touch). Memory is what the kernel reports available, within
 the device's cgroup limit when it runs in one. A device may instead
 claim a preset (``--preset nano-10w``): the pipeline then emulates that
 board on whatever machine the daemon runs (for tests and demos).
@@ -28,14 +30,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ecofl.own_cgroup import own_memory_limit_bytes
+from ecofl.own_cgroup import own_device_cores, own_memory_limit_bytes
 from ecofl.deploy.service_messages import Register
 from ecofl.devices import MBPS, DeviceSpec, preset
 from ecofl.errors import UserError
 from ecofl.pipeline.runtime.device_timing import seconds_per_call
-from ecofl.pipeline.runtime.process_memory import rss_bytes
+from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte, rss_bytes
 
 _WORKLOAD_REPEATS = 5
+FIRST_TOUCH_SAMPLE_BYTES = 64 << 20  # above glibc's largest mmap threshold: always pages never mapped before
 
 
 def workload_seconds(min_seconds: float = 1.0) -> float:
@@ -52,6 +55,24 @@ def workload_seconds(min_seconds: float = 1.0) -> float:
         return seconds_per_call(lambda: model(x).sum().backward(), min_seconds, _WORKLOAD_REPEATS)
     finally:
         torch.set_num_threads(threads)
+
+
+def first_touch_seconds_per_byte() -> float | None:
+    """Seconds this machine takes to map a byte of memory for the first time, as a worker does in a new stage's
+    first round (ecofl.pipeline.first_touch): a fresh 64-MiB tensor's first fill's CPU beyond a second fill's,
+    per byte it mapped, over the CPU quota of the device cgroup it runs in (if any); None where unreadable. A
+    plain fill reads lower than a stage's first round: on the 2-core test host 0.39-0.54 ms of CPU a MiB
+    against 0.54-0.85 (docs/pipeline.md, "A new stage's first round")."""
+    kept: list[torch.Tensor] = []
+
+    def fill() -> None:
+        if not kept:
+            kept.append(torch.empty(FIRST_TOUCH_SAMPLE_BYTES // 4))
+        kept[0].fill_(1.0)
+
+    per_byte = first_touch_cpu_s_per_byte(fill)
+    cores = own_device_cores()
+    return per_byte if per_byte is None or cores is None else per_byte / cores
 
 
 def available_memory_bytes() -> int:
@@ -109,7 +130,7 @@ def describe_device(name: str, preset_name: str | None, bandwidth_mbps: float, a
                         accelerator=accelerator)
     memory = available_memory_bytes() if memory is None else memory
     return Register(name, None, memory, bandwidth_mbps * MBPS, workload_s=workload_seconds(),
-                    accelerator=accelerator)
+                    accelerator=accelerator, first_touch_s_per_byte=first_touch_seconds_per_byte())
 
 
 def device_spec(registration: Register, reference_workload_s: float) -> DeviceSpec:
@@ -120,4 +141,5 @@ def device_spec(registration: Register, reference_workload_s: float) -> DeviceSp
             raise ValueError(f"register: {registration.name!r} gives neither a speed nor a positive workload time")
         speed = reference_workload_s / registration.workload_s
     return DeviceSpec(name=registration.name, speed=speed, memory_bytes=registration.memory_bytes,
-                      bandwidth_bps=registration.bandwidth_bps, accelerator=registration.accelerator)
+                      bandwidth_bps=registration.bandwidth_bps, accelerator=registration.accelerator,
+                      first_touch_s_per_byte=registration.first_touch_s_per_byte)

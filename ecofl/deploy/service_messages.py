@@ -4,7 +4,8 @@ Every message is a frozen dataclass (:mod:`ecofl.net.schema`) on an
 authenticated, sealed channel (:mod:`ecofl.net.auth`), validated on receipt
 so a malformed one is refused naming its type and field::
 
-    daemon  -> service   Register (name, preset or measured workload, memory, link)  -> Registered (id, speed)
+    daemon  -> service   Register (name, preset or measured workload and first touch, memory, link)
+                         -> Registered (id, speed)
     daemon  -> service   DaemonBeat, every few seconds (sessions served)
     service -> daemon    Session (join the portal at this address as device d), Bye
     client  -> service   StatusRequest -> HomeStatus;  Train (+ weights, data) -> Trained (+ weights) or ServiceError
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ecofl.net.schema import JsonObject, Matches, MessageSet, message
+from ecofl.net.schema import JsonObject, Matches, MessageSet, Within, message
 from ecofl.train_config import TrainConfig
 
 DAEMON = "device daemon"  # the purpose a device daemon's handshake proves
@@ -31,6 +32,8 @@ class Register:
     speed: float | None = None
     workload_s: float | None = None
     accelerator: Annotated[str, Matches(r"cpu|cuda(:\d+)?")] = "cpu"  # where its worker trains (its own GPU)
+    # seconds it takes to map a byte of memory for the first time (measured; None: not, e.g. a preset)
+    first_touch_s_per_byte: Annotated[float, Within(0.0, 1.0)] | None = None
 
 
 @message("registered")
