@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.first_touch import first_against_later, main, rounds_of  # noqa: E402
 from ecofl.devices import DeviceSpec, HomePool  # noqa: E402
-from ecofl.pipeline.first_touch import first_round_extra_s, mapped_bytes  # noqa: E402
+from ecofl.pipeline.first_touch import first_round_extra_s, mapped_bytes, switching_s  # noqa: E402
 from ecofl.pipeline.plan import Plan, StagePlan  # noqa: E402
 from pipeline_kit import synthetic_profile  # noqa: E402
 
@@ -84,6 +84,13 @@ def test_a_re_plan_costs_what_a_device_holds_beyond_its_last_stage():
     assert first_round_extra_s(after, profile, touching(1e-9, 1e-9), before=before) == pytest.approx(grown * 1e-9)
     bigger = two_stage((1, 0), 8)  # twice the micro-batch: twice the stash to map
     assert first_round_extra_s(bigger, profile, touching(1e-9, 1e-9), before=before) > grown * 1e-9
+    # switching counts it beside the layer moves (none here: both devices hold every layer), on the devices
+    # measured: device 1 unmeasured leaves the first round unpredicted and nothing counted
+    everywhere = {layer: [0, 1] for layer in range(5)}
+    assert switching_s(after, before, everywhere, profile, touching(1e-9, 1e-9)) == pytest.approx(grown * 1e-9)
+    assert first_round_extra_s(after, profile, touching(1e-9, None), before=before) is None
+    assert switching_s(after, before, everywhere, profile, touching(1e-9, None)) == 0
+    assert switching_s(after, before, everywhere, profile, touching(None, 1e-9)) == pytest.approx(grown * 1e-9)
 
 
 FIRST_STEP = """

@@ -7,8 +7,8 @@ on a device confined by a cgroup) and the home service, which profiles
 models on its own machine, times the same workload, so speed = service's
 time / device's time. It also times how long it takes to map memory for
 the first time (a re-plan's first round pays that for the stage it hands
-the device: ecofl.pipeline.first_touch). Memory is what the kernel reports available, within
-the device's cgroup limit when it runs in one. A device may instead
+the device: ecofl.pipeline.first_touch). Memory is what the kernel reports
+available, within the device's cgroup limit when it runs in one. A device may instead
 claim a preset (``--preset nano-10w``): the pipeline then emulates that
 board on whatever machine the daemon runs (for tests and demos).
 

@@ -39,18 +39,24 @@ def first_round_extra_s(plan: Plan, profile: ModelProfile, pool: HomePool, befor
     (None: nothing yet, a run's first round): the slowest device's new bytes at its ``first_touch_s_per_byte``.
     The slowest, not the sum: the stages map their memory in their first forwards, while the pipeline fills,
     and the round waits for the one that maps longest. None where a device of ``plan`` has no measurement."""
+    mapping = mapping_s(plan, profile, pool, before)
+    return None if None in mapping.values() else max(mapping.values(), default=0.0)
+
+
+def mapping_s(plan: Plan, profile: ModelProfile, pool: HomePool, before: Plan | None) -> dict[int, float | None]:
+    """Each device's seconds mapping its memory under ``plan`` beyond what it held under ``before`` (None: its
+    seconds per byte are not measured)."""
     held = mapped_bytes(before, profile) if before is not None else {}
-    extra = 0.0
+    seconds: dict[int, float | None] = {}
     for device, size in mapped_bytes(plan, profile).items():
         s_per_byte = pool.devices[device].first_touch_s_per_byte
-        if s_per_byte is None:
-            return None
-        extra = max(extra, max(0, size - held.get(device, 0)) * s_per_byte)
-    return extra
+        seconds[device] = None if s_per_byte is None else max(0, size - held.get(device, 0)) * s_per_byte
+    return seconds
 
 
 def switching_s(plan: Plan, before: Plan, holders: Holders, profile: ModelProfile, pool: HomePool) -> float:
     """What moving from ``before`` to ``plan`` costs beyond ``plan``'s own sync-rounds: its layer moves from
     ``holders`` over the links (:func:`ecofl.pipeline.migration.migration_s`) and the memory its devices map
-    for the first time in its first round (nothing counted where a device has no measurement)."""
-    return migration_s(plan, holders, profile, pool) + (first_round_extra_s(plan, profile, pool, before) or 0.0)
+    for the first time in its first round (the devices whose seconds per byte are measured)."""
+    mapping = [s for s in mapping_s(plan, profile, pool, before).values() if s is not None]
+    return migration_s(plan, holders, profile, pool) + max(mapping, default=0.0)
