@@ -39,6 +39,7 @@ from ecofl.pipeline.runtime.calibration import (
     plan_on_measured_speeds,
     plan_workload,
     shared_by_identical,
+    shared_by_kind,
     speed_from_step,
     whole_model,
 )
@@ -494,6 +495,10 @@ def test_identical_devices_share_one_measurement_and_others_keep_their_own():
     shared = shared_by_identical({0: 1.0, 1: 1.2, 2: 0.5, 3: 0.9}, limits, work)
     assert shared[0] == shared[1] == pytest.approx(1.1)  # the two nanos timing the whole model
     assert shared[2] == 0.5 and shared[3] == 0.9  # another kind of device; a nano timing other work
+    # a byte mapped anew costs a kind of device the same on any work: the three nanos share what two measured
+    touch = shared_by_kind({0: 2e-9, 1: None, 2: 5e-9, 3: 4e-9}, limits)
+    assert touch[0] == touch[1] == touch[3] == pytest.approx(3e-9) and touch[2] == 5e-9
+    assert shared_by_kind({0: None, 2: 5e-9}, limits) == {0: None, 2: 5e-9}
 
 
 def test_a_plan_with_two_identical_devices_swapped_is_not_measured_again():

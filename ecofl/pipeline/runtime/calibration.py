@@ -174,6 +174,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             for device in devices:  # also one whose process had not started (or not been recorded)
                 confinement.release(device)
     step_s = shared_by_identical(measured, confinement.limits, work)
+    first_touch = shared_by_kind(first_touch, confinement.limits)
     speeds = {d: speed_from_step(profile, work[d], s, objective) for d, s in step_s.items()}
     cores = {d: confinement.limits[d].cores for d in devices}
     report = {d: {"quota_cores": cores[d], "objective": objective,
@@ -211,6 +212,18 @@ def shared_by_identical(step_s: Mapping[int, float], limits: Mapping[int, Device
         kinds.setdefault((limits[device], work[device]), []).append(device)
     return {device: statistics.fmean(step_s[twin] for twin in kinds[(limits[device], work[device])])
             for device in step_s}
+
+
+def shared_by_kind(per_byte: Mapping[int, float | None], limits: Mapping[int, DeviceLimits]
+                   ) -> dict[int, float | None]:
+    """Each device's seconds per byte mapped anew, devices confined alike sharing the mean of those that measured
+    it (a byte costs a kind of device the same whatever its stage; None where none of its kind did)."""
+    kinds: dict[DeviceLimits, list[float]] = {}
+    for device, seconds in per_byte.items():
+        if seconds is not None:
+            kinds.setdefault(limits[device], []).append(seconds)
+    return {device: statistics.fmean(kinds[limits[device]]) if limits[device] in kinds else None
+            for device in per_byte}
 
 
 def operating_micro_batch(plan: Plan) -> int:
