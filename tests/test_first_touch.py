@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.first_touch import first_against_later, main, rounds_of  # noqa: E402
+from ecofl.cli.home_train import first_round_line  # noqa: E402
 from ecofl.devices import DeviceSpec, HomePool  # noqa: E402
 from ecofl.pipeline.first_touch import first_round_extra_s, mapped_bytes, switching_s  # noqa: E402
 from ecofl.pipeline.plan import Plan, StagePlan  # noqa: E402
@@ -91,6 +92,15 @@ def test_a_re_plan_costs_what_a_device_holds_beyond_its_last_stage():
     assert first_round_extra_s(after, profile, touching(1e-9, None), before=before) is None
     assert switching_s(after, before, everywhere, profile, touching(1e-9, None)) == 0
     assert switching_s(after, before, everywhere, profile, touching(None, 1e-9)) == pytest.approx(grown * 1e-9)
+
+
+def test_the_cli_says_the_final_plans_first_round_beside_its_prediction():
+    """After a re-plan (rounds 0-1 on the first plan, 2-3 on the final one) the line reads round 2."""
+    report = {"predicted_first_round_s": 7.25, "sync_rounds_s": [9.0, 5.0, 8.0, 5.5], "final_plan_rounds": 2,
+              "first_touched_mib_by_round": [240.0, 20.0, 515.4, 9.0]}
+    assert first_round_line(report) == ["its first sync-round 8.000 s measured, 7.250 s predicted (a device "
+                                         "mapped up to 515 MiB for the first time)"]
+    assert first_round_line({**report, "predicted_first_round_s": None}) == []  # not calibrated
 
 
 FIRST_STEP = """

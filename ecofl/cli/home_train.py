@@ -324,4 +324,16 @@ def table(report: dict) -> str:
         f"predicted (error {100 * error:.1f}%); throughput {report['throughput']:.2f} samples/s"
         + (f" (final plan's {report['final_plan_rounds']} rounds; all rounds {report['throughput_all_rounds']:.2f})"
            if report["final_plan_rounds"] < report["rounds_completed"] else ""),
+        *first_round_line(report),
     ])
+
+
+def first_round_line(report: dict) -> list[str]:
+    """The final plan's first sync-round, measured and predicted with the memory its devices mapped anew."""
+    if report.get("predicted_first_round_s") is None:
+        return []
+    first = len(report["sync_rounds_s"]) - report["final_plan_rounds"]
+    mapped = report["first_touched_mib_by_round"][first]
+    return [f"its first sync-round {report['sync_rounds_s'][first]:.3f} s measured, "
+            f"{report['predicted_first_round_s']:.3f} s predicted (a device mapped up to "
+            f"{'-' if mapped is None else f'{mapped:.0f}'} MiB for the first time)"]
