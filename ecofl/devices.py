@@ -45,7 +45,7 @@ class DeviceSpec:
     bandwidth_bps: float  # bytes/s of the device's link to the home network
     accelerator: str = "cpu"  # where its stage trains: "cpu", or a GPU ("cuda", "cuda:N") of its own machine
     # seconds its process takes to map a byte of memory for the first time, at its speed (measured in its
-    # calibration, ecofl.pipeline.first_touch; None: not measured)
+    # calibration or by its daemon, ecofl.pipeline.first_touch; None: not measured)
     first_touch_s_per_byte: float | None = None
 
     def __post_init__(self) -> None:

@@ -477,7 +477,7 @@ def test_a_calibration_file_gives_a_second_run_the_first_runs_plan_and_predictio
 
 
 def test_a_file_that_is_no_calibration_is_refused_with_its_name(tmp_path):
-    from ecofl.cli.calibration_file import load_calibration
+    from ecofl.cli.calibration_file import VERSION, load_calibration
     from ecofl.errors import UserError
     from ecofl.pools import load_pool
 
@@ -485,6 +485,12 @@ def test_a_file_that_is_no_calibration_is_refused_with_its_name(tmp_path):
     garbage.write_text('{"version": 1, "speeds": "fast"}')
     with pytest.raises(UserError, match="notes.json is not a calibration file"):
         load_calibration(garbage, {}, load_pool("nano-10w,tx2-maxq"))
+    edited = tmp_path / "edited.json"  # a calibration whose first-touch figure was edited into a word
+    edited.write_text(json.dumps({"version": VERSION, "settings": {}, "measured_at": "now", "speeds": [0.1, 0.2],
+                                  "measured": {"0": {"first_touch_s_per_byte": "fast"}},
+                                  "plan": two_stages(0).to_dict()}))
+    with pytest.raises(UserError, match="edited.json is not a calibration file.*first_touch_s_per_byte"):
+        load_calibration(edited, {}, load_pool("nano-10w,tx2-maxq"))
 
 
 def test_identical_devices_share_one_measurement_and_others_keep_their_own():

@@ -124,7 +124,7 @@ def test_a_device_may_declare_its_gpu(tmp_path):
     assert [d.accelerator for d in pool.devices] == ["cpu", "cuda:1"]
 
 
-@pytest.mark.parametrize("claimed", [-1e-9, 2.0, "fast"])
+@pytest.mark.parametrize("claimed", [-1e-9, 1e-3, "fast"])
 def test_a_registration_claiming_an_impossible_first_touch_is_refused_at_the_door(claimed):
     from ecofl.deploy.service_messages import FROM_DAEMON
     from ecofl.net.schema import MalformedMessage
@@ -147,7 +147,7 @@ def test_a_daemon_says_where_it_trains_and_a_gpus_memory_is_its_budget():
     on_cpu = describe_device("desk", None, 100.0, "auto", gpus=[])
     assert on_cpu.accelerator == "cpu"
     # it timed mapping new memory (about a microsecond a 4-KiB page, here 0.1-1 ms a MiB), and the spec keeps it
-    assert 1e-11 < on_cpu.first_touch_s_per_byte < 1e-7
+    assert on_cpu.first_touch_s_per_byte is not None and 1e-11 < on_cpu.first_touch_s_per_byte < 1e-7
     assert device_spec(on_cpu, on_cpu.workload_s).first_touch_s_per_byte == on_cpu.first_touch_s_per_byte
     preset_board = describe_device("board", "nano-10w", 100.0, "auto", gpus=[24 << 30])
     assert preset_board.accelerator == "cpu" and preset_board.first_touch_s_per_byte is None  # a preset's numbers

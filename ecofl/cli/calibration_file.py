@@ -48,6 +48,8 @@ def load_calibration(path: Path, settings: dict, presets: HomePool) -> tuple[Con
         speeds = [float(speed) for speed in saved["speeds"]]
         plan = _plan(saved["plan"])
         measured = {int(device): dict(report) for device, report in saved["measured"].items()}
+        first_touch = {device: _seconds_or_none(report.get("first_touch_s_per_byte"))
+                       for device, report in measured.items()}
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise UserError(f"{path} is not a calibration file of ecofl home train: {error}") from None
     differ = {key: (saved["settings"].get(key), value) for key, value in settings.items()
@@ -58,10 +60,18 @@ def load_calibration(path: Path, settings: dict, presets: HomePool) -> tuple[Con
                         + "): give another file, or delete it to calibrate again")
     if len(speeds) != len(presets.devices):
         raise UserError(f"{path} holds {len(speeds)} devices, the pool {len(presets.devices)}")
-    pool = with_speeds(presets, dict(enumerate(speeds)),
-                       {device: report.get("first_touch_s_per_byte") for device, report in measured.items()})
+    pool = with_speeds(presets, dict(enumerate(speeds)), first_touch)
     workload = plan_workload(plan, range(len(speeds)))  # what the saved speeds were measured on
     return ConfinedPool(pool, pool_limits(presets), measured, workload), plan, saved["measured_at"]
+
+
+def _seconds_or_none(value: object) -> float | None:
+    """A measured figure of the file: None, or a number of seconds at least 0 (ValueError otherwise)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"a device's first_touch_s_per_byte is {value!r}, not seconds")
+    return float(value)
 
 
 def _plan(data: dict) -> Plan:

@@ -157,8 +157,9 @@ def _plan(args: argparse.Namespace, profile, pool, mode: Emulation) -> Plan:
 
 def _first_round(report: dict, final_plan: Plan, plan: Plan, profile, pool) -> float | None:
     """The final plan's first sync-round predicted: its sync-round, plus the memory its devices map for the first
-    time (beyond what they mapped on the plan the run started with, if it changed), at each device's seconds
-    per byte measured in its calibration (None: not calibrated; :mod:`ecofl.pipeline.first_touch`)."""
+    time (beyond what they mapped on the plan the run started with, if it changed: a run that re-planned twice
+    is predicted from its first plan), at each device's seconds per byte measured in its calibration (None: not
+    calibrated; :mod:`ecofl.pipeline.first_touch`)."""
     extra = first_round_extra_s(final_plan, profile, pool, None if final_plan == plan else plan)
     return None if extra is None else report["predicted_sync_round_s"] + extra
 
@@ -200,7 +201,8 @@ def _tuning_line(tuning: dict) -> str:
                if tuning["switched"] else "kept the plan")
     return (f"re-tuned after sync-round {tuning['after_round']}: speeds in the pipeline {speeds}; predicted at them "
             f"{tuning['current_sync_round_s']:.3f} s, best re-plan {tuning['best_sync_round_s']:.3f} s (migration "
-            f"{tuning['migration_s']:.2f} s, {tuning['rounds_left']} rounds left): {outcome} (took "
+            f"{tuning['migration_s']:.2f} s, first-round mapping {tuning['first_round_s']:.2f} s, "
+            f"{tuning['rounds_left']} rounds left): {outcome} (took "
             f"{tuning['seconds']:.2f} s, {tuning['bytes_moved'] / 2**20:.2f} MiB moved)")
 
 

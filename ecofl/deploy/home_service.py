@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ecofl.cgroups import DeviceCgroup, DeviceLimits, find_hierarchy
-from ecofl.deploy.device_profile import device_spec, workload_seconds
+from ecofl.deploy.device_profile import device_spec, first_touch_seconds_per_byte, workload_seconds
 from ecofl.deploy.registry import Member, Registry
 from ecofl.deploy.service_messages import (
     CLIENT,
@@ -99,7 +99,8 @@ class HomeService:
         self.heartbeat = heartbeat or LivenessSettings()  # how long a pipeline worker may stay silent
         self.registry = Registry(beat_timeout_s)  # who is joined; a daemon silent for beat_timeout_s is left out
         self.reference_workload_s = workload_seconds()  # this machine profiles the models
-        self.portal = portal or DeviceSpec("portal", 1.0, 4 << 30, 100e6 / 8)
+        self.portal = portal or DeviceSpec("portal", 1.0, 4 << 30, 100e6 / 8,  # this machine, as measured
+                                           first_touch_s_per_byte=first_touch_seconds_per_byte())
         self.rounds = 0
         self.sessions = 0  # pipeline sessions the devices were asked to join
         self.sync_rounds = 0  # sync-rounds completed, over every round trained

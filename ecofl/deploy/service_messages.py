@@ -32,8 +32,9 @@ class Register:
     speed: float | None = None
     workload_s: float | None = None
     accelerator: Annotated[str, Matches(r"cpu|cuda(:\d+)?")] = "cpu"  # where its worker trains (its own GPU)
-    # seconds it takes to map a byte of memory for the first time (measured; None: not, e.g. a preset)
-    first_touch_s_per_byte: Annotated[float, Within(0.0, 1.0)] | None = None
+    # seconds it takes to map a byte of memory for the first time (measured; None: not, e.g. a preset); at most
+    # 1 us, a second a MiB (a device measures some 1-10 ns: a figure beyond would make it look unusable)
+    first_touch_s_per_byte: Annotated[float, Within(0.0, 1e-6)] | None = None
 
 
 @message("registered")

@@ -15,6 +15,8 @@ weighs this with its layer moves (:func:`switching_s`).
 
 from __future__ import annotations
 
+import statistics
+
 from ecofl.devices import HomePool
 from ecofl.pipeline.memory_model import resident_forwards, stage_memory_bytes
 from ecofl.pipeline.migration import Holders, migration_s
@@ -39,24 +41,35 @@ def first_round_extra_s(plan: Plan, profile: ModelProfile, pool: HomePool, befor
     (None: nothing yet, a run's first round): the slowest device's new bytes at its ``first_touch_s_per_byte``.
     The slowest, not the sum: the stages map their memory in their first forwards, while the pipeline fills,
     and the round waits for the one that maps longest. None where a device of ``plan`` has no measurement."""
-    mapping = mapping_s(plan, profile, pool, before)
-    return None if None in mapping.values() else max(mapping.values(), default=0.0)
+    return _slowest_mapping_s(plan, profile, pool, before, unmeasured=None)
 
 
-def mapping_s(plan: Plan, profile: ModelProfile, pool: HomePool, before: Plan | None) -> dict[int, float | None]:
-    """Each device's seconds mapping its memory under ``plan`` beyond what it held under ``before`` (None: its
-    seconds per byte are not measured)."""
+def estimated_first_round_extra_s(plan: Plan, profile: ModelProfile, pool: HomePool, before: Plan | None) -> float:
+    """:func:`first_round_extra_s` with a device that has no measurement taken at the mean of the pool's devices
+    that have one (a re-plan must not see an unmeasured device as free to map); 0 where none has."""
+    measured = [spec.first_touch_s_per_byte for spec in pool.devices if spec.first_touch_s_per_byte is not None]
+    if not measured:
+        return 0.0
+    return _slowest_mapping_s(plan, profile, pool, before, unmeasured=statistics.fmean(measured))
+
+
+def _slowest_mapping_s(plan: Plan, profile: ModelProfile, pool: HomePool, before: Plan | None,
+                       unmeasured: float | None) -> float | None:
+    """The longest a device of ``plan`` maps memory beyond what it held under ``before``, an unmeasured device
+    at ``unmeasured`` seconds per byte (None: the answer is None)."""
     held = mapped_bytes(before, profile) if before is not None else {}
-    seconds: dict[int, float | None] = {}
+    slowest = 0.0
     for device, size in mapped_bytes(plan, profile).items():
         s_per_byte = pool.devices[device].first_touch_s_per_byte
-        seconds[device] = None if s_per_byte is None else max(0, size - held.get(device, 0)) * s_per_byte
-    return seconds
+        s_per_byte = unmeasured if s_per_byte is None else s_per_byte
+        if s_per_byte is None:
+            return None
+        slowest = max(slowest, max(0, size - held.get(device, 0)) * s_per_byte)
+    return slowest
 
 
 def switching_s(plan: Plan, before: Plan, holders: Holders, profile: ModelProfile, pool: HomePool) -> float:
     """What moving from ``before`` to ``plan`` costs beyond ``plan``'s own sync-rounds: its layer moves from
     ``holders`` over the links (:func:`ecofl.pipeline.migration.migration_s`) and the memory its devices map
-    for the first time in its first round (the devices whose seconds per byte are measured)."""
-    mapping = [s for s in mapping_s(plan, profile, pool, before).values() if s is not None]
-    return migration_s(plan, holders, profile, pool) + max(mapping, default=0.0)
+    for the first time in its first round (:func:`estimated_first_round_extra_s`)."""
+    return migration_s(plan, holders, profile, pool) + estimated_first_round_extra_s(plan, profile, pool, before)

@@ -77,8 +77,9 @@ def measured_speeds(
 
 def with_speeds(pool: HomePool, speeds: Mapping[int, float],
                 first_touch_s_per_byte: Mapping[int, float | None] | None = None) -> HomePool:
-    """``pool`` with device d's speed replaced by ``speeds[d]`` and, where given, its seconds per byte mapped anew
-    by ``first_touch_s_per_byte[d]`` (links unchanged)."""
+    """``pool`` with device d's speed replaced by ``speeds[d]`` and, where d is a key of
+    ``first_touch_s_per_byte``, its seconds per byte mapped anew by that value (None: not measured; links
+    unchanged)."""
     touch = {} if first_touch_s_per_byte is None else first_touch_s_per_byte
     devices = tuple(replace(spec, speed=float(speeds.get(d, spec.speed)),
                             first_touch_s_per_byte=touch.get(d, spec.first_touch_s_per_byte))

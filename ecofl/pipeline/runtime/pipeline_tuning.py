@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 from ecofl.devices import HomePool
 from ecofl.pipeline.cost import SyncRoundCost
-from ecofl.pipeline.first_touch import switching_s
-from ecofl.pipeline.migration import Holders
+from ecofl.pipeline.first_touch import estimated_first_round_extra_s
+from ecofl.pipeline.migration import Holders, migration_s
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import full_replan, full_replans, with_speeds
@@ -61,7 +61,8 @@ class TuningDecision:
     speeds: dict[int, float]  # re-estimated from the pipeline's own operations
     current_s: float  # the current plan's sync-round
     best_s: float  # the fastest candidate's
-    migration_s: float  # switching to the fastest candidate: its layer moves, and the memory its first round maps
+    migration_s: float  # the fastest candidate's layer moves
+    first_round_s: float  # the memory its first round maps anew (ecofl.pipeline.first_touch)
     rounds_left: int
     plan: Plan  # the plan to run from now on (the current one when not switched)
     switched: bool
@@ -71,7 +72,8 @@ class TuningDecision:
                   for s in self.plan.stages]
         return {"after_round": self.after_round, "calibrated_speeds": _keyed(self.calibrated_speeds),
                 "speeds": _keyed(self.speeds), "current_sync_round_s": self.current_s,
-                "best_sync_round_s": self.best_s, "migration_s": self.migration_s, "rounds_left": self.rounds_left,
+                "best_sync_round_s": self.best_s, "migration_s": self.migration_s, "first_round_s": self.first_round_s,
+                "rounds_left": self.rounds_left,
                 "switched": self.switched, "micro_batch": self.plan.micro_batch,
                 "num_micro_batches": self.plan.num_micro_batches, "stages": stages}
 
@@ -132,8 +134,10 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     current_s = predict_sync_round(plan, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
     candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive) if c != plan]
     best, best_s = fastest_plan(candidates, profile, tuned, emulation, cache_dir) if candidates else (plan, current_s)
-    moving_s = switching_s(best, plan, holders, profile, tuned) if best is not plan else 0.0
-    switched = best_s < (1 - tuning.margin) * current_s and (current_s - best_s) * rounds_left > moving_s
+    moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
+    mapping_s = estimated_first_round_extra_s(best, profile, tuned, plan) if best is not plan else 0.0
+    switched = best_s < (1 - tuning.margin) * current_s and (current_s - best_s) * rounds_left > moving_s + mapping_s
     return TuningDecision(after_round=after_round, calibrated_speeds={d: s.speed for d, s in enumerate(pool.devices)},
                           speeds=speeds, current_s=current_s, best_s=best_s, migration_s=moving_s,
-                          rounds_left=rounds_left, plan=best if switched else plan, switched=switched)
+                          first_round_s=mapping_s, rounds_left=rounds_left, plan=best if switched else plan,
+                          switched=switched)
