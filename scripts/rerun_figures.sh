@@ -110,11 +110,9 @@ fedat_weights() {  # the ablation beside Fig. 8 on RLG-IID: FedAT with every tie
 ablations() {  # one factor at a time, on seed 0, cheapest first; FedAsync has no rounds and no grouping
   run fig7_ablation_latency_seconds "03_seed=0,strategy=ecofl" +experiment=fig7 seed=0 strategy=ecofl \
     grouping.latency_units=seconds loop.max_virtual_time_s=300
-  for i in 0 3; do
-    local strategy=${FIG7_STRATEGIES[$i]}
-    run fig7_ablation_homes_per_round "0${i}_seed=0,strategy=$strategy" +experiment=fig7 seed=0 strategy=$strategy \
-      loop.homes_per_round=10 loop.max_virtual_time_s=300
-  done
+  # FedAvg has no group rounds (it samples max_concurrent homes a round): homes_per_round is Eco-FL's alone
+  run fig7_ablation_homes_per_round "03_seed=0,strategy=ecofl" +experiment=fig7 seed=0 strategy=ecofl \
+    loop.homes_per_round=10 loop.max_virtual_time_s=300
   for i in 0 3 1; do
     local strategy=${FIG7_STRATEGIES[$i]}
     run fig7_ablation_churn "0${i}_seed=0,strategy=$strategy" +experiment=fig7 seed=0 strategy=$strategy \
