@@ -44,7 +44,7 @@ LOOP_KEYS = tuple(
 STRATEGY_KEYS = tuple(STRATEGY_FIELDS)
 GROUPING_KEYS = tuple(GROUPING_FIELDS)
 SERVER_KEYS = ("eval_samples", "connect_timeout_s", "query_timeout_s", "reply_timeout_s", "silent_homes",
-               "messages_in_flight")
+               "messages_in_flight", "train_in_background")
 SIMULATION_KEYS = ("actors", "cpus_per_actor", "gpus_per_actor", "address", "device", "batch_homes")
 
 
@@ -58,8 +58,13 @@ class ServerSettings:
     reply_timeout_s: float = 600.0  # a train round's replies; later ones are stragglers
     silent_homes: str = "continue"  # homes silent through the connect phase: "continue" without them, or "stop"
     messages_in_flight: int = 500  # at most this many messages of one exchange pushed and unanswered
+    # virtual clock: the rounds in flight train while the server applies the first to complete
+    # (ecofl/fl/foreseen_rounds.py); false: each dispatch waits for its replies before the next goes out
+    train_in_background: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.train_in_background, bool):
+            raise ValueError(f"server.train_in_background must be true or false, got {self.train_in_background!r}")
         if self.silent_homes not in SILENT_HOMES:
             raise ValueError(f"server.silent_homes must be one of {', '.join(SILENT_HOMES)}, got {self.silent_homes!r}")
         if self.messages_in_flight < 1:

@@ -123,6 +123,9 @@ class GridTransport:
         self._submitted: dict[str, tuple[TrainTask, float]] = {}  # message id -> (task, monotonic push time)
         self._undelivered: list[tuple[TrainTask, TrainReply]] = []  # submitted but not pushed: errors to collect
 
+    #: :meth:`submit` returns at once and the homes train meanwhile (``ecofl.fl.transport``).
+    trains_in_background = True
+
     def connect(self, timeout_s: float = 300.0) -> list[HomeReport]:
         """Wait for ``num_homes`` nodes, query them all and map partition ids to node ids.
 
@@ -233,11 +236,19 @@ class GridTransport:
             out.append(protocol.read_reply(reply, home))
         return out
 
-    def submit(self, tasks: Sequence[TrainTask]) -> None:
-        """Push every task and return; :meth:`collect` brings the replies (an error for a task not delivered)."""
+    def submit(self, tasks: Sequence[TrainTask], batched: bool = False) -> None:
+        """Push every task and return; :meth:`collect` brings the replies (an error for a task not delivered).
+
+        ``batched`` (one dispatch's tasks) names their dispatch batches as :meth:`train` does, with ``batch_homes``.
+        """
+        started = time.monotonic()
         if self.times.first_train_at is None:
-            self.times.first_train_at = time.monotonic()
-        messages = self._train_messages(tasks, ttl=self.reply_timeout_s)
+            self.times.first_train_at = started
+        batches = {}
+        if batched and self.batch_homes:
+            batches = dispatch_batches(tasks, f"{self._run_token}.{self.times.train_calls}")
+        self.times.train_calls += 1
+        messages = self._train_messages(tasks, ttl=self.reply_timeout_s, batches=batches)
         pushed = set(self.grid.push_messages([m for _, m in messages]))
         now = time.monotonic()
         delivered = set()
@@ -250,6 +261,7 @@ class GridTransport:
                                    failure="not_delivered"))
             for task in tasks if id(task) not in delivered
         ]
+        self.times.train_wall_s += time.monotonic() - started
 
     def collect(self, wait_s: float | None) -> list[tuple[TrainTask, TrainReply]]:
         """Replies of submitted tasks that arrived, waiting up to ``wait_s`` (None: ``reply_timeout_s``) for one.
@@ -257,7 +269,13 @@ class GridTransport:
         A task unanswered ``reply_timeout_s`` after it was pushed comes back
         once as an error reply, so a caller waiting on it never waits forever.
         """
-        deadline = time.monotonic() + (self.reply_timeout_s if wait_s is None else wait_s)
+        started = time.monotonic()
+        try:
+            return self._collect(started + (self.reply_timeout_s if wait_s is None else wait_s))
+        finally:
+            self.times.train_wall_s += time.monotonic() - started
+
+    def _collect(self, deadline: float) -> list[tuple[TrainTask, TrainReply]]:
         if self._undelivered:
             out, self._undelivered = self._undelivered, []
             return out

@@ -36,6 +36,7 @@ from ecofl.data import CONFIG_OPTIONS, load_dataset
 from ecofl.fl.checkpoint import GLOBAL_MODEL
 from ecofl.fl.clock import VirtualClock, WallClock
 from ecofl.fl.home_failures import HomeFailures
+from ecofl.fl.latency import make_latency_model
 from ecofl.fl.loop import EventLoop, resume_loop
 from ecofl.fl.metrics import write_json
 from ecofl.models import build_model
@@ -81,14 +82,19 @@ def run_server(
     placement = transport.times.placement
     try:
         transport.connect(exp.server.connect_timeout_s)
+        # the homes' latency model (virtual clock): the server foresees each round's completion with it, and the
+        # rounds in flight train in the background (docs/simulation.md)
+        foreseen = exp.setup.latency and exp.server.train_in_background
+        latency_model = make_latency_model(exp.setup.latency) if foreseen else None
         if exp.resume:
             loop = resume_loop(exp.resume, transport, evaluator, out_dir=out_dir, progress=progress,
-                                    placement=placement, failures=transport.failures)
+                               placement=placement, failures=transport.failures, latency_model=latency_model)
         else:
             clock = VirtualClock() if exp.setup.latency else WallClock()
             loop = EventLoop(
                 exp.loop, transport, range(exp.setup.num_homes), evaluator.initial_weights(), evaluator,
                 clock=clock, out_dir=out_dir, progress=progress, placement=placement, failures=transport.failures,
+                latency_model=latency_model,
             )
         records = loop.run()
         save_weights(out_dir / GLOBAL_MODEL, loop.global_weights)  # for `ecofl home infer --checkpoint OUT_DIR`

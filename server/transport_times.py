@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field
 class TransportTimes:
     """Where the transport's wall time went, and what the homes reported (``timing.json``).
 
-    ``train_wall_s`` is the time spent in :meth:`GridTransport.train` (push,
-    the homes' training, transport, pull); ``home_train_s`` sums the
+    ``train_calls`` counts the dispatches sent (``train`` and ``submit``
+    calls); ``train_wall_s`` is the time spent in them and in ``collect``
+    (push, waiting for the homes' training, transport, pull); ``home_train_s`` sums the
     training seconds the homes measured themselves; ``replies_by_node``
     counts train replies per worker node (the Ray node of the actor that ran
     the home, or the host name of a deployed home).

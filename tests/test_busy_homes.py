@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pytest
 
+from ecofl.fl.latency import FixedLatency
 from ecofl.fl.loop import EventLoop
 from ecofl.fl.loop_config import LoopConfig
 from ecofl.fl.transport import HomeReport, TrainReply
@@ -80,7 +81,10 @@ def run(latencies: dict[int, float], clock_kind: str, **settings) -> tuple[Scrip
                         max_updates=100, **settings)
     clock = ScriptedClock() if clock_kind == "wall" else None
     homes = ScriptedHomes(latencies, clock)
-    loop = EventLoop(config, homes, sorted(latencies), WEIGHTS, lambda w: (0.0, 0.5), clock=clock, progress=False)
+    # "foreseen": the virtual clock with the homes' latency model on the server (ecofl/fl/foreseen_rounds.py)
+    model = FixedLatency([latencies[h] for h in sorted(latencies)]) if clock_kind == "foreseen" else None
+    loop = EventLoop(config, homes, sorted(latencies), WEIGHTS, lambda w: (0.0, 0.5), clock=clock, progress=False,
+                     latency_model=model)
     return homes, loop.run()
 
 
@@ -90,7 +94,7 @@ def overlapping(homes: ScriptedHomes) -> list[tuple[int, float]]:
             if sent[i] < sent[i - 1] + homes.latencies[h] - 1e-9]
 
 
-@pytest.mark.parametrize("clock_kind", ["virtual", "wall"])
+@pytest.mark.parametrize("clock_kind", ["virtual", "foreseen", "wall"])
 def test_a_straggler_is_not_sent_new_work_before_it_answers(clock_kind):
     """Latencies 1, 2 and 10 s, a deadline of 7.33 s: home 2 misses it and is busy to 10 s."""
     homes, rows = run({0: 1.0, 1: 2.0, 2: 10.0}, clock_kind, **DEADLINE_7_33, max_virtual_time_s=30.0)
@@ -103,16 +107,17 @@ def test_a_straggler_is_not_sent_new_work_before_it_answers(clock_kind):
     assert (first["busy_homes"], first["idle_homes"]) == (1, 2)  # home 2, still training when round 1 closed
 
 
-def test_both_clocks_send_the_same_tasks_at_the_same_times():
+@pytest.mark.parametrize("virtual_kind", ["virtual", "foreseen"])
+def test_both_clocks_send_the_same_tasks_at_the_same_times(virtual_kind):
     latencies = {0: 1.0, 1: 2.0, 2: 10.0}
-    virtual, _ = run(latencies, "virtual", **DEADLINE_7_33, max_virtual_time_s=40.0)
+    virtual, _ = run(latencies, virtual_kind, **DEADLINE_7_33, max_virtual_time_s=40.0)
     wall, _ = run(latencies, "wall", **DEADLINE_7_33, max_virtual_time_s=40.0)
     assert virtual.sent.keys() == wall.sent.keys()
     for home in latencies:
         assert virtual.sent[home] == pytest.approx(wall.sent[home])
 
 
-@pytest.mark.parametrize("clock_kind", ["virtual", "wall"])
+@pytest.mark.parametrize("clock_kind", ["virtual", "foreseen", "wall"])
 def test_with_every_home_busy_the_loop_waits_for_one_instead_of_stopping(clock_kind):
     """One home of 10 s, rounds that close after 5 s: each round is empty, and the next goes out at 10, 20, ..."""
     homes, rows = run({0: 10.0}, clock_kind, round_deadline="factor", round_deadline_factor=0.5,

@@ -243,25 +243,29 @@ def test_setting_stop_ends_any_wait_for_homes_at_once(weights, wait):
     assert time.monotonic() - started < 60  # interrupted: the waits themselves run for 600 s or forever
 
 
+@pytest.mark.parametrize("strategy", ["ecofl", "fedasync"])
 @pytest.mark.parametrize("batch_homes", [True, False])
-def test_a_dispatch_trains_together_behind_the_client_apps_with_the_numbers_of_the_loop_in_process(batch_homes):
+def test_a_dispatch_trains_together_behind_the_client_apps_with_the_numbers_of_the_loop_in_process(batch_homes,
+                                                                                                 strategy):
     """Each home is its own node and message; with batching the first message of a dispatch trains the batch
-    (client/dispatch_batches.py). The loop's numbers are those of the in-process transport doing the same."""
+    (client/dispatch_batches.py). The loop's numbers are those of the in-process transport doing the same: the
+    server foresees the completions from the homes' latency model and trains its rounds in the background, the
+    in-process loop trains each dispatch before the next and takes the completions from the replies."""
     from client.federation import federation
     from ecofl.fl.inprocess import InProcessTransport
 
     setup = FederationSetup(num_homes=HOMES, dataset={"name": "digits"}, batch_homes="on" if batch_homes else "off",
                             latency={"kind": "paper", "num_homes": HOMES, "seed": 0}).to_json()
-    config = LoopConfig(num_groups=2, homes_per_round=3, max_concurrent=6, max_updates=4, target_accuracy=None,
-                        train={"epochs": 1, "lr": 0.05, "mu": 0.05, "momentum": 0.5})
+    config = LoopConfig(strategy=strategy, num_groups=2, homes_per_round=3, max_concurrent=6, max_updates=4,
+                        target_accuracy=None, train={"epochs": 1, "lr": 0.05, "mu": 0.05, "momentum": 0.5})
     initial = get_weights(build_model("cnn", (1, 8, 8), 10))
+    fed = federation(setup)
     transport = GridTransport(FakeGrid(nodes()), setup, HOMES, batch_homes=batch_homes)
     transport.connect(timeout_s=5)
     flower_loop = EventLoop(config, transport, range(HOMES), initial, lambda w: (0.0, float(w[0].sum())),
-                            progress=False, placement=transport.times.placement)
+                            progress=False, placement=transport.times.placement, latency_model=fed.latency_model)
     flower_rows = flower_loop.run()
 
-    fed = federation(setup)
     local = InProcessTransport(fed.new_model, fed.dataset.train.x, fed.dataset.train.y, fed.parts, fed.latency_model,
                                num_classes=fed.dataset.num_classes, batch_homes=batch_homes)
     local_rows = EventLoop(config, local, range(HOMES), initial, lambda w: (0.0, float(w[0].sum())),

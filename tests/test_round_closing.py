@@ -14,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ecofl.fl.foreseen_rounds import ForeseenRounds
 from ecofl.fl.group_round import GroupRound, screen_replies
 from ecofl.fl.home_failures import HomeFailures
+from ecofl.fl.latency import FixedLatency
 from ecofl.fl.round_completion import VirtualRounds, WallRounds, closing_time
 from ecofl.fl.transport import TrainReply, TrainTask
 
@@ -90,10 +92,17 @@ def test_both_clocks_close_a_round_at_the_same_time_with_the_same_stragglers(lat
     wall.send([wall_round], tasks_of(wall_round), wall_flight)
     closed = wall.next_completed(wall_flight, {})
 
+    foreseen_round, foreseen_flight = a_round(latencies, deadline), {}
+    model = FixedLatency([latencies.get(h, 0.0) for h in range(max(latencies) + 1)])
+    foreseen = ForeseenRounds(ScriptedTransport(latencies, ScriptedClock(10.0)), model, ScriptedClock(10.0), {})
+    foreseen.send([foreseen_round], tasks_of(foreseen_round), foreseen_flight)
+    assert foreseen_round.completion == pytest.approx(closes_at)  # known when sent
+    assert foreseen.next_completed(foreseen_flight, {}) is foreseen_round
+
     assert closed is wall_round
     assert virtual_round.completion == pytest.approx(closes_at)
     assert wall_round.completion == pytest.approx(closes_at)
-    for r in (virtual_round, wall_round):
+    for r in (virtual_round, wall_round, foreseen_round):
         assert screen_replies(r, WEIGHTS, HomeFailures()).stragglers == stragglers
 
 

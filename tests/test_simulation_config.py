@@ -241,3 +241,11 @@ def test_the_figures_run_in_the_papers_conditions_and_the_deadline_is_a_variant(
     assert paper.loop.round_deadline == "none"
     assert paper.loop.max_virtual_time_s == (600 if figure == "fig7" else 300)
     assert experiment(composed(f"+experiment={figure}", "+variant=deadline")).loop.round_deadline == "rt"
+
+
+def test_training_in_the_background_is_on_by_default_and_can_be_turned_off_from_either_config():
+    assert experiment(composed()).server.train_in_background is True
+    assert experiment(composed("server.train_in_background=false")).server.train_in_background is False
+    assert experiment_from_run_config({"server.train_in_background": False}).server.train_in_background is False
+    with pytest.raises(UserError, match="server.train_in_background must be true or false, got 'sometimes'"):
+        experiment({"server": {"train_in_background": "sometimes"}})

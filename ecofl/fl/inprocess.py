@@ -115,7 +115,8 @@ class InProcessTransport:
             out.update(zip(map(id, batch_tasks), train_homes_together(self.model_fn, jobs, self.device)))
         return out
 
-    def submit(self, tasks: Sequence[TrainTask]) -> None:
+    def submit(self, tasks: Sequence[TrainTask], batched: bool = False) -> None:
+        """Each task's reply is due its latency from now (``batched`` aside: the emulation trains homes alone)."""
         now = time.monotonic()
         for task in tasks:
             silent = task.home in self.silent_homes

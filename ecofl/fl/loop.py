@@ -21,7 +21,9 @@
 **Clocks.** :mod:`ecofl.fl.round_completion` says when a round completes
 on the virtual clock (known when ``Transport.train`` returns; exact
 virtual-time order) and on the wall clock (replies collected as they
-arrive). On the wall clock grouping uses the training times the homes
+arrive); :mod:`ecofl.fl.foreseen_rounds` on the virtual clock when the loop
+has the homes' latency model (known when the round is sent, so the rounds in
+flight train side by side). On the wall clock grouping uses the training times the homes
 measured (a probe before their first round), late replies included; they
 leave out communication, so there RT only bounds the groups and a round
 waits for all its homes unless ``round_deadline`` is ``factor`` (or the
@@ -59,7 +61,9 @@ from ecofl.fl.checkpoint import LoopCheckpoint, load_loop, save_loop
 from ecofl.fl.clock import Clock, VirtualClock, clock_from_state
 from ecofl.fl.group_round import GroupRound, screen_replies
 from ecofl.fl.home_failures import HomeFailures
+from ecofl.fl.foreseen_rounds import ForeseenRounds
 from ecofl.fl.grouping import derive_rt
+from ecofl.fl.latency import LatencyModel
 from ecofl.fl.loop_config import LoopConfig
 from ecofl.fl.loop_state import LoopState
 from ecofl.fl.loop_records import run_summary, update_row
@@ -92,6 +96,10 @@ class EventLoop:
     ``device`` and ``batch_homes``), for summary.json; ``failures`` counts
     the homes' failures by kind (shared with the transport, which sees the
     queries'; default: the loop's own, logged to ``home_failures.log``).
+    ``latency_model``: the homes' own (the one they report latencies from);
+    on the virtual clock it foresees each round's completion, so a transport
+    that trains in the background trains the rounds in flight side by side
+    (:mod:`ecofl.fl.foreseen_rounds`).
     """
 
     def __init__(
@@ -99,6 +107,7 @@ class EventLoop:
         evaluate: Callable[[Weights], tuple[float, float]], clock: Clock | None = None,
         out_dir: str | Path | None = None, progress: bool | Path = True, state: LoopState | None = None,
         placement: Callable[[], dict] | None = None, failures: HomeFailures | None = None,
+        latency_model: LatencyModel | None = None,
     ):
         if not homes:
             raise UserError("the event loop needs at least one home")
@@ -112,8 +121,11 @@ class EventLoop:
         self.evaluate = evaluate
         self.clock = clock or VirtualClock()
         self.state = state or LoopState(rng=np.random.default_rng(config.seed), rt=config.rt)
-        self.completion = round_completion(self.clock, transport, lambda group: self.state.grouping.centres[group],
-                                       self.state.busy_until)
+        if self.clock.virtual and latency_model is not None:
+            self.completion = ForeseenRounds(transport, latency_model, self.clock, self.state.busy_until)
+        else:
+            self.completion = round_completion(self.clock, transport, lambda g: self.state.grouping.centres[g],
+                                               self.state.busy_until)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
         self.in_flight: dict[int, GroupRound] = {}
@@ -337,7 +349,7 @@ def resume_loop(
     out_dir: str | Path | None = None, **options,
 ) -> EventLoop:
     """A loop continuing from ``checkpoint``: its in-flight rounds are sent again, as they were; ``options``:
-    the constructor's ``progress``, ``placement`` and ``failures``."""
+    the constructor's ``progress``, ``placement``, ``failures`` and ``latency_model``."""
     saved = load_loop(checkpoint)
     loop = EventLoop(
         LoopConfig(**saved.config), transport, saved.homes, saved.global_weights, evaluate,

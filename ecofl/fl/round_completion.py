@@ -79,7 +79,7 @@ class RoundCompletion(Protocol):
         ...
 
 
-class _BusyHomes:
+class BusyHomes:
     """The shared half of both rules: which homes are busy, by the clock."""
 
     def __init__(self, clock: Clock, busy: Busy):
@@ -93,7 +93,8 @@ class _BusyHomes:
         return {h for r in in_flight.values() for h in r.homes} | set(self.busy)
 
 
-def _earliest(rounds) -> GroupRound:
+def earliest(rounds) -> GroupRound:
+    """The round that completes first; ties: the lower group id."""
     return min(rounds, key=lambda r: (r.completion, r.group))
 
 
@@ -113,7 +114,7 @@ def closing_time(r: GroupRound, now: float | None = None) -> float | None:
     return None
 
 
-class VirtualRounds(_BusyHomes):
+class VirtualRounds(BusyHomes):
     """Train each batch of rounds in one blocking call; completion times follow from the replies."""
 
     virtual = True
@@ -141,7 +142,7 @@ class VirtualRounds(_BusyHomes):
                 self.busy[home] = r.start + answered[home] if home in answered else r.completion
 
     def next_completed(self, in_flight: InFlight, latencies: Latencies) -> GroupRound:
-        return _earliest(in_flight.values())
+        return earliest(in_flight.values())
 
     def wait_for_a_home(self, in_flight: InFlight, latencies: Latencies) -> float:
         """The clock time the first busy home is free (the loop moves its clock there)."""
@@ -154,7 +155,7 @@ class VirtualRounds(_BusyHomes):
                 latencies[reply.home] = float(reply.latency_s)
 
 
-class WallRounds(_BusyHomes):
+class WallRounds(BusyHomes):
     """Submit rounds and collect replies as they arrive; a round completes when all answered or at its deadline."""
 
     virtual = False
@@ -176,7 +177,7 @@ class WallRounds(_BusyHomes):
                     _close_if_complete(r, now)
             completed = [r for r in in_flight.values() if r.completion is not None]
             if completed:
-                return _earliest(completed)
+                return earliest(completed)
             deadlines = [r.start + r.deadline for r in in_flight.values() if r.deadline is not None]
             self._collect(in_flight, latencies, max(0.0, min(deadlines) - now) if deadlines else None)
 

@@ -12,7 +12,10 @@ and orders what it applies by the virtual completion times the replies
 report, so results do not depend on the order a transport returns them in;
 on the wall clock it calls :meth:`Transport.submit` and then
 :meth:`Transport.collect` replies as they arrive, applying each group round
-the moment its last home answers.
+the moment its last home answers. A transport whose ``trains_in_background``
+is true (a real one; not an emulation that waits out each latency) is also
+used that way on the virtual clock when the loop foresees the completions
+(``ecofl.fl.foreseen_rounds``), so the rounds in flight train side by side.
 """
 
 from __future__ import annotations
@@ -89,8 +92,9 @@ class Transport(Protocol):
         """Run ``tasks`` concurrently and wait for them; replies in any order, missing ones timed out."""
         ...
 
-    def submit(self, tasks: Sequence[TrainTask]) -> None:
-        """Send ``tasks`` and return at once; their replies come from :meth:`collect`."""
+    def submit(self, tasks: Sequence[TrainTask], batched: bool = False) -> None:
+        """Send ``tasks`` and return at once; their replies come from :meth:`collect`. ``batched``: the tasks
+        are one dispatch, which may train together (as :meth:`train`'s; ``ecofl.fl.dispatch_batch``)."""
         ...
 
     def collect(self, wait_s: float | None) -> list[tuple[TrainTask, TrainReply]]:
