@@ -7,7 +7,8 @@ Two runs of one experiment, one after the other (the machine is shared:
 their ratio is the figure to read):
 
 1. **Flower**: :func:`simulations.run.simulate` (Ray actors, the real
-   ClientApp). From its ``timing.json``, per global update after start-up:
+   ClientApp; ``server.train_in_background`` off, so every dispatch waits
+   for its replies). From its ``timing.json``, per global update after start-up:
    the wall time; the time the server waited in ``Transport.train`` (the
    homes' training plus Flower/Ray transport); the homes' own training
    seconds (each ClientApp times ``train_local``; summed, and divided by the
@@ -137,7 +138,10 @@ def main() -> None:
     settings = {
         "homes": args.homes, "dataset": {"name": "fashion_mnist"}, "latency": {"kind": "paper"},
         "train": {"epochs": 1, "batch_size": 10, "lr": 0.05, "mu": 0.05},
-        "loop": {"max_updates": args.updates, "target_accuracy": None}, "server": {"eval_samples": 2000},
+        # every dispatch waits for its replies, as the floor's loop does, so waiting and the loop's own time
+        # separate (in the background they overlap: benchmarks/rounds_in_flight.py measures that)
+        "loop": {"max_updates": args.updates, "target_accuracy": None},
+        "server": {"eval_samples": 2000, "train_in_background": False},
         "simulation": {"actors": args.actors},
     }
     load_before = os.getloadavg()[0]

@@ -35,8 +35,10 @@ from ecofl.fl.federation_setup import PipelineHomeSettings
 from ecofl.train import TrainConfig, TrainResult, train_local
 from ecofl.weights import Weights, get_weights, set_weights
 
-#: Batches kept in a process at most; the oldest is let go first (its homes then train alone).
-CAPACITY = 4
+#: Batches kept in a process at most; the oldest is let go first (its homes then train alone). More than the
+#: dispatches a run keeps in flight (one per group with a round out; loop.max_concurrent homes at most), whose
+#: messages may reach a process interleaved now that the rounds in flight train side by side.
+CAPACITY = 32
 #: Ids of batches trained here that are remembered (so a late home of one trains alone, not the batch again).
 REMEMBERED = 4096
 

@@ -59,7 +59,8 @@ class ServerSettings:
     silent_homes: str = "continue"  # homes silent through the connect phase: "continue" without them, or "stop"
     messages_in_flight: int = 500  # at most this many messages of one exchange pushed and unanswered
     # virtual clock: the rounds in flight train while the server applies the first to complete
-    # (ecofl/fl/foreseen_rounds.py); false: each dispatch waits for its replies before the next goes out
+    # (ecofl/fl/foreseen_rounds.py); false: each dispatch waits for its replies before the loop goes on
+    # (the same updates, failures included; only slower where rounds could train side by side)
     train_in_background: bool = True
 
     def __post_init__(self) -> None:

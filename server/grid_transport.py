@@ -7,19 +7,21 @@ map from the replies. After that ``query`` and ``train`` push one message
 per home, poll ``pull_messages`` until every reply is in or the deadline
 passes, and return the replies in whatever order they came; a home that did
 not answer in time is simply missing (a straggler), and a home that answered
-with an error comes back as ``TrainReply.error``. ``submit`` pushes and
-returns; ``collect`` polls for whatever has arrived since (the wall clock's
-arrival order).
+with an error comes back as ``TrainReply.error``. ``submit`` queues, pushes
+and returns; ``collect`` polls for whatever has arrived since (the wall
+clock's arrival order; on the virtual clock the loop submits too, so the
+rounds in flight train side by side: ``ecofl.fl.foreseen_rounds``).
 
 **Dispatch batches.** With ``batch_homes``, every training message of a
-``train`` call names the homes and seeds it may train with
+``train`` call, or of a ``submit`` of one dispatch (``batched``), names the
+homes and seeds it may train with
 (:func:`ecofl.fl.dispatch_batch.dispatch_batches`): whichever process gets
 the first of them trains the batch as one computation
-(``client/dispatch_batches.py``). Only ``train`` (the virtual clock) sends
-batches: on the wall clock a home's training time is its latency.
+(``client/dispatch_batches.py``). Only the virtual clock sends batches: on
+the wall clock a home's training time is its latency.
 
-**Scale** (``docs/scale.md``). Every exchange keeps at most ``window``
-messages in flight and pushes the next ones as replies come in, so what the
+**Scale** (``docs/scale.md``). Every exchange, and the submitted tasks, keep
+at most ``window`` messages in flight and push the next ones as replies come in, so what the
 server polls, and what Flower's state holds, does not grow with the number
 of homes; a poll that took t seconds is followed by a pause of at least
 ``POLL_PAUSE_FACTOR`` x t, so polling never takes more than a fraction of
@@ -53,7 +55,7 @@ import protocol
 from ecofl.errors import UserError
 from ecofl.fl.dispatch_batch import DispatchBatch, dispatch_batches
 from ecofl.fl.home_failures import HomeFailures
-from ecofl.fl.transport import HomeReport, RunStopped, TrainReply, TrainTask
+from ecofl.fl.transport import TIMEOUT, HomeReport, RunStopped, TrainReply, TrainTask
 from server.config import SILENT_HOMES
 from server.transport_times import TransportTimes
 
@@ -79,7 +81,8 @@ class GridTransport:
     task ``reply_timeout_s``. At most ``window`` messages of one exchange are
     in flight at a time. Setting ``stop`` (Ctrl-C) ends any wait with
     :class:`~ecofl.fl.transport.RunStopped` within ``poll_interval_s``.
-    ``batch_homes``: ``train`` names each task's dispatch batch (module docstring).
+    ``batch_homes``: ``train`` (and a ``batched`` ``submit``) names each task's dispatch batch (module docstring).
+    ``train_in_background``: the transport's ``trains_in_background`` (``ecofl.fl.foreseen_rounds``).
     ``failures``: where the failures only the transport sees are counted by kind: the connect phase's, the
     queries', and training tasks that never answered (the loop counts those that answered with an error).
     """
@@ -99,6 +102,7 @@ class GridTransport:
         stop: threading.Event | None = None,
         batch_homes: bool = False,
         failures: HomeFailures | None = None,
+        train_in_background: bool = True,
     ) -> None:
         if silent_homes not in SILENT_HOMES:
             raise UserError(f"silent_homes must be one of {', '.join(SILENT_HOMES)}, got {silent_homes!r}")
@@ -122,9 +126,9 @@ class GridTransport:
         self._profiled: dict[int, HomeReport] = {}  # what connect learned at virtual time 0
         self._submitted: dict[str, tuple[TrainTask, float]] = {}  # message id -> (task, monotonic push time)
         self._undelivered: list[tuple[TrainTask, TrainReply]] = []  # submitted but not pushed: errors to collect
-
-    #: :meth:`submit` returns at once and the homes train meanwhile (``ecofl.fl.transport``).
-    trains_in_background = True
+        self._queued: list[tuple[TrainTask, DispatchBatch | None]] = []  # submitted, waiting for room in the window
+        # the virtual clock's loop submits and collects (the homes train meanwhile) instead of calling train
+        self.trains_in_background = train_in_background
 
     def connect(self, timeout_s: float = 300.0) -> list[HomeReport]:
         """Wait for ``num_homes`` nodes, query them all and map partition ids to node ids.
@@ -237,7 +241,8 @@ class GridTransport:
         return out
 
     def submit(self, tasks: Sequence[TrainTask], batched: bool = False) -> None:
-        """Push every task and return; :meth:`collect` brings the replies (an error for a task not delivered).
+        """Queue every task, push what the window has room for and return; :meth:`collect` pushes the rest as
+        replies come in and brings the replies (an error for a task not delivered).
 
         ``batched`` (one dispatch's tasks) names their dispatch batches as :meth:`train` does, with ``batch_homes``.
         """
@@ -248,6 +253,19 @@ class GridTransport:
         if batched and self.batch_homes:
             batches = dispatch_batches(tasks, f"{self._run_token}.{self.times.train_calls}")
         self.times.train_calls += 1
+        self._queued += [(task, batches.get(task.home)) for task in tasks]
+        self._push_queued()
+        self.times.train_wall_s += time.monotonic() - started
+
+    def _push_queued(self) -> None:
+        """Push queued tasks while fewer than ``window`` are unanswered (each one's reply timeout runs from its
+        push); a task that could not be delivered is an error for :meth:`collect`."""
+        room = self.window - len(self._submitted)
+        if room <= 0 or not self._queued:
+            return
+        chunk, self._queued = self._queued[:room], self._queued[room:]
+        tasks = [task for task, _ in chunk]
+        batches = {task.home: batch for task, batch in chunk if batch is not None}
         messages = self._train_messages(tasks, ttl=self.reply_timeout_s, batches=batches)
         pushed = set(self.grid.push_messages([m for _, m in messages]))
         now = time.monotonic()
@@ -261,7 +279,6 @@ class GridTransport:
                                    failure="not_delivered"))
             for task in tasks if id(task) not in delivered
         ]
-        self.times.train_wall_s += time.monotonic() - started
 
     def collect(self, wait_s: float | None) -> list[tuple[TrainTask, TrainReply]]:
         """Replies of submitted tasks that arrived, waiting up to ``wait_s`` (None: ``reply_timeout_s``) for one.
@@ -276,10 +293,11 @@ class GridTransport:
             self.times.train_wall_s += time.monotonic() - started
 
     def _collect(self, deadline: float) -> list[tuple[TrainTask, TrainReply]]:
-        if self._undelivered:
-            out, self._undelivered = self._undelivered, []
-            return out
-        while self._submitted:
+        while self._submitted or self._queued or self._undelivered:
+            self._push_queued()
+            if self._undelivered:
+                out, self._undelivered = self._undelivered, []
+                return out
             out = []
             polled = time.perf_counter()
             for reply in self.grid.pull_messages(list(self._submitted)):
@@ -294,7 +312,7 @@ class GridTransport:
                     del self._submitted[message_id]
                     out.append((task, TrainReply(task.home, None, 0, math.nan, math.nan,
                                                  error=f"no reply within {self.reply_timeout_s:g} s",
-                                                 failure="timeout")))
+                                                 failure=TIMEOUT)))
             if out or now >= deadline:
                 return out
             self._sleep(max(self.poll_interval_s, POLL_PAUSE_FACTOR * polled))

@@ -77,15 +77,14 @@ def run_server(
         query_timeout_s=exp.server.query_timeout_s, reply_timeout_s=exp.server.reply_timeout_s,
         window=exp.server.messages_in_flight, silent_homes=exp.server.silent_homes,
         train_config=exp.loop.train, stop=stop, batch_homes=sends_batches(exp),
-        failures=HomeFailures(out_dir / "home_failures.log"),
+        failures=HomeFailures(out_dir / "home_failures.log"), train_in_background=exp.server.train_in_background,
     )
     placement = transport.times.placement
     try:
         transport.connect(exp.server.connect_timeout_s)
-        # the homes' latency model (virtual clock): the server foresees each round's completion with it, and the
-        # rounds in flight train in the background (docs/simulation.md)
-        foreseen = exp.setup.latency and exp.server.train_in_background
-        latency_model = make_latency_model(exp.setup.latency) if foreseen else None
+        # the homes' latency model (virtual clock): the server foresees each round's completion with it (and the
+        # rounds in flight train in the background: docs/simulation.md)
+        latency_model = make_latency_model(exp.setup.latency) if exp.setup.latency else None
         if exp.resume:
             loop = resume_loop(exp.resume, transport, evaluator, out_dir=out_dir, progress=progress,
                                placement=placement, failures=transport.failures, latency_model=latency_model)
@@ -129,6 +128,7 @@ def write_timing(out_dir: Path, started_at: float, transport: GridTransport, eva
         "wall_s": now - started_at,
         "startup_s": None if first is None else first - started_at,
         "evaluation_s": evaluator.seconds,
+        "train_in_background": transport.trains_in_background,
         **times.to_json(),
     })
 

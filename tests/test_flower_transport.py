@@ -279,6 +279,20 @@ def test_a_dispatch_trains_together_behind_the_client_apps_with_the_numbers_of_t
     assert [{k: r[k] for k in keys} for r in flower_rows] == [{k: r[k] for k in keys} for r in local_rows]
 
 
+def test_submitted_tasks_keep_at_most_the_window_unanswered_and_the_rest_go_out_as_replies_come(weights):
+    grid = FakeGrid(nodes())
+    transport = GridTransport(grid, SETUP, HOMES, window=3, poll_interval_s=0.001)
+    transport.connect(timeout_s=5)
+    tasks = [TrainTask(home, weights, {"epochs": 1, "lr": 0.05}, Route(virtual_time=1.0)) for home in range(HOMES)]
+    transport.submit(tasks, batched=True)
+    assert len(grid.replies) == 3  # FakeGrid answers at push: one reply per message pushed and not yet pulled
+    answered = []
+    while len(answered) < HOMES:
+        answered += [task.home for task, reply in transport.collect(wait_s=5)]
+        assert len(grid.replies) <= 3
+    assert sorted(answered) == list(range(HOMES))
+
+
 def test_home_failures_are_counted_by_kind_with_one_terminal_line_each(weights, tmp_path, caplog):
     """Crashed and silent homes, over and over: summary.json counts them by kind, the terminal gets one line per
     kind (and one per kind at the end), the log file every failure."""

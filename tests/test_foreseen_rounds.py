@@ -39,8 +39,10 @@ class Homes:
         self.pending: list = []
         self.rng = np.random.default_rng(seed)
         self.outstanding_at_submit: list[int] = []  # earlier tasks not yet collected, at each submit
+        self.queries = 0
 
     def query(self, homes, virtual_time):
+        self.queries += 1
         return [HomeReport(h, LATENCIES[h], np.eye(2)[h % 2] * 10, 10) for h in homes]
 
     def train(self, tasks):
@@ -58,11 +60,11 @@ class Homes:
         return [(t, trained(t)) for t in out]
 
 
-def run(strategy: str, homes: Homes) -> list[dict]:
+def run(strategy: str, homes: Homes, foreseen: bool = True) -> list[dict]:
     config = LoopConfig(strategy=strategy, num_groups=2, homes_per_round=2, max_concurrent=HOMES,
-                        max_virtual_time_s=30.0, max_updates=1000, target_accuracy=None)
+                        max_virtual_time_s=30.0, max_updates=1000, target_accuracy=None, requery_every=3)
     loop = EventLoop(config, homes, range(HOMES), WEIGHTS, lambda w: (0.0, float(w[0].sum())), progress=False,
-                     latency_model=FixedLatency(LATENCIES))
+                     latency_model=FixedLatency(LATENCIES) if foreseen else None)
     return [{k: v for k, v in row.items() if k != "wall_time"} for row in loop.run()]
 
 
@@ -75,6 +77,14 @@ def test_rounds_trained_in_the_background_apply_exactly_what_blocking_dispatches
     assert len(blocking) >= 4
     if strategy == "fedasync":  # one home a dispatch: the earlier ones were still training when it went out
         assert max(homes.outstanding_at_submit) >= HOMES - 2
+
+
+def test_re_queries_are_answered_from_the_latency_model_as_the_homes_would():
+    """Eco-FL re-queries every 3 updates here: with the model the loop answers them itself (no query waits
+    in the engine behind the training in flight), and applies what it applies when it asks the homes."""
+    asked, told = Homes(background=False), Homes(background=True)
+    assert run("ecofl", told) == run("ecofl", asked, foreseen=False)
+    assert asked.queries > 3 and told.queries == 1  # the profiling query at the start
 
 
 def a_round(homes: tuple[int, ...], deadline: float | None, start: float = 10.0) -> GroupRound:
@@ -103,11 +113,11 @@ def test_a_failed_home_spends_its_round_and_its_error_arrives_at_its_latency():
     the round waits for it as for any reply (it was freed at once before, and sampled again at once)."""
     def reply_of(task):
         if task.home == 3:
-            return task, TrainReply(3, None, 0, float("nan"), 0.0, error="ClientApp crashed", failure="crashed")
-        return task, trained(task)
+            return TrainReply(3, None, 0, float("nan"), 0.0, error="ClientApp crashed", failure="crashed")
+        return trained(task)
 
     busy: dict = {}
-    rule = ForeseenRounds(Replies(lambda t: reply_of(t)[1]), FixedLatency(LATENCIES), _Clock(10.0), busy)
+    rule = ForeseenRounds(Replies(reply_of), FixedLatency(LATENCIES), _Clock(10.0), busy, HomeFailures())
     r, in_flight = a_round((0, 3), deadline=None), {}
     rule.send([r], [r.task(h, {}, seed=0) for h in r.homes], in_flight)
     assert r.completion == pytest.approx(10.0 + LATENCIES[3])
@@ -120,7 +130,7 @@ def test_a_failed_home_spends_its_round_and_its_error_arrives_at_its_latency():
 
 def test_a_failed_home_after_the_deadline_is_a_straggler_and_the_round_closes_at_its_deadline():
     rule = ForeseenRounds(Replies(lambda t: TrainReply(t.home, None, 0, float("nan"), 0.0, error="x")),
-                          FixedLatency(LATENCIES), _Clock(10.0), {})
+                          FixedLatency(LATENCIES), _Clock(10.0), {}, HomeFailures())
     r, in_flight = a_round((0, 5), deadline=3.0), {}
     rule.send([r], [r.task(h, {}, seed=0) for h in r.homes], in_flight)
     assert rule.next_completed(in_flight, {}).completion == pytest.approx(13.0)
@@ -129,7 +139,7 @@ def test_a_failed_home_after_the_deadline_is_a_straggler_and_the_round_closes_at
 
 
 def test_a_reply_that_never_comes_ends_the_wait_with_the_home_missing(caplog):
-    rule = ForeseenRounds(Replies(trained), FixedLatency(LATENCIES), _Clock(10.0), {})
+    rule = ForeseenRounds(Replies(trained), FixedLatency(LATENCIES), _Clock(10.0), {}, HomeFailures())
     r, in_flight = a_round((1, 2), deadline=None), {}
     tasks = [r.task(h, {}, seed=0) for h in r.homes]
     rule.send([r], tasks[:1], in_flight)  # home 2's task is lost on the way
@@ -139,9 +149,25 @@ def test_a_reply_that_never_comes_ends_the_wait_with_the_home_missing(caplog):
     assert screen_replies(r, WEIGHTS, HomeFailures()).stragglers == 1
 
 
+def test_a_home_the_transport_gave_up_on_is_a_silent_straggler_as_when_the_dispatch_blocks():
+    def reply_of(task):
+        if task.home == 2:
+            return TrainReply(2, None, 0, float("nan"), float("nan"), error="no reply within 600 s", failure="timeout")
+        return trained(task)
+
+    failures = HomeFailures()
+    rule = ForeseenRounds(Replies(reply_of), FixedLatency(LATENCIES), _Clock(10.0), {}, failures)
+    r, in_flight = a_round((1, 2), deadline=None), {}
+    rule.send([r], [r.task(h, {}, seed=0) for h in r.homes], in_flight)
+    assert rule.next_completed(in_flight, {}) is r
+    assert [x.home for x in r.replies] == [1]
+    assert screen_replies(r, WEIGHTS, HomeFailures()).stragglers == 1
+    assert failures.counts() == {"train:silent": 1}
+
+
 def test_a_reply_reporting_another_latency_is_filed_at_the_models_with_a_warning(caplog):
     rule = ForeseenRounds(Replies(lambda t: TrainReply(t.home, WEIGHTS, 1, 0.0, 99.0)), FixedLatency(LATENCIES),
-                          _Clock(0.0), {})
+                          _Clock(0.0), {}, HomeFailures())
     r, in_flight = a_round((4,), deadline=None, start=0.0), {}
     with caplog.at_level("WARNING"):
         rule.send([r], [r.task(4, {}, seed=0)], in_flight)

@@ -94,7 +94,8 @@ def test_both_clocks_close_a_round_at_the_same_time_with_the_same_stragglers(lat
 
     foreseen_round, foreseen_flight = a_round(latencies, deadline), {}
     model = FixedLatency([latencies.get(h, 0.0) for h in range(max(latencies) + 1)])
-    foreseen = ForeseenRounds(ScriptedTransport(latencies, ScriptedClock(10.0)), model, ScriptedClock(10.0), {})
+    foreseen = ForeseenRounds(ScriptedTransport(latencies, ScriptedClock(10.0)), model, ScriptedClock(10.0), {},
+                              HomeFailures())
     foreseen.send([foreseen_round], tasks_of(foreseen_round), foreseen_flight)
     assert foreseen_round.completion == pytest.approx(closes_at)  # known when sent
     assert foreseen.next_completed(foreseen_flight, {}) is foreseen_round

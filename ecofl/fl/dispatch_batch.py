@@ -1,7 +1,7 @@
 """Which homes of one dispatch may train together: same starting model, same settings but their seeds.
 
-The event loop sends a dispatch's rounds in one ``Transport.train`` call:
-every home of it gets the current global model and the loop's training
+The event loop sends a dispatch's rounds in one ``Transport.train`` call (or
+one ``submit`` of the dispatch, ``batched``): every home of it gets the current global model and the loop's training
 settings, each with a seed of its own. Those homes can be trained as one
 vectorised computation (:mod:`ecofl.batched_training`) with no change to
 what any of them computes. :func:`dispatch_batches` groups a call's tasks

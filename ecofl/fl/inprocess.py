@@ -34,7 +34,7 @@ from ecofl.accelerator import device_label, host_array
 from ecofl.batched_training import HomeJob, HomeTrained, batching_obstacle, train_homes_together
 from ecofl.fl.dispatch_batch import dispatch_batches
 from ecofl.fl.latency import LatencyModel
-from ecofl.fl.transport import HomeReport, TrainReply, TrainTask
+from ecofl.fl.transport import TIMEOUT, HomeReport, TrainReply, TrainTask
 from ecofl.train import TrainConfig, train_local
 from ecofl.weights import get_weights, set_weights
 
@@ -42,6 +42,9 @@ TRAIN_KEYS = {f.name for f in fields(TrainConfig)}
 
 
 class InProcessTransport:
+    #: ``submit`` emulates each latency in real time: the virtual clock's loop calls ``train`` instead.
+    trains_in_background = False
+
     def __init__(
         self,
         model_fn: Callable[[], torch.nn.Module],
@@ -138,7 +141,7 @@ class InProcessTransport:
 
     def _late(self, task: TrainTask) -> TrainReply:
         return TrainReply(task.home, None, 0, float("nan"), float("nan"),
-                          error=f"no reply within {self.reply_timeout_s:g} s", failure="timeout")
+                          error=f"no reply within {self.reply_timeout_s:g} s", failure=TIMEOUT)
 
     def _train_one(self, task: TrainTask, batched: HomeTrained | None = None) -> TrainReply:
         """Task ``task``'s reply: its batch's result ``batched`` where it has one, else trained here alone."""

@@ -4,7 +4,8 @@
 2. Group them by the strategy's policy (eq. 4 for Eco-FL).
 3. Every group starts a round: it samples up to k of its idle homes and sends
    them the current global model. All the first rounds go out in one
-   ``Transport.train`` call, so the transport trains them concurrently.
+   dispatch (one ``Transport.train`` or ``submit`` call), so the transport
+   trains them concurrently.
 4. A group round completes when every sampled home has replied, or at its
    deadline (``loop.round_deadline``; one rule for every strategy and both
    clocks; later replies are stragglers). The loop repeatedly takes the in-flight round
@@ -59,9 +60,9 @@ from ecofl.errors import UserError
 from ecofl.fl.aggregation import staleness, weighted_mean
 from ecofl.fl.checkpoint import LoopCheckpoint, load_loop, save_loop
 from ecofl.fl.clock import Clock, VirtualClock, clock_from_state
+from ecofl.fl.foreseen_rounds import completion_rule, query_homes
 from ecofl.fl.group_round import GroupRound, screen_replies
 from ecofl.fl.home_failures import HomeFailures
-from ecofl.fl.foreseen_rounds import ForeseenRounds
 from ecofl.fl.grouping import derive_rt
 from ecofl.fl.latency import LatencyModel
 from ecofl.fl.loop_config import LoopConfig
@@ -69,7 +70,6 @@ from ecofl.fl.loop_state import LoopState
 from ecofl.fl.loop_records import run_summary, update_row
 from ecofl.fl.metrics import write_metrics
 from ecofl.fl.progress import Progress
-from ecofl.fl.round_completion import round_completion
 from ecofl.fl.stop_rules import (
     MAX_VIRTUAL_TIME,
     STOPPED,
@@ -96,10 +96,8 @@ class EventLoop:
     ``device`` and ``batch_homes``), for summary.json; ``failures`` counts
     the homes' failures by kind (shared with the transport, which sees the
     queries'; default: the loop's own, logged to ``home_failures.log``).
-    ``latency_model``: the homes' own (the one they report latencies from);
-    on the virtual clock it foresees each round's completion, so a transport
-    that trains in the background trains the rounds in flight side by side
-    (:mod:`ecofl.fl.foreseen_rounds`).
+    ``latency_model``: the homes' own; on the virtual clock it foresees the
+    completions, and rounds in flight train side by side (:mod:`ecofl.fl.foreseen_rounds`).
     """
 
     def __init__(
@@ -121,19 +119,17 @@ class EventLoop:
         self.evaluate = evaluate
         self.clock = clock or VirtualClock()
         self.state = state or LoopState(rng=np.random.default_rng(config.seed), rt=config.rt)
-        if self.clock.virtual and latency_model is not None:
-            self.completion = ForeseenRounds(transport, latency_model, self.clock, self.state.busy_until)
-        else:
-            self.completion = round_completion(self.clock, transport, lambda g: self.state.grouping.centres[g],
-                                               self.state.busy_until)
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.failures = failures or HomeFailures(self.out_dir / "home_failures.log" if self.out_dir else None)
+        self.failures.add(self.state.home_failures)  # a resumed run goes on counting
+        self.latency_model = latency_model if self.clock.virtual else None
+        self.completion = completion_rule(self.clock, transport, lambda g: self.state.grouping.centres[g],
+                                          self.state.busy_until, self.latency_model, self.failures)
         self.progress = progress
         self.in_flight: dict[int, GroupRound] = {}
         self.group_models: dict[int, Weights] = {}  # each group's latest model, for policies that keep them
         self.stop_reason: str | None = None
         self.placement = placement or dict
-        self.failures = failures or HomeFailures(self.out_dir / "home_failures.log" if self.out_dir else None)
-        self.failures.add(self.state.home_failures)  # a resumed run goes on counting
         self._wall_origin = time.monotonic()
 
     @property
@@ -240,10 +236,8 @@ class EventLoop:
         )
 
     def _query(self, homes: Sequence[int]) -> None:
-        for report in sorted(self.transport.query(homes, self.clock.now()), key=lambda r: r.home):
-            self.state.latencies[report.home] = float(report.latency_s)
-            self.state.hists[report.home] = np.asarray(report.label_histogram, dtype=float)
-            self.state.num_samples[report.home] = int(report.num_samples)
+        """Profile ``homes``: ask them, or answer as they would (:func:`~ecofl.fl.foreseen_rounds.query_homes`)."""
+        self.state.record_reports(query_homes(self.transport, self.latency_model, homes, self.clock.now(), self.state))
 
     # ------------------------------------------------------------------ dispatch
 

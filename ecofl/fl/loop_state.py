@@ -11,11 +11,12 @@ it (and, if JSON cannot hold it as it is, giving it a codec in ``_CODECS``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ecofl.fl.grouping import Grouping
+from ecofl.fl.transport import HomeReport
 
 
 @dataclass
@@ -47,6 +48,13 @@ class LoopState:
         self.grouping = grouping
         self.group_rounds = [0] * len(grouping.groups)
         self.updates_per_group = [0] * len(grouping.groups)
+
+    def record_reports(self, reports: Sequence[HomeReport]) -> None:
+        """What the homes answered a query (§5.2 "Profiling"): latency, label histogram, samples."""
+        for report in sorted(reports, key=lambda r: r.home):
+            self.latencies[report.home] = float(report.latency_s)
+            self.hists[report.home] = np.asarray(report.label_histogram, dtype=float)
+            self.num_samples[report.home] = int(report.num_samples)
 
     def to_json(self) -> dict:
         return {f.name: _codec(f.name)[0](getattr(self, f.name)) for f in fields(self)}

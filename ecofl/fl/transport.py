@@ -64,6 +64,10 @@ class TrainTask:
     route: Route = Route()
 
 
+#: ``TrainReply.failure`` of a task the transport gave up waiting for (its reply timeout passed).
+TIMEOUT = "timeout"
+
+
 @dataclass(frozen=True)
 class TrainReply:
     """A home's trained weights, or the error it reported instead."""
@@ -83,6 +87,9 @@ class RunStopped(Exception):
 
 class Transport(Protocol):
     """How the event loop reaches homes."""
+
+    #: Whether :meth:`submit` returns while the homes train (a transport without the attribute: no).
+    trains_in_background: bool
 
     def query(self, homes: Sequence[int], virtual_time: float) -> list[HomeReport]:
         """Profile ``homes`` at ``virtual_time``; homes that do not answer are left out of the result."""
