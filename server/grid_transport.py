@@ -40,7 +40,6 @@ were missing.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import uuid
@@ -55,8 +54,9 @@ import protocol
 from ecofl.errors import UserError
 from ecofl.fl.dispatch_batch import DispatchBatch, dispatch_batches
 from ecofl.fl.home_failures import HomeFailures
-from ecofl.fl.transport import TIMEOUT, HomeReport, RunStopped, TrainReply, TrainTask
+from ecofl.fl.transport import HomeReport, RunStopped, TrainReply, TrainTask
 from server.config import SILENT_HOMES
+from server.submitted_tasks import SubmittedTasks
 from server.transport_times import TransportTimes
 
 log = logging.getLogger(__name__)
@@ -124,9 +124,7 @@ class GridTransport:
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self.times = TransportTimes()
         self._profiled: dict[int, HomeReport] = {}  # what connect learned at virtual time 0
-        self._submitted: dict[str, tuple[TrainTask, float]] = {}  # message id -> (task, monotonic push time)
-        self._undelivered: list[tuple[TrainTask, TrainReply]] = []  # submitted but not pushed: errors to collect
-        self._queued: list[tuple[TrainTask, DispatchBatch | None]] = []  # submitted, waiting for room in the window
+        self._tasks = SubmittedTasks(window, reply_timeout_s)  # what submit sent and collect has not handed back
         # the virtual clock's loop submits and collects (the homes train meanwhile) instead of calling train
         self.trains_in_background = train_in_background
 
@@ -253,32 +251,20 @@ class GridTransport:
         if batched and self.batch_homes:
             batches = dispatch_batches(tasks, f"{self._run_token}.{self.times.train_calls}")
         self.times.train_calls += 1
-        self._queued += [(task, batches.get(task.home)) for task in tasks]
+        self._tasks.queue(tasks, batches)
         self._push_queued()
         self.times.train_wall_s += time.monotonic() - started
 
     def _push_queued(self) -> None:
-        """Push queued tasks while fewer than ``window`` are unanswered (each one's reply timeout runs from its
-        push); a task that could not be delivered is an error for :meth:`collect`."""
-        room = self.window - len(self._submitted)
-        if room <= 0 or not self._queued:
+        """Push the queued tasks the window has room for (``server.submitted_tasks``)."""
+        chunk = self._tasks.next_to_push()
+        if not chunk:
             return
-        chunk, self._queued = self._queued[:room], self._queued[room:]
         tasks = [task for task, _ in chunk]
         batches = {task.home: batch for task, batch in chunk if batch is not None}
         messages = self._train_messages(tasks, ttl=self.reply_timeout_s, batches=batches)
         pushed = set(self.grid.push_messages([m for _, m in messages]))
-        now = time.monotonic()
-        delivered = set()
-        for task, message in messages:
-            if message.metadata.message_id in pushed:
-                self._submitted[message.metadata.message_id] = (task, now)
-                delivered.add(id(task))
-        self._undelivered += [
-            (task, TrainReply(task.home, None, 0, math.nan, math.nan, error="not delivered: home not connected",
-                                   failure="not_delivered"))
-            for task in tasks if id(task) not in delivered
-        ]
+        self._tasks.record_push(tasks, messages, pushed, time.monotonic())
 
     def collect(self, wait_s: float | None) -> list[tuple[TrainTask, TrainReply]]:
         """Replies of submitted tasks that arrived, waiting up to ``wait_s`` (None: ``reply_timeout_s``) for one.
@@ -293,26 +279,20 @@ class GridTransport:
             self.times.train_wall_s += time.monotonic() - started
 
     def _collect(self, deadline: float) -> list[tuple[TrainTask, TrainReply]]:
-        while self._submitted or self._queued or self._undelivered:
+        while self._tasks:
             self._push_queued()
-            if self._undelivered:
-                out, self._undelivered = self._undelivered, []
+            out = self._tasks.take_undelivered()
+            if out:
                 return out
-            out = []
             polled = time.perf_counter()
-            for reply in self.grid.pull_messages(list(self._submitted)):
-                entry = self._submitted.pop(reply.metadata.reply_to_message_id, None)
-                if entry is not None:
+            for reply in self.grid.pull_messages(list(self._tasks.pushed)):
+                task = self._tasks.answered(reply.metadata.reply_to_message_id)
+                if task is not None:
                     self._note_worker(reply)
-                    out.append((entry[0], protocol.read_reply(reply, entry[0].home)))
+                    out.append((task, protocol.read_reply(reply, task.home)))
             polled = time.perf_counter() - polled
             now = time.monotonic()
-            for message_id, (task, pushed_at) in list(self._submitted.items()):
-                if now - pushed_at > self.reply_timeout_s:
-                    del self._submitted[message_id]
-                    out.append((task, TrainReply(task.home, None, 0, math.nan, math.nan,
-                                                 error=f"no reply within {self.reply_timeout_s:g} s",
-                                                 failure=TIMEOUT)))
+            out += self._tasks.timed_out(now)
             if out or now >= deadline:
                 return out
             self._sleep(max(self.poll_interval_s, POLL_PAUSE_FACTOR * polled))
