@@ -18,6 +18,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_home_infer_streams_a_run_s_global_model_and_reports_it(tmp_path, capsys):
+    timeline = tmp_path / "stream.png"
     data = load_dataset("digits")
     torch.manual_seed(0)
     model = build_model("cnn", tuple(data.input_shape), data.num_classes)
@@ -27,9 +28,11 @@ def test_home_infer_streams_a_run_s_global_model_and_reports_it(tmp_path, capsys
 
     code = main(["home", "infer", "--model", "cnn", "--pool", "nano-10w,tx2-maxn,nx", "--dataset", "digits",
                  "--checkpoint", str(run_dir), "--samples", "96", "--json", "--cache-dir", str(tmp_path),
-                 "--emulate", "sleep"])
+                 "--emulate", "sleep", "--timeline", str(timeline)])
     assert code == 0
-    report = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert timeline.stat().st_size > 0 and f"timeline written to {timeline}" in err
     assert {"throughput", "predicted_throughput", "latency_s", "accuracy", "stages"} <= set(report)
     assert report["accuracy"] > 0.5  # the trained model's predictions, not chance (0.1)
     assert report["throughput"] > 0 and report["latency_s"] > 0 and report["predicted_throughput"] > 0

@@ -34,8 +34,8 @@ import sys
 
 import torch
 
-from ecofl.cli.options import image_path
 from ecofl.cli.emulation_option import chosen_emulation
+from ecofl.cli.timeline_image import write_timeline
 from ecofl.data import load_dataset
 from ecofl.devices import host_pool
 from ecofl.errors import UserError
@@ -87,13 +87,7 @@ def run(args: argparse.Namespace) -> int:
     accuracy = float((torch.from_numpy(result.logits).argmax(1) == y).float().mean())
     report = describe(plan, pool, predicted, result, accuracy, mode)
     if args.timeline:
-        from ecofl.pipeline.gantt import plot_gantt
-
-        image = image_path(args.timeline)
-
-        plot_gantt(result.timeline, image, title=f"inference: {args.model} on {pool.name} ({plan.planner})",
-                   device_names={d: device.name for d, device in enumerate(pool.devices)})
-        print(f"timeline written to {image}", file=sys.stderr)
+        write_timeline(args.timeline, result.timeline, f"inference: {args.model} on {pool.name} ({plan.planner})", pool)
     print(json.dumps(report) if args.json else table(report))
     return 0
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from ecofl.accelerator import check_accelerators
 from ecofl.cli.calibration_file import load_calibration, save_calibration
-from ecofl.cli.options import image_path
+from ecofl.cli.timeline_image import write_timeline
 from ecofl.devices import host_cores
 from ecofl.pools import load_pool
 from ecofl.pipeline.profile import profile_zoo_model
@@ -111,13 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if result.tuning is not None:
         report["tuning"] = result.tuning
     if args.timeline:
-        from ecofl.pipeline.gantt import plot_gantt
-
-        image = image_path(args.timeline)
-
-        plot_gantt(result.timeline, image, title=f"measured: {args.model} on {pool.name} ({plan.planner})",
-                   device_names={d: spec.name for d, spec in enumerate(pool.devices)})
-        print(f"timeline written to {image}", file=sys.stderr)
+        write_timeline(args.timeline, result.timeline, f"measured: {args.model} on {pool.name} ({plan.planner})", pool)
     print(json.dumps(report) if args.json else table(report))
     return 0
 

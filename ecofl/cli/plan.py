@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
-from ecofl.cli.options import image_path
+from ecofl.cli.timeline_image import write_timeline
 from ecofl.devices import HomePool
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import SyncRoundCost, simulate, stage_compute_s
@@ -164,12 +163,8 @@ def run(args: argparse.Namespace) -> int:
         report = describe(plan, profile, pool, cost, planning_s)
     report["profiling_s"] = profiling_s  # measuring the layers on this host, or reading them from the cache
     if args.gantt:
-        from ecofl.pipeline.gantt import plot_gantt
-
-        image = image_path(args.gantt)
         what = "stream" if args.inference else "sync-round"
-        plot_gantt(cost.timeline, image, title=f"{args.planner} {what}: {profile.model} on {pool.name}",
-                   device_names={d: spec.name for d, spec in enumerate(pool.devices)})
-        print(f"gantt written to {image}", file=sys.stderr)
+        title = f"{args.planner} {what}: {profile.model} on {pool.name}"
+        write_timeline(args.gantt, cost.timeline, title, pool, "gantt")
     print(json.dumps(report) if args.json else _table(report))
     return 0
