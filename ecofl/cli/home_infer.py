@@ -35,6 +35,7 @@ import sys
 import torch
 
 from ecofl.cli.emulation_option import chosen_emulation
+from ecofl.cli.stage_table import PLACEMENT_HEAD, aligned, placement_cells, stage_placement
 from ecofl.cli.timeline_image import write_timeline
 from ecofl.data import load_dataset
 from ecofl.devices import host_pool
@@ -113,17 +114,12 @@ def describe(plan, pool, predicted: StreamCost, result: InferenceResult, accurac
     stages = []
     for s, stage in enumerate(plan.stages):
         stages.append({
-            "stage": s,
-            "devices": list(stage.devices),
-            "device_names": [pool.devices[d].name for d in stage.devices],
-            "layers": list(stage.layers),
-            "shares": list(stage.shares),
+            **stage_placement(s, stage, pool),
             "busy_fraction": result.busy_fraction[s],
             "predicted_busy_fraction": predicted.busy_fraction[s],
             "forward_s": result.forward_s[s],
             "predicted_forward_s": predicted.stage_forward_s[s],
             "peak_held": result.peak_held[s],
-            "in_flight": stage.in_flight,
             "predicted_memory_bytes": predicted.stage_memory_bytes[s],
             "peak_rss_bytes": result.peak_rss_bytes[s],
             "training_rss_bytes": result.training_rss_bytes[s],
@@ -147,19 +143,15 @@ def describe(plan, pool, predicted: StreamCost, result: InferenceResult, accurac
 
 
 def table(report: dict) -> str:
-    head = ("stage", "devices", "layers", "share", "busy (pred.)", "forward s (pred.)", "held/K", "RSS MiB")
-    rows = [head]
+    rows = [(*PLACEMENT_HEAD, "busy (pred.)", "forward s (pred.)", "held/K", "RSS MiB")]
     for st in report["stages"]:
         rss = "-" if st["peak_rss_bytes"] is None else f"{st['peak_rss_bytes'] / 2**20:.0f}"
         rows.append((
-            str(st["stage"]), ",".join(f"{d}:{n}" for d, n in zip(st["devices"], st["device_names"])),
-            f"{st['layers'][0]}-{st['layers'][1]}", "+".join(map(str, st["shares"])),
+            *placement_cells(st),
             f"{st['busy_fraction']:.2f} ({st['predicted_busy_fraction']:.2f})",
             f"{st['forward_s']:.4f} ({st['predicted_forward_s']:.4f})", f"{st['peak_held']}/{st['in_flight']}", rss,
         ))
-    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = aligned(rows)
     how = {"cgroup": "devices confined by cgroups (planned from the speeds they measured there)",
            "sleep": "devices sleeping to the cost model (compute = the model's by construction)",
            "none": "host speed (predicted as if each device had a core of its own)"}[report["emulation"]]

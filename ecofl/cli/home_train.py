@@ -38,6 +38,7 @@ from pathlib import Path
 
 from ecofl.accelerator import check_accelerators
 from ecofl.cli.calibration_file import load_calibration, save_calibration
+from ecofl.cli.stage_table import PLACEMENT_HEAD, aligned, placement_cells, stage_placement
 from ecofl.cli.timeline_image import write_timeline
 from ecofl.devices import host_cores
 from ecofl.pools import load_pool
@@ -229,12 +230,7 @@ def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,
     stages = []
     for s, stage in enumerate(plan.stages):
         stages.append({
-            "stage": s,
-            "devices": list(stage.devices),
-            "device_names": [pool.devices[d].name for d in stage.devices],
-            "layers": list(stage.layers),
-            "shares": list(stage.shares),
-            "in_flight": stage.in_flight,
+            **stage_placement(s, stage, pool),
             "busy_fraction": result.busy_fraction[s],
             "predicted_busy_fraction": predicted.busy_fraction[s],
             "cpu_s_per_round": result.cpu_s[s],  # measured: CPU seconds of the busiest worker process a round
@@ -283,24 +279,17 @@ def _rss(stage: dict) -> str:
 
 
 def table(report: dict) -> str:
-    head = ("stage", "devices", "layers", "share", "busy (pred.)", "memory MiB (pred.)", "RSS MiB (training)",
-            "resident", "F / B s")
-    rows = [head]
+    rows = [(*PLACEMENT_HEAD, "busy (pred.)", "memory MiB (pred.)", "RSS MiB (training)", "resident", "F / B s")]
     for st in report["stages"]:
         rows.append((
-            str(st["stage"]),
-            ",".join(f"{d}:{n}" for d, n in zip(st["devices"], st["device_names"])),
-            f"{st['layers'][0]}-{st['layers'][1]}",
-            "+".join(map(str, st["shares"])),
+            *placement_cells(st),
             f"{st['busy_fraction']:.2f} ({st['predicted_busy_fraction']:.2f})",
             f"{st['peak_memory_bytes'] / 2**20:.0f} ({st['predicted_memory_bytes'] / 2**20:.0f})",
             _rss(st),
             str(st["peak_resident"]),
             f"{st['forward_s']:.3f} / {st['backward_s']:.3f}",
         ))
-    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = aligned(rows)
     for event in report["events"]:
         lines.append(_event_line(event))
     if "tuning" in report:

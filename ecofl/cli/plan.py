@@ -16,6 +16,7 @@ import argparse
 import json
 import time
 
+from ecofl.cli.stage_table import PLACEMENT_HEAD, aligned, placement_cells, stage_placement
 from ecofl.cli.timeline_image import write_timeline
 from ecofl.devices import HomePool
 from ecofl.errors import UserError
@@ -90,12 +91,7 @@ def _header(plan: Plan, profile: ModelProfile, pool: HomePool, planning_s: float
 def _stage(s: int, plan: Plan, pool: HomePool, memory_bytes: int) -> dict:
     stage = plan.stages[s]
     return {
-        "stage": s,
-        "devices": list(stage.devices),
-        "device_names": [pool.devices[d].name for d in stage.devices],
-        "layers": list(stage.layers),
-        "shares": list(stage.shares),
-        "in_flight": stage.in_flight,
+        **stage_placement(s, stage, pool),
         "memory_bytes": memory_bytes,
         "budget_bytes": min(pool.devices[d].memory_bytes for d in stage.devices),
     }
@@ -103,23 +99,17 @@ def _stage(s: int, plan: Plan, pool: HomePool, memory_bytes: int) -> dict:
 
 def _table(report: dict) -> str:
     stream = report["objective"] == "inference"
-    head = ("stage", "devices", "layers", "share", "held" if stream else "K_p", "memory / budget (MiB)",
-            "forward (s)" if stream else "stage time (s)", *(("send (s)", "busy") if stream else ()))
-    rows = [head]
+    rows = [(*PLACEMENT_HEAD, "held" if stream else "K_p", "memory / budget (MiB)",
+             "forward (s)" if stream else "stage time (s)", *(("send (s)", "busy") if stream else ()))]
     for st in report["stages"]:
         rows.append((
-            str(st["stage"]),
-            ",".join(f"{d}:{n}" for d, n in zip(st["devices"], st["device_names"])),
-            f"{st['layers'][0]}-{st['layers'][1]}",
-            "+".join(map(str, st["shares"])),
+            *placement_cells(st),
             str(st["in_flight"]),
             f"{st['memory_bytes'] / 2**20:.0f} / {st['budget_bytes'] / 2**20:.0f}",
             f"{st['stage_time_s']:.4f}",
             *((f"{st['send_s']:.4f}", f"{st['busy_fraction']:.2f}") if stream else ()),
         ))
-    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = aligned(rows)
     if stream:
         title = (f"{report['planner']} inference plan of {report['model']} ({report['num_layers']} layers) on "
                  f"{report['pool']}: micro-batches of {report['micro_batch']} streaming, {_times(report)}")
