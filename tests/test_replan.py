@@ -204,28 +204,39 @@ def test_full_replan_plans_the_survivors_in_original_indices():
 
 def test_topology_driven_backups():
     single = three_stage_plan()
-    assert backup_targets(single) == {0: 1, 1: 2, 2: 1}  # next stage, the last to the one before it
+    # each neighbouring stage's device, the next stage's first; the first and the last stage have one neighbour
+    assert backup_targets(single) == {0: (1,), 1: (2, 0), 2: (1,)}
     hybrid = Plan("hpp", (StagePlan((0, 3), (0,), (4,), 3), StagePlan((4, 7), (1, 2), (2, 2), 1)), 4, 4)
-    assert backup_targets(hybrid, {1: GB, 2: 2 * GB}) == {0: 2}  # a replicated stage backs up to no one
-    profile = random_profile(np.random.default_rng(5), 8)
+    assert backup_targets(hybrid, {1: GB, 2: 2 * GB}) == {0: (2,)}  # a replicated stage backs up to no one
+    profile = random_profile(np.random.default_rng(5), 12)
     assert backup_bytes(hybrid, profile, {1: GB, 2: 2 * GB}) == {2: 2 * stage_state_bytes(profile, (0, 3))}
+    stage_bytes = [stage_state_bytes(profile, stage.layers) for stage in single.stages]
+    assert backup_bytes(single, profile) == {0: 2 * stage_bytes[1], 1: 2 * (stage_bytes[0] + stage_bytes[2]),
+                                             2: 2 * stage_bytes[1]}
     assert restore_source(hybrid, 1, {1}, {}) == 2  # a surviving peer
-    assert restore_source(single, 1, {1}, backup_targets(single)) == 2  # its backup
-    assert restore_source(single, 1, {1, 2}, backup_targets(single)) is None  # both lost: the global copy
+    assert restore_source(single, 1, {1}, backup_targets(single)) == 2  # its first backup
+    assert restore_source(single, 1, {1, 2}, backup_targets(single)) == 0  # its other backup
+    assert restore_source(single, 1, {0, 1, 2}, backup_targets(single)) is None  # all lost: the global copy
 
 
 def test_only_layers_that_change_owner_move():
     profile = random_profile(np.random.default_rng(6), 12)
     old = three_stage_plan()
     new = Plan("ecofl", (StagePlan((0, 5), (0,), (4,), 3), StagePlan((6, 11), (2,), (4,), 1)), 4, 8)
-    backups = backup_targets(old)
-    moves = layer_moves(old, new, profile, lost={1}, backups=backups)
+    # Backed up on both neighbours, the lost middle stage's layers are restored where they go: nothing travels
+    moves = layer_moves(old, new, profile, lost={1}, backups=backup_targets(old))
     by_layer = {m.layer: m for m in moves}
     assert set(by_layer) == {4, 5, 6, 7}  # device 1's layers; devices 0 and 2 keep theirs
+    assert by_layer[4].source == by_layer[4].target == 0 and by_layer[6].source == by_layer[6].target == 2
+    assert bytes_moved(moves) == 0
+    # Backed up on the next stage only (Asteroid's), the layers going to device 0 come from device 2
+    next_only = {0: (1,), 1: (2,), 2: (1,)}
+    moves = layer_moves(old, new, profile, lost={1}, backups=next_only)
+    by_layer = {m.layer: m for m in moves}
     assert by_layer[4].source == 2 and by_layer[4].target == 0  # from device 1's backup (device 2)
     assert by_layer[6].source == by_layer[6].target == 2  # restored locally from the backup it holds
     assert bytes_moved(moves) == stage_state_bytes(profile, (4, 4)) + stage_state_bytes(profile, (5, 5))
-    both = layer_moves(old, new, profile, lost={1, 2}, backups=backups)
+    both = layer_moves(old, new, profile, lost={1, 2}, backups=next_only)
     assert {m.source for m in both if m.layer in (4, 5, 6, 7)} == {GLOBAL_COPY}
 
 

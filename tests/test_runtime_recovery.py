@@ -37,6 +37,9 @@ def test_a_lost_device_of_a_three_stage_pipeline_is_survived_exactly(event):
     # replicas travel during a round: struck as round 3 starts, the replicas of version 3 may not be complete yet
     [restored] = {r["version"] for r in record["restored_from"]}
     assert record["replan"] == "lightweight" and restored in (2, 3) and record["lost_rounds"] == 3 - restored
+    if lost == 1:  # the middle stage is backed up on both its neighbours: its layers are where they go
+        assert record["bytes_moved"] == 0
+        assert {r["source"] for r in record["restored_from"]} == {"backup"}
     assert record["detected_after_s"] < FAST_HEARTBEAT.detection_bound_s + 10  # never a round deadline
     assert record["recovered_after_s"] >= record["detected_after_s"]
     # the timeline is every device's, also of a stage the final plan no longer has (device 2 was stage 2)
@@ -57,7 +60,8 @@ def test_a_lost_replica_of_a_hybrid_stage_is_restored_from_its_peer():
 
 
 def test_a_device_and_its_backup_lost_together_restore_from_the_global_copy():
-    """Device 1 backs up to device 2; both die at round 3: back to the global copy of round 2."""
+    """Device 2 (the last stage) backs up to device 1 alone; both die at round 3: back to the global copy of
+    round 2 (device 1's own layers come from its other backup, device 0)."""
     result, final_plan = train_exactly(THREE_STAGES, ["kill:1@3", "kill:2@3"], global_copy_every=2)
     assert [s.devices for s in final_plan.stages] == [(0,)]
     assert result.lost_rounds == 1 and all(e["lost_rounds"] == 1 for e in result.events)

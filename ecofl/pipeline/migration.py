@@ -7,7 +7,7 @@ which holders (the survivors report the committed copies they really hold).
 :func:`layer_moves` is the same rule with the holders read off a plan, as
 FTPipeHD's weight redistribution (Algorithm 1) and Asteroid's concurrent
 layer migration between adjacent stages do: from a surviving device that
-held the layer, else from the backup device of the lost device that held it
+held the layer, else from a backup device of the lost device that held it
 (:mod:`ecofl.pipeline.replication`), else from the portal's global copy
 (:data:`GLOBAL_COPY`). Only layers that change owner move, device to device;
 the moves of different devices run concurrently.
@@ -21,7 +21,7 @@ A move carries the layer's weights and optimizer state
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ecofl.devices import HomePool
@@ -103,27 +103,29 @@ def restore_point(holdings: Holdings, layers: Iterable[int], newest: int, global
 
 
 def layer_moves(
-    old: Plan, new: Plan, profile: ModelProfile, lost: Collection[int] = (), backups: Mapping[int, int] | None = None,
+    old: Plan, new: Plan, profile: ModelProfile, lost: Collection[int] = (),
+    backups: Mapping[int, Sequence[int]] | None = None,
 ) -> list[LayerMove]:
     """The moves that give every device of ``new`` the layers it lacks, from the nearest holder.
 
     A device that holds a layer in ``old`` and is not ``lost`` keeps it. A
-    layer all of whose old holders are lost comes from their backup device
-    (``backups``: :func:`~ecofl.pipeline.replication.backup_targets` of
-    ``old``), or from :data:`GLOBAL_COPY`. A backup device that becomes the
-    layer's owner restores it locally (a move with ``source == target``).
+    layer all of whose old holders are lost comes from one of their backup
+    devices (``backups``: :func:`~ecofl.pipeline.replication.backup_targets`
+    of ``old``), or from :data:`GLOBAL_COPY`. A backup device that becomes
+    the layer's owner restores it locally (a move with ``source == target``).
     """
     backups = dict(backups or {})
     owners, holders = {}, {}
     for layer, devices in layer_owners(old).items():
         owners[layer] = [d for d in devices if d not in lost]
-        source = restore_source(old, devices[0], lost, backups)
-        holders[layer] = [] if source is None else owners[layer] or [source]
+        live_backups = [b for b in backups.get(devices[0], ()) if b not in lost]
+        holders[layer] = owners[layer] or live_backups
     return moves_from_holders(new, holders, profile, owners)
 
 
 def heavy_moves(
-    old: Plan, new: Plan, profile: ModelProfile, lost: Collection[int] = (), backups: Mapping[int, int] | None = None,
+    old: Plan, new: Plan, profile: ModelProfile, lost: Collection[int] = (),
+    backups: Mapping[int, Sequence[int]] | None = None,
 ) -> list[LayerMove]:
     """Heavy rescheduling: every layer to the portal (gather), then to every new owner (redistribute)."""
     lost = set(lost)
@@ -159,7 +161,7 @@ def bytes_moved(moves: list[LayerMove]) -> int:
 
 def _source(
     old: Plan, layer: int, owners: Mapping[int, tuple[int, ...]], holders: list[int], target: int,
-    lost: set[int], backups: Mapping[int, int],
+    lost: set[int], backups: Mapping[int, Sequence[int]],
 ) -> int:
     """A surviving holder (the target itself if it holds it), else the lost holder's backup, else the global copy."""
     if holders:

@@ -10,13 +10,28 @@ device is lost. Backed up to the first stage, they had to travel there from
 the first stage's device: on Eco-FL's confined testbed (MobileNetV2,
 ``ecofl-3stage``, ``--inject kill:2@4``) a kill of the last device moved
 16 MB and training resumed 3.3 s after it, against nothing moved and
-0.6-1.0 s where the lost stage's backup sat where its layers went. A
-replicated (data-parallel) stage needs no backup: every device of it holds
-the whole stage model, so a lost one is restored from a surviving peer. This
-is FTPipeHD's chain replication (each worker to the next) laid over
-Asteroid's stages. The portal also keeps a *global copy* of the whole model
-every G sync-rounds (FTPipeHD's global replication), which restores a device
-lost together with its backup, at the price of the rounds since that copy.
+0.6-1.0 s where the lost stage's backup sat where its layers went.
+
+**Both neighbours** (beyond the papers): a stage in the middle of the
+pipeline is backed up on the stage before it as well as on the next, so
+each device holds its neighbours' layers at the version it can be rolled
+back to. A lightweight re-plan then moves cut points either way without
+moving a byte: the lost stage's layers split between its two neighbours,
+and any cut point between two survivors shifts within their stages. On
+Asteroid's Env D (MobileNetV2, predicted on the presets), the cut points a
+lightweight recovery chooses after losing device 1, 2 or 3 cost 0.11-0.38 s
+of layer moves at 100 Mbps backed up one way (a confined run moved 6.4 MiB
+at drops 2 and 3), and nothing backed up both ways. The price is one more
+replica for each middle stage, sent while a sync-round computes
+(:mod:`ecofl.pipeline.runtime.replica`).
+
+A replicated (data-parallel) stage needs no backup: every device of it
+holds the whole stage model, so a lost one is restored from a surviving
+peer. This is FTPipeHD's chain replication (each worker to the next) laid
+over Asteroid's stages. The portal also keeps a *global copy* of the whole
+model every G sync-rounds (FTPipeHD's global replication), which restores a
+device lost together with its backups, at the price of the rounds since
+that copy.
 
 A backup occupies the backup device's memory: :func:`backup_bytes` is what
 the re-planner and the runtime's memory ledger add to the device's own
@@ -26,7 +41,7 @@ until the new one is complete, so a backup holds two of each during a round.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
@@ -36,23 +51,23 @@ from ecofl.pipeline.profile import ModelProfile
 REPLICAS_HELD = 2
 
 
-def backup_targets(plan: Plan, memory_bytes: Mapping[int, int] | None = None) -> dict[int, int]:
-    """``{device: backup device}`` for every single-device stage of a plan of two stages or more.
+def backup_targets(plan: Plan, memory_bytes: Mapping[int, int] | None = None) -> dict[int, tuple[int, ...]]:
+    """``{device: its backup devices}`` for every single-device stage of a plan of two stages or more: one
+    device of each neighbouring stage, the next stage's first (the first and the last stage have one neighbour).
 
-    The backup device is the next stage's device with the largest memory
-    budget (``memory_bytes``; ties and no budgets: the first one); the last
-    stage's is the stage's before it (the first, in a two-stage plan). A
+    A neighbouring stage's backup device is its device with the largest
+    memory budget (``memory_bytes``; ties and no budgets: the first one). A
     one-stage plan has no backups.
     """
-    if len(plan.stages) < 2:
-        return {}
     budgets = dict(memory_bytes or {})
     targets = {}
     for s, stage in enumerate(plan.stages):
         if len(stage.devices) != 1:
             continue
-        neighbour = plan.stages[s + 1 if s + 1 < len(plan.stages) else s - 1].devices
-        targets[stage.devices[0]] = max(neighbour, key=lambda d: (budgets.get(d, 0), -d))
+        neighbours = [plan.stages[t].devices for t in (s + 1, s - 1) if 0 <= t < len(plan.stages)]
+        if neighbours:
+            targets[stage.devices[0]] = tuple(max(devices, key=lambda d: (budgets.get(d, 0), -d))
+                                              for devices in neighbours)
     return targets
 
 
@@ -67,21 +82,20 @@ def backup_bytes(plan: Plan, profile: ModelProfile, memory_bytes: Mapping[int, i
     arriving during a sync-round (:mod:`ecofl.pipeline.runtime.replica`)."""
     held: dict[int, int] = {}
     stage_of = {d: stage for stage in plan.stages for d in stage.devices}
-    for source, target in backup_targets(plan, memory_bytes).items():
-        held[target] = held.get(target, 0) + REPLICAS_HELD * stage_state_bytes(profile, stage_of[source].layers)
+    for source, targets in backup_targets(plan, memory_bytes).items():
+        for target in targets:
+            held[target] = held.get(target, 0) + REPLICAS_HELD * stage_state_bytes(profile, stage_of[source].layers)
     return held
 
 
-def restore_source(plan: Plan, device: int, lost: Collection[int], backups: Mapping[int, int]) -> int | None:
-    """Where the stage model of lost ``device`` survives: a surviving stage peer, else its live backup.
+def restore_source(plan: Plan, device: int, lost: Collection[int], backups: Mapping[int, Sequence[int]],
+                   ) -> int | None:
+    """Where the stage model of lost ``device`` survives: a surviving stage peer, else its first live backup.
 
-    None: only the portal's global copy has it (the device and its backup are
-    both lost).
+    None: only the portal's global copy has it (the device and its backups
+    are all lost).
     """
     lost = set(lost)
     stage = next(st for st in plan.stages if device in st.devices)
-    peers = [d for d in stage.devices if d not in lost]
-    if peers:
-        return peers[0]
-    backup = backups.get(device)
-    return backup if backup is not None and backup not in lost else None
+    live = [d for d in stage.devices if d not in lost] or [d for d in backups.get(device, ()) if d not in lost]
+    return live[0] if live else None

@@ -72,10 +72,10 @@ class Infer:
 
 @dataclass(frozen=True)
 class Replicate:
-    """The replicas of a sync-round (:mod:`.replica`): my stage at ``version`` to my backup, others' to me."""
+    """The replicas of a sync-round (:mod:`.replica`): my stage at ``version`` to my backups, others' to me."""
 
     version: int
-    to: int | None  # the rank of my backup
+    to: list[int]  # the ranks of my backups (none: my stage has peers, or the plan one stage)
     sources: list[tuple[int, int, int, int]]  # (device, rank, first layer, last layer) I back up
     link_bps: float | None
 

@@ -1,5 +1,5 @@
-"""The copies a home keeps to recover from: every single-device stage's backup on another device (Asteroid
-§3.4, every ``replicate_every`` sync-rounds: :mod:`.replica`) and the portal's global copy of the whole model
+"""The copies a home keeps to recover from: every single-device stage's backups on its neighbours' devices
+(Asteroid §3.4, every ``replicate_every`` sync-rounds: :mod:`.replica`) and the portal's global copy of the whole model
 (FTPipeHD §III-F, every ``global_copy_every``: :mod:`.global_copy`), both sent while a sync-round computes."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Copies:
 
     def replication(self, r: int) -> dict[int, Replicate]:
         """What each device sends and keeps while sync-round ``r`` computes, where a replication is due ({}: none):
-        every single-device stage's state at ``r`` to its backup."""
+        every single-device stage's state at ``r`` to its backups."""
         every = self.ft.replicate_every
         if not every or (self.replica_version is not None and r - self.replica_version < every):
             return {}
@@ -64,9 +64,9 @@ class Copies:
         rank_of = {role.device: role.rank for role in layout.roles}
         stage_of = {d: stage for stage in layout.plan.stages for d in stage.devices}
         self._carried = r
-        return {role.device: Replicate(r, rank_of[backups[role.device]] if role.device in backups else None,
+        return {role.device: Replicate(r, [rank_of[b] for b in backups.get(role.device, ())],
                                        [(src, rank_of[src], *stage_of[src].layers)
-                                        for src, dst in backups.items() if dst == role.device],
+                                        for src, targets in backups.items() if role.device in targets],
                                        layout.link_rate(role.device))
                 for role in layout.roles}
 

@@ -19,7 +19,7 @@ reaches its K-th (default 1st) PHASE from sync-round R on
 (:mod:`.traps`): ``forward``, ``backward``, ``send`` (right after posting a
 send), ``allreduce`` (entering a replicated stage's all-reduce), ``step``
 (right after its optimizer step, before the portal hears of it),
-``replicate`` (mid-copy to its backup), ``global-copy`` (its stage on the
+``replicate`` (mid-copy to its backups), ``global-copy`` (its stage on the
 way to the portal's global copy), ``migrate`` (mid layer migration of a re-plan)
 or ``recover`` (as it starts re-configuring for a recovery: a second
 failure while recovering from a first).

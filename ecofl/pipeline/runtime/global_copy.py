@@ -1,7 +1,7 @@
 """The portal's global copy off the critical path: each stage's committed state travels while a sync-round computes.
 
 FTPipeHD §III-F keeps a copy of the whole model at the central node every
-G sync-rounds, for a failure that takes a stage and its backup together.
+G sync-rounds, for a failure that takes a stage and its backups together.
 Collected between rounds, the copy held the whole home up: a MobileNetV2
 stage's weights and momentum on a 100 Mbps link take about 0.7 s, against a
 sync-round of 4-5 s on Eco-FL's confined testbed. Here the copy of version

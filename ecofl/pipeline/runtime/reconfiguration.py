@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ecofl.pipeline.migration import GLOBAL_COPY, Holders, moves_from_holders
+from ecofl.pipeline.migration import GLOBAL_COPY, Holders, layer_owners, moves_from_holders
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.runtime.control_messages import GetState, Reconfigure, Reconfigured, State
 from ecofl.pipeline.runtime.control_plane import ControlPlane
@@ -113,17 +113,21 @@ def _subset(state: dict[str, np.ndarray], keys: Sequence[str]) -> dict[str, np.n
     return {k: v for k, v in state.items() if k in keys or (k.startswith(MOMENTUM) and k[len(MOMENTUM):] in keys)}
 
 
-def restored_from(plan: Plan, device: int, holders: Holders, version: int, stateful: Sequence[int]) -> list[dict]:
-    """Where lost ``device``'s layers (of ``plan``) came back from: runs of layers with one source each."""
+def restored_from(plan: Plan, device: int, holders: Holders, version: int, stateful: Sequence[int],
+                  new: Plan) -> list[dict]:
+    """Where lost ``device``'s layers (of ``plan``) came back from in ``new``: runs of layers with one source
+    each (a layer's new owner where it held a copy, else its first holder, as the moves take it)."""
     stage = next((s for s in plan.stages if device in s.devices), None)
     if stage is None:
         return []
+    owners = layer_owners(new)
     runs: list[dict] = []
     for layer in range(stage.layers[0], stage.layers[1] + 1):
         if layer not in stateful:
             continue
         devices = sorted(holders.get(layer, ()))
-        holder = devices[0] if devices else None
+        local = [d for d in owners.get(layer, ()) if d in devices]
+        holder = local[0] if local else devices[0] if devices else None
         source = "global copy" if holder is None else "peer" if holder in stage.devices else "backup"
         if runs and runs[-1]["device"] == holder and runs[-1]["source"] == source:
             runs[-1]["layers"][1] = layer

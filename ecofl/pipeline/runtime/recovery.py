@@ -27,7 +27,7 @@ One mechanism with three triggers (Eco-FL §4.4; Asteroid §3.4; FTPipeHD
   faster (:mod:`.pipeline_tuning`), between sync-rounds, with no replay.
 
 While sync-rounds compute, every single-device stage is replicated to its
-backup, and every few the portal's global copy travels too (:mod:`.copies`). Its parts: the injected
+backups, and every few the portal's global copy travels too (:mod:`.copies`). Its parts: the injected
 faults (:mod:`.fault_injection`), the copies, the speed monitor
 (:mod:`.slowdown_watch`) and the record of every event (:mod:`.fault_log`);
 :class:`Recovery` restores, re-plans and migrates.
@@ -227,7 +227,8 @@ class Recovery:
             event.detected_after_s = detected - event.struck_at
             event.replan, event.bytes_moved, event.lost_rounds = kind, moved, r - version
             event.stopping_s, event.rescheduling_s = stopping, rescheduling
-            event.restored_from = restored_from(plan, device, holders, version, self.layout.stateful)
+            event.restored_from = restored_from(plan, device, holders, version, self.layout.stateful,
+                                                self.layout.plan)
             self.log.recovered(event)
         return version
 

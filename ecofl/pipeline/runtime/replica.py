@@ -1,7 +1,8 @@
 """Replication off the critical path: a stage's replica travels while the stage computes.
 
 Asteroid §3.4 backs every single-device stage up on a device of the next
-stage (:mod:`ecofl.pipeline.replication` says who backs up whom). Sent between
+stage; here on a device of each neighbouring stage
+(:mod:`ecofl.pipeline.replication` says who backs up whom). Sent between
 sync-rounds, the copy holds the whole home up: on a slow link it took about a
 second of every round. Here the replica of version ``r`` (the committed state
 sync-round ``r`` starts from, which the worker holds as a snapshot that
@@ -9,7 +10,7 @@ training never changes) travels *during* sync-round ``r``:
 
 - as one stream of bytes (every tensor of the state in key order) in
   pieces of what the link carries in a moment (:mod:`.byte_stream`), posted
-  in the background of the link to the backup
+  in the background of the link to each backup
   (:meth:`ecofl.net.links.PeerLink.post`): on an emulated link a piece
   being paced steps aside for an activation or gradient. With a message per tensor each stage of
   Eco-FL's confined testbed (MobileNetV2, 100 Mbps links) spent 0.1-0.2
@@ -17,7 +18,7 @@ training never changes) travels *during* sync-round ``r``:
   device spent 25-45% more CPU per sync-round (one run each);
 - paced by the same token bucket as the stage's own tensors to that device
   (one emulated link carries both);
-- received by a thread at the backup, which keeps the replica the moment all
+- received by a thread at each backup, which keeps the replica the moment all
   of it has arrived: a failure later in the round restores from version ``r``.
 
 The price of taking it off the critical path: until a replica is complete,
@@ -44,7 +45,7 @@ from ecofl.pipeline.runtime.stage_state import State
 
 
 class ReplicaExchange:
-    """One worker's replicas of one sync-round: the one it sends to its backup, the ones it keeps for others.
+    """One worker's replicas of one sync-round: the ones it sends to its backups, the ones it keeps for others.
 
     ``sends``: (rank, state) to post, each state's bytes in key order, paced
     by ``buckets[rank]`` in pieces sized for it; ``receives``: (rank, buffers)

@@ -27,7 +27,8 @@ class RoundCopies:
         self.upload: CopyUpload | None = None
         if (replicate := request.replicate) is not None:
             version = replicate.version
-            sends = [] if replicate.to is None else [(replicate.to, state.layers_state(stage_layers, version))]
+            mine = state.layers_state(stage_layers, version) if replicate.to else None
+            sends = [(rank, mine) for rank in replicate.to]
             receives = [(rank, state.empty_like_layers(range(first, last + 1), with_momentum))
                         for _source, rank, first, last in replicate.sources]
             buckets = {rank: links.get(rank) or (TokenBucket(replicate.link_bps) if replicate.link_bps else None)

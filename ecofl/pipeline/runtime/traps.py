@@ -17,7 +17,7 @@ Phase points (where the worker calls ``reached``):
 ``send``          an activation or gradient send was just posted (bytes in flight)
 ``allreduce``     a replicated stage enters its gradient all-reduce
 ``step``          the optimizer step of the flush has just been applied
-``replicate``     the stage's copy to its backup was just posted
+``replicate``     the stage's copies to its backups were just posted
 ``global-copy``   the stage's state for the global copy is on its way (in a sync-round)
 ``migrate``       a re-plan's layer moves were just posted
 ``recover``       a recovery's re-configuration is about to start
