@@ -220,15 +220,14 @@ class Recovery:
                 found.update(dict.fromkeys(set(again.failures) - set(found), time.time()))
                 continue
             break
-        rescheduling = time.time() - rescheduling
+        rescheduling, layout = time.time() - rescheduling, self.layout
         self.lost_rounds += r - version
         for device, detected in sorted(found.items()):
             event = self._event_of(device, r, detected)
             event.detected_after_s = detected - event.struck_at
             event.replan, event.bytes_moved, event.lost_rounds = kind, moved, r - version
             event.stopping_s, event.rescheduling_s = stopping, rescheduling
-            event.restored_from = restored_from(plan, device, holders, version, self.layout.stateful,
-                                                self.layout.plan)
+            event.restored_from = restored_from(plan, device, holders, version, layout.stateful, layout.plan)
             self.log.recovered(event)
         return version
 
