@@ -7,6 +7,7 @@ transport's port without the secret learns nothing and disturbs nothing".
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 
@@ -17,11 +18,12 @@ import torch
 from ecofl.net.auth import CONTROL, admit_peer, join_home
 from ecofl.net.dial import dial
 from ecofl.net.errors import ChannelClosed
-from ecofl.net.links import MIGRATION_TAG, REPLICA_TAG, PeerLost
+from ecofl.net.framing import MAX_ARRAY_BYTES
+from ecofl.net.links import DTYPES, HEADER, MAX_DIMS, MIGRATION_TAG, REPLICA_TAG, PeerLost
 from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
-from ecofl.net.wire import recv_message, send_message
+from ecofl.net.wire import LENGTH, recv_message, send_message
 from ecofl.pipeline.runtime.byte_stream import MAX_PIECE_BYTES, MIN_PIECE_BYTES, byte_pieces, piece_bytes
 from ecofl.pipeline.runtime.migration_io import exchange_layer_states
 from ecofl.pipeline.runtime.replica import ReplicaExchange
@@ -222,6 +224,30 @@ def test_closing_a_link_ends_a_wait_on_it_with_peer_lost():
         assert b.send(0, torch.ones(1), 0).done.wait(30)  # a later send fails instead of hanging
     finally:
         close_all(listeners, [a, b])
+
+
+@pytest.mark.parametrize("dims", [[1 << 40, 1 << 40], [MAX_ARRAY_BYTES // 4 + 1], [-1]])
+def test_a_tensor_header_announcing_absurd_bytes_fails_the_link_at_once(dims):
+    """A peer (one that knows the secret: a buggy or compromised device) announcing a tensor of more bytes than a
+    message carries, or overflowing 64 bits: the wait for it ends with PeerLost, nothing allocated, no timeout."""
+    listeners, (a, b) = meshes(2)
+    try:
+        header = HEADER.pack(5, DTYPES.index(torch.float32), len(dims), *dims, *[0] * (MAX_DIMS - len(dims)))
+        a.links[1].channel.sendall(header)
+        with pytest.raises(PeerLost, match="announced"):
+            b.recv(0, tag=5, timeout_s=60)
+    finally:
+        close_all(listeners, [a, b])
+
+
+def test_a_control_message_announcing_absurd_arrays_is_malformed():
+    a, b, _ = sealed_pair()
+    for listing in ([{"name": "w", "dtype": "<f4", "shape": [1 << 40, 1 << 40]}], [{"name": "w", "shape": [1]}],
+                    [{"name": "w", "dtype": "<f4", "shape": [-2]}]):
+        payload = json.dumps({"type": "x", "arrays": listing}).encode()
+        a.sendall(LENGTH.pack(len(payload)) + payload)
+        with pytest.raises(ValueError, match="announced|malformed"):
+            recv_message(b)
 
 
 def test_a_background_post_gives_way_to_the_pipelines_own_tensors():

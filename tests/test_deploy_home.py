@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from ecofl.deploy.device_daemon import REFUSALS_BEFORE_GIVING_UP
 from ecofl.deploy.home_client import train_at_home
 from ecofl.deploy.home_status import home_status
 from ecofl.deploy.home_service import HomeService
@@ -106,7 +107,8 @@ def test_a_daemon_with_the_wrong_secret_is_refused_and_never_gets_data(start_wei
         try:
             assert stranger.wait(timeout=LOADED_S) == 2  # a loaded machine starts a daemon slowly
             assert "refused" in stranger.stderr.read()
-            assert service.present() == [] and service.refused == 1
+            # never joined: it gives up at its third refusal
+            assert service.present() == [] and service.refused == REFUSALS_BEFORE_GIVING_UP
         finally:
             stop([stranger])
         # a peer without the secret learns nothing, not even a challenge: its hello, where a knock belongs,
@@ -115,7 +117,7 @@ def test_a_daemon_with_the_wrong_secret_is_refused_and_never_gets_data(start_wei
             send_message(sock, {"type": "hello", "device": 0, "purpose": CLIENT, "nonce": "0" * 64,
                                 "mac": "0" * 64})
             assert answer_of(sock) == "closed"
-        wait_for(lambda: service.refused == 2, timeout_s=LOADED_S)
+        wait_for(lambda: service.refused == REFUSALS_BEFORE_GIVING_UP + 1, timeout_s=LOADED_S)
         assert service.present() == [] and service.rounds == 0
 
 
@@ -158,6 +160,8 @@ def _kill_when_training(service: HomeService, daemon: subprocess.Popen):
 
 
 def test_daemons_reconnect_to_a_restarted_home_service(start_weights):
+    """Also past a stranger answering at the service's address meanwhile: a refusal is sent before the channel
+    is sealed, so anyone can forge one, and it must not end a joined daemon."""
     x, y = data()
     daemons = []
     try:
@@ -165,7 +169,10 @@ def test_daemons_reconnect_to_a_restarted_home_service(start_weights):
             port = first.port
             daemons += [start_daemon(port, f"d{i}") for i in range(2)]
             wait_for(lambda: len(first.present()) == 2, timeout_s=LOADED_S)
-        time.sleep(1.0)  # the daemons back off and retry
+        with HomeService(bytes(32), "stranger", port=port, heartbeat=SHARED_HOST) as stranger:
+            wait_for(lambda: stranger.refused >= 2 * REFUSALS_BEFORE_GIVING_UP, timeout_s=LOADED_S,
+                     what="the daemons refused by the stranger")
+            assert [d.poll() for d in daemons] == [None, None] and stranger.present() == []
         with HomeService(SECRET, "test-home", port=port, timeout_s=180, heartbeat=SHARED_HOST) as second:
             wait_for(lambda: len(second.present()) == 2, timeout_s=LOADED_S)
             trained = train_at_home(second.address, SECRET, MODEL, start_weights, x, y, CONFIG)

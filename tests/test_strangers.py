@@ -193,6 +193,21 @@ def test_strangers_from_many_addresses_fill_the_porch_and_a_member_walks_past_th
         assert admitted == [5]
 
 
+def test_handshakes_held_one_to_an_address_in_every_place_never_shut_a_member_out():
+    """Knocks copied to a door from as many addresses as it has places (each one fresh there), each handshake
+    then left silent: a member from another address takes the place of one of them."""
+    with door(DoorLimits(deadline_s=60, in_flight=4, per_source=2)) as (d, admitted):
+        with ExitStack() as holders:
+            for i in range(4):
+                sock = holders.enter_context(connect_from(d.address, stranger(i)))
+                sock.sendall(knock_frame(SECRET, CONTROL))
+                assert set(answer_of(sock)) == {"type", "nonce"}  # a challenge: the place is taken
+            wait_for(lambda: len(d._in_flight) == 4, what="every place taken")
+            assert legit_join(d.address, CONTROL, 5) < ADMITTED_AT_ONCE_S
+            wait_for(lambda: admitted != [])
+        assert admitted == [5]
+
+
 def test_a_replayed_knock_is_refused_and_a_knock_opens_only_its_purposes_door():
     knock = knock_frame(SECRET, CONTROL)
     with door() as (d, admitted):

@@ -8,8 +8,13 @@ service asks for to a warm pipeline worker (:class:`WarmWorkers`: ``python
 -m ecofl.pipeline.runtime.worker --sessions``, started ahead of time with the
 secret in its environment, killed with the daemon) that joins the round's
 pipeline. When the service goes away the daemon reconnects with exponential
-backoff; a wrong secret ends it (exit 2); SIGTERM or Ctrl-C stops it cleanly,
-its workers first.
+backoff; SIGTERM or Ctrl-C stops it cleanly, its workers first.
+
+A refusal ends a daemon (exit 2) only before it has ever joined, at the
+:data:`REFUSALS_BEFORE_GIVING_UP`-th: a wrong secret. A refusal is
+sent before the channel is sealed, so anyone who can put bytes on the LAN
+can forge one; once the daemon has joined, it is retried with the same
+backoff, and the forger can keep the device out only while it keeps forging.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from ecofl.net.schema import encode
 from ecofl.net.wire import recv_message, send_message
 
 log = logging.getLogger(__name__)
+
+#: Refusals after which a daemon that has never joined its home gives up (its secret is wrong).
+REFUSALS_BEFORE_GIVING_UP = 3
 
 
 class NameInUse(Exception):
@@ -52,15 +60,22 @@ class DeviceDaemon:
         self._send_lock = threading.Lock()
 
     def run(self) -> int:
-        """Serve until stopped (0) or refused by the service (2)."""
-        backoff = 0.5
+        """Serve until stopped (0), or refused by the service before ever joining it (2)."""
+        backoff, refusals = 0.5, 0
         while not self.stop.is_set():
             try:
                 self._serve_once()
                 backoff = 0.5  # served for a while: the next loss starts the backoff again
             except AuthenticationFailed as error:
-                log.error("the home service refused this device: %s", error)
-                return 2
+                refusals += 1
+                if self.joins == 0 and refusals >= REFUSALS_BEFORE_GIVING_UP:
+                    log.error("the home service refused this device: %s", error)
+                    return 2
+                log.warning("the home service at %s:%d refused this device (%s)%s; trying again in %.1f s",
+                            *self.home, error, "; its secret changed, or a stranger answered in its place"
+                            if self.joins else "", backoff)
+                self.stop.wait(backoff)
+                backoff = min(self.max_backoff_s, backoff * 2)
             except NameInUse as error:
                 log.warning("%s; trying again in %.1f s (names are identities in a home: give this device "
                             "another --name if it is another device)", error, backoff)

@@ -219,9 +219,8 @@ class Door:
     def _let_in(self, sock: socket.socket, source: str, purpose: str) -> None:
         """Start a knocked peer's handshake on a thread of its own, or close it at once beyond the bounds.
 
-        When every place is taken, a peer from an address with fewer
-        handshakes in flight than the busiest address takes the place of
-        that address's oldest handshake.
+        When every place is taken, a peer from an address with fewer handshakes in flight than the busiest
+        takes the place of its oldest: places held one to an address (replayed knocks) never shut a member out.
         """
         if not self.serves(purpose):
             sock.close()
@@ -232,7 +231,7 @@ class Door:
             evicted = None
             if mine < self.limits.per_source and len(self._in_flight) >= self.limits.in_flight:
                 busiest = max(self._per_source, key=self._per_source.__getitem__)
-                if self._per_source[busiest] > mine + 1:
+                if self._per_source[busiest] > mine:
                     evicted = next(s for s, where in self._in_flight.items() if where == busiest)
                     self._release(evicted)
             crowded = mine >= self.limits.per_source or len(self._in_flight) >= self.limits.in_flight

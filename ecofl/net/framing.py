@@ -10,11 +10,28 @@ a link's tensors (:mod:`.links`) are all read through it.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar, overload
 
 from ecofl.net.errors import ChannelClosed
 
 Buffer = TypeVar("Buffer")
+
+#: The most bytes one array or tensor a peer announces may have: more is a malformed message, refused before
+#: anything is allocated (a home's largest tensor, a layer's weights or a batch's activations, is far smaller).
+MAX_ARRAY_BYTES = 4 << 30
+
+
+def announced_bytes(shape: Sequence[int], itemsize: int) -> int:
+    """The bytes of an array of ``shape`` whose elements take ``itemsize`` bytes, as a peer announced it
+    (Python integers: no overflow); ValueError for a negative dimension or more than :data:`MAX_ARRAY_BYTES`."""
+    if any(d < 0 for d in shape):
+        raise ValueError(f"an array of shape {tuple(shape)} announced")
+    nbytes = math.prod(shape) * itemsize
+    if nbytes > MAX_ARRAY_BYTES:
+        raise ValueError(f"an array of {nbytes} bytes announced, more than the {MAX_ARRAY_BYTES} a message carries")
+    return nbytes
 
 
 class Receiver(Protocol):

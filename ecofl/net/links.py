@@ -38,12 +38,11 @@ import threading
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from ecofl.accelerator import host_array, host_copy
 from ecofl.net.errors import ChannelClosed
-from ecofl.net.framing import recv_exactly
+from ecofl.net.framing import announced_bytes, recv_exactly
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import SealedSocket
 
@@ -246,18 +245,18 @@ class PeerLink:
             while True:
                 header = recv_exactly(self.channel, HEADER.size)
                 tag, code, ndim, *dims = HEADER.unpack(header)
-                if code >= len(DTYPES) or ndim > MAX_DIMS or any(d < 0 for d in dims):
+                if code >= len(DTYPES) or ndim > MAX_DIMS:
                     raise ChannelClosed(f"rank {self.peer} sent a malformed tensor header")
                 dtype, shape = DTYPES[code], tuple(dims[:ndim])
-                count = int(np.prod(shape, dtype=np.int64))
-                raw = torch.empty(count * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8)
+                nbytes = announced_bytes(shape, torch.empty((), dtype=dtype).element_size())
+                raw = torch.empty(nbytes, dtype=torch.uint8)
                 if raw.numel():
                     recv_exactly(self.channel, raw.numel(), host_array(raw))
                 tensor = raw.view(dtype).reshape(shape)
                 with self._arrived:
                     self._inbox[tag].append(tensor)
                     self._arrived.notify_all()
-        except (OSError, ChannelClosed, ValueError) as error:
+        except (OSError, ChannelClosed, ValueError, RuntimeError) as error:  # RuntimeError: no memory for it
             self._fail(f"receiving from rank {self.peer}: {error}")
 
     def take(self, tag: int, timeout_s: float, abort: AbortCheck = never_aborted) -> torch.Tensor:

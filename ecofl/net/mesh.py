@@ -31,7 +31,7 @@ import time
 import torch
 
 from ecofl.net.auth import Admitted
-from ecofl.net.dial import Unreachable, dial
+from ecofl.net.dial import RETRY_PAUSE_S, Unreachable, dial
 from ecofl.net.door import Door
 from ecofl.net.errors import ChannelClosed
 from ecofl.net.links import POLL_S, AbortCheck, PeerLink, PeerLost, Ticket, never_aborted
@@ -190,12 +190,21 @@ class EpochMesh:
 
 def _connect(address: tuple[str, int], secret: bytes, rank: int, purpose: str, deadline: float,
              abort: AbortCheck = never_aborted) -> SealedSocket:
-    """Connect to a peer's data listener and prove the secret as ``rank`` for ``purpose``; retry until ``deadline``."""
-    try:
-        channel = dial(address, secret, rank, purpose, retry_for_s=max(0.0, deadline - time.monotonic()), abort=abort)
-    except Unreachable as error:
-        raise PeerLost(f"the data port is down: {error}") from None
-    except (ChannelClosed, OSError) as error:
-        raise PeerLost(f"the data link to {address[0]}:{address[1]} broke during its handshake: {error}") from None
+    """Connect to a peer's data listener and prove the secret as ``rank`` for ``purpose``; retry until ``deadline``,
+    also after a handshake the peer's door broke off (it turns a knock away while strangers' handshakes fill its
+    places, :class:`~ecofl.net.door.Door`)."""
+    while True:
+        try:
+            channel = dial(address, secret, rank, purpose, retry_for_s=max(0.0, deadline - time.monotonic()),
+                           abort=abort)
+            break
+        except Unreachable as error:
+            raise PeerLost(f"the data port is down: {error}") from None
+        except (ChannelClosed, OSError) as error:
+            if time.monotonic() + RETRY_PAUSE_S >= deadline:
+                raise PeerLost(f"the data link to {address[0]}:{address[1]} broke during its handshake: {error}"
+                               ) from None
+        time.sleep(RETRY_PAUSE_S)
+        abort()
     channel.settimeout(None)
     return channel

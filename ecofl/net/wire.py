@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ecofl.net.framing import recv_exactly
+from ecofl.net.framing import announced_bytes, recv_exactly
 from ecofl.net.sealed import SealedSocket
 
 HEADER_LIMIT = 64 << 20
@@ -55,11 +55,12 @@ def recv_message(sock: Channel) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     listing = header.pop("arrays", [])
     arrays: dict[str, np.ndarray] = {}
     for entry in listing:
-        dtype = np.dtype(entry["dtype"])
+        try:
+            dtype, shape = np.dtype(entry["dtype"]), tuple(int(d) for d in entry["shape"])
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"a malformed array listing: {error!r}") from None
         if dtype.hasobject:
             raise ValueError("object arrays are refused")
-        shape = tuple(int(d) for d in entry["shape"])
-        count = int(np.prod(shape, dtype=np.int64))
-        data = recv_exactly(sock, count * dtype.itemsize)
+        data = recv_exactly(sock, announced_bytes(shape, dtype.itemsize))
         arrays[entry["name"]] = np.frombuffer(data, dtype=dtype).reshape(shape)
     return header, arrays
