@@ -22,6 +22,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from ecofl.net.auth import Admitted
 from ecofl.net.dial import dial
@@ -56,10 +57,17 @@ HEARTBEAT = "heartbeat"  # the purpose a heartbeat channel's handshake proves
 
 
 class HeartbeatMonitor:
-    """The portal's end: accepts the devices' heartbeat channels and watches them (a context manager)."""
+    """The portal's end: accepts the devices' heartbeat channels and watches them (a context manager).
 
-    def __init__(self, secret: bytes, devices: list[int], settings: LivenessSettings, host: str = "127.0.0.1"):
-        self.secret, self.settings = secret, settings
+    ``on_failure(device)`` is called (on the monitor's thread, once a failure) the moment a device is declared
+    failed: a wait on that device elsewhere (a reply it was half-way through sending when it froze) can end
+    then, not at its own deadline.
+    """
+
+    def __init__(self, secret: bytes, devices: list[int], settings: LivenessSettings, host: str = "127.0.0.1",
+                 on_failure: Callable[[int], None] = lambda device: None):
+        self.secret, self.settings, self.on_failure = secret, settings, on_failure
+        self._announced: dict[int, Failure] = {}
         self.expected = set(devices)
         self.liveness = Liveness([], settings, time.monotonic())  # a device is watched once its channel is up
         self._selector = selectors.DefaultSelector()
@@ -134,6 +142,10 @@ class HeartbeatMonitor:
                         except OSError:
                             self.liveness.closed(device, now)
                 self.liveness.check(now)
+                new = {d: f for d, f in self.liveness.failures.items() if self._announced.get(d) is not f}
+                self._announced.update(new)
+            for device in new:
+                self.on_failure(device)
 
     def _welcome(self, admitted: Admitted) -> None:
         """A device's channel is up (on the door's handshake thread): watch it from now on."""

@@ -27,6 +27,7 @@ it is about to be found); a worker whose trap fires says ``Trapped`` first
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Callable, Sequence, TypeVar
 
@@ -110,7 +111,8 @@ class ControlPlane:
         """Listen for devices; with heartbeats, watch ``watched``."""
         self.arrivals = Arrivals(self.host, self.port, self.secret)
         if self.heartbeat is not None:
-            self.monitor = HeartbeatMonitor(self.secret, list(watched), self.heartbeat, self.host)
+            self.monitor = HeartbeatMonitor(self.secret, list(watched), self.heartbeat, self.host,
+                                            on_failure=lambda device: hang_up(self.connections.get(device)))
             self.monitor.__enter__()
 
     def start_worker(self, device: int) -> None:
@@ -311,3 +313,13 @@ class ControlPlane:
         if self.recoverable and report is None:
             return DevicesLost({device: "its control channel closed or its process ended"})
         return root_cause(device, report, during, self.connections, self.devices, self.name)
+
+
+def hang_up(channel: SealedSocket | None) -> None:
+    """Shut the control channel of a device the heartbeats declared failed (on the monitor's thread): a read of a
+    reply it froze half-way through sending ends now, and the wait finds the device lost, not at its deadline."""
+    if channel is not None:
+        try:
+            channel.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # closed meanwhile
