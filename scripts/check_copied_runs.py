@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from client.federation import Federation  # noqa: E402
 from ecofl.fl.aggregation import fedat_tier_weights  # noqa: E402
 from ecofl.fl.baseline_groupings import astraea_mediators, kl_to_uniform  # noqa: E402
+from simulations.plot import read_metrics  # noqa: E402
 from simulations.run import experiment  # noqa: E402
 
 
@@ -84,7 +85,7 @@ def astraea_unchanged(run: Path) -> bool:
 def main(runs: list[str]) -> int:
     changed = 0
     for run in map(Path, runs):
-        rows = [row for row in json.loads((run / "metrics.json").read_text()) if row.get("group") is not None]
+        rows = [row for row in read_metrics(run) if row.get("group") is not None]
         strategy = OmegaConf.load(run / ".hydra" / "config.yaml").strategy.name
         summary = json.loads((run / "summary.json").read_text())  # also counts rounds without a valid reply (no row)
         dropped = max(sum(row["stragglers"] + row["failed"] for row in rows),

@@ -38,6 +38,8 @@ run() {  # archive run-name overrides...
         && ! grep -q "TTL has expired" "$scratch/$name/run.log" 2>/dev/null; then
       mkdir -p "$dest"
       cp -r "$scratch/$name/.hydra" "$scratch/$name/metrics.json" "$scratch/$name/summary.json" "$dest/"
+      # a long run's rows are gzipped (simulations.plot.read_metrics reads either): no file in git over 2 MiB
+      [ "$(stat -c %s "$dest/metrics.json")" -le $((1 << 20)) ] || gzip -9n "$dest/metrics.json"
       echo "$(date +%T) archived $dest"
       return 0
     fi

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulations.plot import Run, _accuracy_axes, _save, plt
+from simulations.plot import Run, _accuracy_axes, _save, plt, run_dirs
 
 REFERENCE = "ecofl"
 LABELS = {"ecofl": "Eco-FL", "ecofl_wo_dg": "Eco-FL w/o DG", "fedavg": "FedAvg", "fedasync": "FedAsync",
@@ -53,10 +53,10 @@ def load_sweep(*sweeps: Path) -> list[Run]:
     without any."""
     found: dict[Path, Run] = {}
     for sweep in sweeps:
-        paths = sorted(sweep.glob("*/metrics.json"))
+        paths = run_dirs(sweep)
         if not paths:
             raise SystemExit(f"no runs (*/metrics.json) under {sweep}")
-        found.update({p.parent.resolve(): Run.load(p.parent) for p in paths if p.parent.resolve() not in found})
+        found.update({p.resolve(): Run.load(p) for p in paths if p.resolve() not in found})
     return list(found.values())
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,25 @@ TIME = "virtual_time"
 ACCURACY = "accuracy"
 
 
+#: Where a run's metric rows are: ``metrics.json`` as the run wrote it, or gzipped where an archived run is large
+#: (``scripts/rerun_figures.sh``: a FedAsync run of 1,200 virtual s has 4,000 rows, 2.6 MiB of JSON).
+METRICS_FILES = ("metrics.json", "metrics.json.gz")
+
+
+def run_dirs(sweep: Path) -> list[Path]:
+    """The run directories under ``sweep``: those holding metric rows."""
+    return sorted({path.parent for name in METRICS_FILES for path in sweep.glob(f"*/{name}")})
+
+
+def read_metrics(run: Path) -> list[dict]:
+    """A run directory's metric rows, from either of :data:`METRICS_FILES`."""
+    plain = run / METRICS_FILES[0]
+    if plain.is_file():
+        return json.loads(plain.read_text())
+    with gzip.open(run / METRICS_FILES[1], "rt") as rows:
+        return json.load(rows)
+
+
 @dataclass(frozen=True)
 class Run:
     """One finished run: its metric rows, summary and (if Hydra wrote it) its config."""
@@ -50,7 +70,7 @@ class Run:
         config = OmegaConf.to_container(OmegaConf.load(config_file), resolve=False) if config_file.is_file() else {}
         return cls(
             path=path,
-            rows=json.loads((path / "metrics.json").read_text()),
+            rows=read_metrics(path),
             summary=json.loads((path / "summary.json").read_text()),
             config=config,
         )
@@ -141,7 +161,7 @@ def plot_run(run_dir: Path) -> Path:
 
 def plot_sweep(sweep_dir: Path) -> list[Path]:
     """Overlay the runs under ``sweep_dir``; returns the files written."""
-    runs = [Run.load(p.parent) for p in sorted(sweep_dir.glob("*/metrics.json"))]
+    runs = [Run.load(path) for path in run_dirs(sweep_dir)]
     if not runs:
         raise FileNotFoundError(f"no runs (*/metrics.json) under {sweep_dir}")
     written = [_write_table(runs, sweep_dir / "sweep.csv")]
@@ -310,7 +330,7 @@ class SweepPlot(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        if any(sweep_dir.glob("*/metrics.json")):
+        if run_dirs(sweep_dir):
             for path in plot_sweep(sweep_dir):
                 print(f"wrote {path}")
 
@@ -319,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path, help="a run directory or a sweep directory")
     args = parser.parse_args(argv)
-    if (args.directory / "metrics.json").is_file():
+    if any((args.directory / name).is_file() for name in METRICS_FILES):
         print(f"wrote {plot_run(args.directory)}")
     else:
         for path in plot_sweep(args.directory):

@@ -1,6 +1,7 @@
 """Strategies compared over seeds: time to accuracy and mean curves (simulations/compare.py), on hand-made runs."""
 
 import csv
+import gzip
 import json
 import warnings
 
@@ -78,6 +79,20 @@ def test_the_command_compares_several_sweeps_as_one(sweep, tmp_path, capsys):
     assert "| FedAT | 60% | 1 of 2 | 15.0 | 15.0;- | 1.50 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no runs"):
         main([str(sweep), str(tmp_path / "missing"), "--out", str(tmp_path / "fig")])
+
+
+def test_a_run_archived_with_its_rows_gzipped_reads_and_compares_as_written(sweep, tmp_path, capsys):
+    """scripts/rerun_figures.sh gzips a long run's metrics.json (no file in git over 2 MiB)."""
+    main([str(sweep), "--targets", "0.6", "--out", str(tmp_path / "plain")])
+    plain = capsys.readouterr().out
+    run = next(sweep.glob("*strategy=fedat"))
+    rows = Run.load(run).rows
+    with gzip.open(run / "metrics.json.gz", "wt") as packed:
+        json.dump(rows, packed)
+    (run / "metrics.json").unlink()
+    assert Run.load(run).rows == rows
+    main([str(sweep), "--targets", "0.6", "--out", str(tmp_path / "gzipped")])
+    assert capsys.readouterr().out == plain.replace("plain", "gzipped")
 
 
 def test_a_sweep_over_partitions_names_each_row_by_strategy_and_partition(tmp_path, capsys):
