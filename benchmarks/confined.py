@@ -3,7 +3,7 @@
 Every device is a worker process in a cgroup of its own, its CPU quota its
 speed in host cores and its memory limit its budget (``--emulate cgroup``,
 docs/pipeline.md, "Confined devices"); nothing sleeps to the cost model.
-For each model (MobileNetV2 and EfficientNet-B0, block granularity, 3x32x32
+For each model (MobileNetV2 and EfficientNet-B0, block granularity unless ``--granularity fine``, 3x32x32
 inputs, 10 classes, synthetic data) and pool:
 
 1. the host profile is measured now, into a fresh cache (with the runtime's
@@ -39,6 +39,11 @@ mini-batch (more micro-batches, a higher bound on efficiency) goes to a section 
 
     .venv/bin/python benchmarks/confined.py --batch 256 --models mobilenet_v2 --pools ecofl-3stage:ecofl:1 \
         --json benchmarks/results/confined_batch256.json --section confined-batch256
+
+and the models split at every leaf module (a planner's finer choice of cuts) to one of its own too:
+
+    .venv/bin/python benchmarks/confined.py --granularity fine --models efficientnet_b0 \
+        --json benchmarks/results/confined_fine.json --section confined-fine
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from benchmarks.markdown_section import cell, replace_section  # noqa: E402
 from ecofl.cgroups import find_hierarchy  # noqa: E402
 from ecofl.devices import HomePool, host_cores  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
+from ecofl.names import GRANULARITIES  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import ZooModel  # noqa: E402
@@ -73,7 +79,7 @@ from ecofl.pipeline.runtime.prediction import plan_as_run  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
 MODELS = ("mobilenet_v2", "efficientnet_b0")
-SHAPE, CLASSES, GRANULARITY = (3, 32, 32), 10, "block"
+SHAPE, CLASSES = (3, 32, 32), 10
 CASES = (("ecofl-3stage", "ecofl", 1.0), ("asteroid-b", "hpp", 0.9), ("mixed-rpi", "ecofl", 1.0))
 MIB = 2**20
 
@@ -88,8 +94,8 @@ def scaled(pool: HomePool, factor: float) -> HomePool:
 
 def measure(model: str, pool_name: str, planner: str, factor: float, args: argparse.Namespace,
             cache_dir: str) -> dict:
-    spec = ZooModel(model, SHAPE, CLASSES, GRANULARITY)
-    profile = profile_zoo_model(model, SHAPE, CLASSES, GRANULARITY, cache_dir)
+    spec = ZooModel(model, SHAPE, CLASSES, args.granularity)
+    profile = profile_zoo_model(model, SHAPE, CLASSES, args.granularity, cache_dir)
     presets = scaled(load_pool(pool_name), factor)
     preset_plan = make_plan(planner, profile, presets, args.batch)
     print(f"{model} on {presets.name}: each device times the model in its cgroup ...", file=sys.stderr, flush=True)
@@ -107,7 +113,7 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     sleep = run_plan(spec, presets, preset_plan, profile, emulate="sleep", rounds=args.rounds,
                      timeout_s=args.timeout, cache_dir=cache_dir)
     return {
-        "model": model, "pool": presets.name, "planner": planner, "scale": factor,
+        "model": model, "granularity": args.granularity, "pool": presets.name, "planner": planner, "scale": factor,
         "measured_speeds": {str(d): m for d, m in confined.measured.items()},
         "whole_model_speeds": {str(d): m for d, m in whole.measured.items()},
         "devices_alone_throughput": alone, "efficiency": run["throughput"] / alone,
@@ -129,6 +135,12 @@ def predicted_of_bound(run: dict, alone: float) -> float:
     how near the bound the plan itself is (its stages' imbalance at layer granularity, hand-offs, the
     runtime's work per operation), before anything is measured."""
     return run["predicted_throughput"] / alone / schedule_bound(run)
+
+
+def model_cell(row: dict) -> str:
+    """The row's model, with its layer granularity where it is not the default's (blocks)."""
+    granularity = row.get("granularity", "block")
+    return row["model"] if granularity == "block" else f"{row['model']} ({granularity} layers)"
 
 
 def breakdown_cells(breakdown: dict | None) -> str:
@@ -166,7 +178,7 @@ def markdown(results: dict) -> str:
     for row in results["rows"]:
         c, s = row["confined"], row["sleep"]
         lines.append(
-            f"| {row['model']} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} | {c['sync_round_s']:.3f} "
+            f"| {model_cell(row)} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} | {c['sync_round_s']:.3f} "
             f"| {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% | {row['efficiency']:.2f} "
             f"| {schedule_bound(c):.2f} | {row['efficiency'] / schedule_bound(c):.2f} "
             f"({predicted_of_bound(c, row['devices_alone_throughput']):.2f}) "
@@ -190,7 +202,7 @@ def markdown(results: dict) -> str:
                 box, speed = c["confined"].get(str(d), {}), row["measured_speeds"][str(d)]["measured_speed"]
                 whole = row.get("whole_model_speeds", {}).get(str(d), {}).get("measured_speed")
                 peak = box.get("cgroup_peak_bytes")
-                lines.append(f"| {row['model']} | {row['pool']} | {d}: {name} | {box.get('cpu_quota', 0):.3f} "
+                lines.append(f"| {model_cell(row)} | {row['pool']} | {d}: {name} | {box.get('cpu_quota', 0):.3f} "
                              f"| {'-' if whole is None else f'{whole:.3f}'} | {speed:.3f} "
                              f"| {box.get('memory_limit_bytes', 0) / MIB:.0f} "
                              f"| {'-' if peak is None else f'{peak / MIB:.0f}'} | {st['peak_rss_bytes'] / MIB:.0f} "
@@ -212,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--pools", default=",".join(f"{p}:{planner}:{f:g}" for p, planner, f in CASES),
                         help="pool:planner:speed-scale triples, comma-separated")
+    parser.add_argument("--granularity", default="block", choices=GRANULARITIES,
+                        help="the models' layers: blocks (children) or fine (every leaf module)")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "confined.json"))
     parser.add_argument("--doc", default=str(ROOT / "docs" / "pipeline.md"))
