@@ -3,8 +3,9 @@
 Every device is a worker process in a cgroup of its own, its CPU quota its
 speed in host cores and its memory limit its budget (``--emulate cgroup``,
 docs/pipeline.md, "Confined devices"); nothing sleeps to the cost model.
-For each model (MobileNetV2 and EfficientNet-B0, block granularity unless ``--granularity fine``, 3x32x32
-inputs, 10 classes, synthetic data) and pool:
+For each model (MobileNetV2 and EfficientNet-B0 cut into blocks, or with
+``--granularity fine`` into every leaf module; 3x32x32 inputs, 10 classes,
+synthetic data) and pool:
 
 1. the host profile is measured now, into a fresh cache (with the runtime's
    overhead per operation, :mod:`ecofl.pipeline.runtime.host_overhead`);
@@ -132,8 +133,8 @@ def schedule_bound(run: dict) -> float:
 
 def predicted_of_bound(run: dict, alone: float) -> float:
     """The cost model's throughput of the plan over the devices' own, as a fraction of :func:`schedule_bound`:
-    how near the bound the plan itself is (its stages' imbalance at layer granularity, hand-offs, the
-    runtime's work per operation), before anything is measured."""
+    how near the bound the plan itself is on the speeds its devices measured (its stages' imbalance at the
+    layers it may cut between, hand-offs, the runtime's work per operation), before it runs."""
     return run["predicted_throughput"] / alone / schedule_bound(run)
 
 
@@ -178,8 +179,8 @@ def markdown(results: dict) -> str:
     for row in results["rows"]:
         c, s = row["confined"], row["sleep"]
         lines.append(
-            f"| {model_cell(row)} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} | {c['sync_round_s']:.3f} "
-            f"| {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% | {row['efficiency']:.2f} "
+            f"| {model_cell(row)} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} "
+            f"| {c['sync_round_s']:.3f} | {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% | {row['efficiency']:.2f} "
             f"| {schedule_bound(c):.2f} | {row['efficiency'] / schedule_bound(c):.2f} "
             f"({predicted_of_bound(c, row['devices_alone_throughput']):.2f}) "
             f"| {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")
