@@ -180,7 +180,8 @@ def markdown(results: dict) -> str:
         c, s = row["confined"], row["sleep"]
         lines.append(
             f"| {model_cell(row)} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} "
-            f"| {c['sync_round_s']:.3f} | {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% | {row['efficiency']:.2f} "
+            f"| {c['sync_round_s']:.3f} | {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% "
+            f"| {row['efficiency']:.2f} "
             f"| {schedule_bound(c):.2f} | {row['efficiency'] / schedule_bound(c):.2f} "
             f"({predicted_of_bound(c, row['devices_alone_throughput']):.2f}) "
             f"| {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")
