@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -110,4 +111,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    # As a worker ends (.worker): not through the interpreter's shutdown, which can stop a links' daemon thread
+    # inside torch's C++ code and abort the process ("terminate called without an active exception").
+    os._exit(code)
