@@ -113,6 +113,6 @@ def main() -> int:
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
-    # As a worker ends (.worker): not through the interpreter's shutdown, which can stop a links' daemon thread
+    # As a worker ends (.worker): not through the interpreter's shutdown, which can stop a link's daemon thread
     # inside torch's C++ code and abort the process ("terminate called without an active exception").
     os._exit(code)
