@@ -100,10 +100,9 @@ def test_a_failure_announced_ends_the_read_of_a_reply_the_device_froze_half_way_
         reader = threading.Thread(target=lambda: replies.append(next_reply(portal, time.monotonic() + 60, "d1")))
         reader.start()
         holds_for(lambda: reader.is_alive(), 0.5, what="the read waiting for the rest")
-        started = time.monotonic()
         hang_up(portal)
-        reader.join(timeout=10)
-        assert not reader.is_alive() and replies == [None] and time.monotonic() - started < 5
+        reader.join(timeout=30)  # generous on a loaded machine, and half the read's own deadline
+        assert not reader.is_alive() and replies == [None]
     finally:
         joined[0].close()
         portal.close()
