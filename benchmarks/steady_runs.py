@@ -71,17 +71,14 @@ def host_reference_s(repeats: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | None = None,
-          env: dict[str, str] | None = None) -> dict:
-    """One run (with ``env`` added to its environment): its sync-round measured and predicted, its fault events,
-    the load before it and its wall time."""
+def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | None = None) -> dict:
+    """One run: its sync-round measured and predicted, its fault events, the load before it and its wall time."""
     load, reference = os.getloadavg()[0], host_reference_s()
     start = time.monotonic()
     command = [sys.executable, "-m", "ecofl", *COMMAND, "--rounds", str(rounds), "--calibration", str(calibration)]
     command += ["--fault-tolerance"] if fault_tolerance else []
     command += ["--inject", inject] if inject else []
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, **(env or {})})
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-3000:]}")
     report = json.loads(done.stdout)
@@ -97,8 +94,6 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
             "cpu_s_per_round": [s["cpu_s_per_round"] for s in report["stages"]],
             "cpu_s_per_round_by_job": [s["cpu_s_per_round_by_job"] for s in report["stages"]],
             "busy_fraction": [s["busy_fraction"] for s in report["stages"]],
-            "op_s": [s["forward_s"] + s["backward_s"] for s in report["stages"]],  # a micro-batch's, wall
-            "micro_batches": report["num_micro_batches"],
             "predicted_busy_fraction": [s["predicted_busy_fraction"] for s in report["stages"]],
             "devices": report["devices"],  # the speeds planned on (the calibration's) and how CFS held each
             "host_reference_s": round(reference, 4), "load_before": round(load, 2),

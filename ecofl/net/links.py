@@ -19,11 +19,7 @@ carries the foreground post, then the rest): an activation does not wait
 behind a replica, as behind another flow's packets on a shared network,
 where it waited behind a whole piece (50 ms of the link) before. A link the
 kernel paces (no bucket) sends a background piece whole. Posts of one kind
-leave in the order they were posted. With ``idle_background`` (a confined
-device, :mod:`ecofl.thread_priority`) both threads handle a background piece
-at idle priority, so its CPU comes from what the stage leaves while it waits:
-the sender is raised the moment an activation is posted, and the reader after
-each replica piece.
+leave in the order they were posted.
 
 A tensor travels as a fixed header (tag, dtype, shape) and its raw bytes on
 the link's :class:`~ecofl.net.sealed.SealedSocket`; nothing is unpickled.
@@ -49,7 +45,6 @@ from ecofl.net.errors import ChannelClosed
 from ecofl.net.framing import announced_bytes, recv_exactly
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import SealedSocket
-from ecofl.thread_priority import SwitchedPriority
 
 #: Raises (e.g. :class:`RoundAborted`) when the portal asked to stop waiting; called while waiting.
 AbortCheck = Callable[[], None]
@@ -77,7 +72,7 @@ HEADER = struct.Struct(f"<qBB{MAX_DIMS}q")
 #: Tensors up to this size travel in one record with their header.
 SMALL_BYTES = 64 << 10
 #: Tags above every micro-batch index: a replica of a stage, a migrated layer, an all-reduce's chunks.
-REPLICA_TAG = 1 << 20  # background: what a reader receives under it is at idle priority (``idle_background``)
+REPLICA_TAG = 1 << 20
 MIGRATION_TAG = 1 << 21
 ALLREDUCE_TAG = 1 << 22
 CREDIT_TAG = 1 << 23  # a stream's back-pressure: the receiver has room for one more micro-batch
@@ -126,13 +121,10 @@ class Ticket:
 
 
 class PeerLink:
-    """The sealed connection to peer ``peer`` (a rank of the current epoch) and its two threads (each at idle
-    priority for background pieces where ``idle_background``)."""
+    """The sealed connection to peer ``peer`` (a rank of the current epoch) and its two threads."""
 
-    def __init__(self, channel: SealedSocket, peer: int, idle_background: bool = False):
+    def __init__(self, channel: SealedSocket, peer: int):
         self.channel, self.peer = channel, peer
-        self._sending_priority = SwitchedPriority(idle_background)
-        self._reading_priority = SwitchedPriority(idle_background)
         #: (priority, post number, post or None to stop); the post number keeps posts of one priority in order.
         self._outbox: queue.PriorityQueue[tuple[int, int, Post | None]] = queue.PriorityQueue()
         self._posted = itertools.count()
@@ -166,7 +158,6 @@ class PeerLink:
             self._outbox.put((BACKGROUND if background else FOREGROUND, next(self._posted), item))
             if not background:
                 self._foreground.set()  # wakes a background piece being paced
-                self._sending_priority.urgent()  # and raises one being sealed at idle priority
             if self._closed:  # closed since the check above: the sender may be gone, fail what it left
                 self._fail_queued()
         return ticket
@@ -195,10 +186,6 @@ class PeerLink:
     def _send(self, entry: tuple[int, int, Post]) -> None:
         priority, _, (tensor, tag, bucket, ticket) = entry
         ticket.start = time.time()
-        if priority == BACKGROUND:
-            self._sending_priority.background()
-        else:
-            self._sending_priority.foreground()
         try:
             if self.error is not None:
                 raise self.error
@@ -237,7 +224,6 @@ class PeerLink:
             self._foreground.clear()
             while (entry := self._next_foreground()) is not None:
                 self._send(entry)
-            self._sending_priority.background()
             if self.error is not None:
                 raise self.error
 
@@ -264,11 +250,8 @@ class PeerLink:
                 dtype, shape = DTYPES[code], tuple(dims[:ndim])
                 nbytes = announced_bytes(shape, torch.empty((), dtype=dtype).element_size())
                 raw = torch.empty(nbytes, dtype=torch.uint8)
-                if tag == REPLICA_TAG:
-                    self._reading_priority.background()
                 if raw.numel():
                     recv_exactly(self.channel, raw.numel(), host_array(raw))
-                self._reading_priority.foreground()
                 tensor = raw.view(dtype).reshape(shape)
                 with self._arrived:
                     self._inbox[tag].append(tensor)

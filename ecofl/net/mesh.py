@@ -122,10 +122,8 @@ class EpochMesh:
     """The tensor links of one pipeline epoch: this worker (``rank``) to every other rank of ``addresses``."""
 
     def __init__(self, listener: DataListener, secret: bytes, epoch: int, rank: int,
-                 addresses: list[tuple[str, int]], timeout_s: float, abort: AbortCheck = never_aborted,
-                 idle_background: bool = False):
-        """Link to every rank (``abort`` is checked while a peer is awaited: a peer that died never comes;
-        ``idle_background``: the links handle background pieces at idle priority, :class:`PeerLink`)."""
+                 addresses: list[tuple[str, int]], timeout_s: float, abort: AbortCheck = never_aborted):
+        """Link to every rank (``abort`` is checked while a peer is awaited: a peer that died never comes)."""
         self.epoch, self.rank, self.timeout_s = epoch, rank, timeout_s
         self.links: dict[int, PeerLink] = {}
         listener.forget_before(epoch)
@@ -133,10 +131,9 @@ class EpochMesh:
         try:
             for peer in range(rank):  # I open the links to lower ranks ...
                 channel = _connect(tuple(addresses[peer]), secret, rank, data_purpose(epoch, peer), deadline, abort)
-                self.links[peer] = PeerLink(channel, peer, idle_background)
+                self.links[peer] = PeerLink(channel, peer)
             for peer in range(rank + 1, len(addresses)):  # ... and higher ranks open theirs to me
-                self.links[peer] = PeerLink(listener.claim(epoch, peer, rank, deadline, abort), peer,
-                                           idle_background)
+                self.links[peer] = PeerLink(listener.claim(epoch, peer, rank, deadline, abort), peer)
         except BaseException:
             self.close()
             raise

@@ -41,7 +41,6 @@ from ecofl.cgroups import DeviceCgroup, DeviceLimits, Hierarchy, find_hierarchy,
 from ecofl.devices import HomePool, host_cores
 from ecofl.errors import UserError
 from ecofl.interrupt import interrupts_deferred
-from ecofl.thread_priority import BACKGROUND_ENV
 
 PORTAL_RESERVE_CORES = 0.5
 STARTUP_CORES = 1.0
@@ -86,10 +85,7 @@ class Confinement:
             self.groups[device] = self.hierarchy.create(f"device{device}", startup)
         self.awake.start()
         threads = str(max(1, math.floor(limits.cores)))
-        # its background work (replicas, the global copy) at idle priority: while the stage waits, in its own
-        # cgroup (ecofl.thread_priority); unless this process's environment says otherwise (a comparison)
-        background = os.environ.get(BACKGROUND_ENV, "idle")
-        return self.groups[device], {"OMP_NUM_THREADS": threads, THREADS_ENV: threads, BACKGROUND_ENV: background}
+        return self.groups[device], {"OMP_NUM_THREADS": threads, THREADS_ENV: threads}
 
     def throttle(self, device: int) -> None:
         """``device``'s worker is ready: from now on its quota, and its budget on top of what it holds now."""

@@ -1,6 +1,5 @@
 """A copy's work on a thread of its own while a sync-round computes (:mod:`.replica`, :mod:`.global_copy`): it
-can be stopped at its next check, notes what went wrong for the worker's thread, and measures its own CPU time.
-On a confined device it runs at idle priority (:mod:`ecofl.thread_priority`): while the stage waits."""
+can be stopped at its next check, notes what went wrong for the worker's thread, and measures its own CPU time."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import time
 from collections.abc import Callable
 
 from ecofl.net.links import AbortCheck
-from ecofl.thread_priority import background_at_idle, lower_this_thread
 
 
 class CopyStopped(Exception):
@@ -34,8 +32,6 @@ class CopyThread:
 
     def _run(self) -> None:
         try:
-            if background_at_idle():
-                lower_this_thread()
             self.work(self.stopped)
         except CopyStopped:
             pass

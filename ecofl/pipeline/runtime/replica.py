@@ -28,10 +28,7 @@ replicas during the round (:func:`ecofl.pipeline.replication.backup_bytes`).
 A round waits for its replicas only where the link cannot carry them in the
 time the round computes. Off the critical path is not free where the CPU is
 the bottleneck: a confined device seals, copies and opens its replicas out of
-the quota it computes with. So there the threads that do it run at idle
-priority (:mod:`ecofl.thread_priority`): on what the stage leaves while it
-waits (``benchmarks/steady_runs.py`` and ``benchmarks/background_priority.py``
-measure the cost).
+the quota it computes with (``benchmarks/steady_runs.py`` measures the cost).
 """
 
 from __future__ import annotations

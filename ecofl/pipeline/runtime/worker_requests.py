@@ -72,7 +72,6 @@ from ecofl.pipeline.runtime.model_spec import spec_from_json, stage_module
 from ecofl.pipeline.runtime.process_memory import mapped_since, peak_rss_bytes, reset_peak, resident_from_now
 from ecofl.pipeline.runtime.round_copies import RoundCopies
 from ecofl.net.sealed import SealedSocket
-from ecofl.thread_priority import background_at_idle
 from ecofl.pipeline.runtime.stage import Optimization, ShareExecutor
 from ecofl.pipeline.runtime.stage_state import StageState, as_arrays, from_arrays
 from ecofl.pipeline.runtime.heap import freeze_heap
@@ -122,7 +121,7 @@ class Worker:
             self.mesh.close()  # its waits on a lost peer end here
             self.mesh = None
         self.mesh = EpochMesh(self.listener, self.secret, entry.epoch, entry.rank, list(entry.addresses),
-                              self.timeout_s, self.channel.abort_check, background_at_idle())
+                              self.timeout_s, self.channel.abort_check)
         self.executor, self.stream, self.role = None, None, None
         if entry.role is None:
             return
