@@ -42,8 +42,8 @@ from ecofl.cgroups import DeviceLimits, find_hierarchy, remove_stale  # noqa: E4
 
 CORES = 0.1  # a Jetson Nano's quota in the confined pools
 SETTINGS = ("none", "normal", "idle")
-#: (wait after each op s, copies of the replica's bytes): a wait shorter than a 0.1-core cgroup's CFS period (10 ms), and
-#: one of two periods.
+#: (wait after each op s, copies of the replica's bytes): a wait shorter than a 0.1-core cgroup's CFS period
+#: (10 ms), and one of two periods.
 CASES = ((0.005, 6), (0.02, 6))
 
 
