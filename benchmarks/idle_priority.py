@@ -117,7 +117,7 @@ def main() -> int:
     try:
         done = subprocess.run(group.entry_command() + [sys.executable, __file__, "--inside", "--rounds",
                               str(args.rounds), "--ops", str(args.ops), "--copy-mb", str(args.copy_mb)],
-                              capture_output=True, text=True, check=True,
+                              stdout=subprocess.PIPE, text=True, check=True,  # its errors on our stderr
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     finally:
         group.remove()
