@@ -191,6 +191,24 @@ def test_byte_overhead_charges_each_pass_the_bytes_it_sends_or_receives_at_the_d
         simulate(plan, profile, uniform_pool(2), byte_overhead_s=-1e-9)
 
 
+def test_background_work_is_spread_over_a_devices_passes_and_fills_slack_off_the_critical_path():
+    """Fault tolerance's copies (``background_s``): each device's seconds are spread over its 2M passes.
+    On the bottleneck device they lengthen the round; on a device with slack they only fill it."""
+    micro_batches = 6
+    plan, profile = chain_plan(2, 4, micro_batches), synthetic_profile(2)
+    pool = HomePool("x", (DeviceSpec("slow", 0.5, 4e9, 1e9), DeviceSpec("fast", 2.0, 4e9, 1e9)))
+    plain = simulate(plan, profile, pool)
+    extra = 0.6
+    slowed = simulate(plan, profile, pool, background_s={0: extra})
+    assert slowed.device_busy_s[0] == pytest.approx(plain.device_busy_s[0] + extra)
+    assert slowed.sync_round_s > plain.sync_round_s + 0.5 * extra  # device 0 computes most of the round
+    slack = simulate(plan, profile, pool, background_s={1: extra})
+    assert slack.device_busy_s[1] == pytest.approx(plain.device_busy_s[1] + extra)
+    assert slack.sync_round_s - plain.sync_round_s < 0.25 * extra  # only its fill and drain passes count
+    with pytest.raises(ValueError, match="negative"):
+        simulate(plan, profile, pool, background_s={0: -1.0})
+
+
 def test_gantt_writes_a_png(tmp_path):
     from ecofl.pipeline.gantt import plot_gantt
 

@@ -16,7 +16,8 @@ from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.replan import (MAX_SHIFTED_PLANS, full_replan, lightweight_replan, lightweight_replans,
                                   measured_speeds, shifted_replans, with_speeds)
 from ecofl.pipeline.runtime.prediction import predict_sync_round, quickest_to_finish
-from ecofl.pipeline.replication import backup_bytes, backup_targets, restore_source, stage_state_bytes
+from ecofl.pipeline.replication import (backup_bytes, backup_targets, copy_bytes, restore_source,
+                                       stage_state_bytes)
 from ecofl.pipeline.schedule import validate
 from pipeline_kit import random_profile
 
@@ -219,6 +220,42 @@ def test_topology_driven_backups():
     assert restore_source(single, 1, {0, 1, 2}, backup_targets(single)) is None  # all lost: the global copy
 
 
+def test_copy_bytes_count_what_each_device_seals_or_opens_for_fault_tolerance_a_sync_round():
+    single = three_stage_plan()
+    profile = random_profile(np.random.default_rng(5), 12)
+    a, b, c = (stage_state_bytes(profile, stage.layers) for stage in single.stages)
+    # stage 1 backs up on both neighbours (sends twice) and keeps the replicas of stages 0 and 2
+    assert copy_bytes(single, profile, 1, 0) == pytest.approx({0: a + b, 1: 2 * b + a + c, 2: c + b})
+    every_2 = copy_bytes(single, profile, 2, 0)
+    assert every_2 == pytest.approx({d: v / 2 for d, v in copy_bytes(single, profile, 1, 0).items()})
+    # the global copy every 5: each stage's first device sends its stage's state to the portal
+    assert copy_bytes(single, profile, 0, 5) == pytest.approx({0: a / 5, 1: b / 5, 2: c / 5})
+    hybrid = Plan("hpp", (StagePlan((0, 3), (0,), (4,), 3), StagePlan((4, 7), (1, 2), (2, 2), 1)), 4, 4)
+    whole = stage_state_bytes(profile, (0, 3))
+    assert copy_bytes(hybrid, profile, 1, 0, {1: GB, 2: 2 * GB}) == pytest.approx({0: whole, 2: whole})
+    assert copy_bytes(single, profile, 0, 0) == {}
+
+
+def test_a_prediction_charges_fault_tolerances_copies_where_devices_compute_for_real(monkeypatch):
+    from ecofl.pipeline.runtime import prediction
+
+    per_byte = 1e-8  # this host's seconds a byte (measured once per host; fixed here)
+    monkeypatch.setattr(prediction, "host_byte_overhead_s", lambda cache_dir=None: per_byte)
+    monkeypatch.setattr(prediction, "runtime_overheads", lambda emulation, cache_dir=None: {})
+    single = three_stage_plan()
+    profile = random_profile(np.random.default_rng(5), 12)
+    pool = HomePool("x", tuple(DeviceSpec(f"d{i}", 0.1, 4 * GB, 1e9) for i in range(3)))
+    copies = copy_bytes(single, profile, 1, 5)
+    tolerant = predict_sync_round(single, profile, pool, "cgroup", copy_bytes=copies)
+    charged = {d: per_byte * carried / 0.1 for d, carried in copies.items()}  # at each device's speed
+    assert tolerant.sync_round_s == pytest.approx(simulate(single, profile, pool, background_s=charged).sync_round_s)
+    for emulation in ("cgroup", "none"):
+        plain = predict_sync_round(single, profile, pool, emulation).sync_round_s
+        assert predict_sync_round(single, profile, pool, emulation, copy_bytes=copies).sync_round_s > plain
+    sleeping = [predict_sync_round(single, profile, pool, "sleep", copy_bytes=c).sync_round_s for c in (None, copies)]
+    assert sleeping[0] == sleeping[1]  # a sleeping device's copies run outside the time it sleeps
+
+
 def test_only_layers_that_change_owner_move():
     profile = random_profile(np.random.default_rng(6), 12)
     old = three_stage_plan()
@@ -261,3 +298,24 @@ def test_heavy_rescheduling_moves_every_layer_through_the_portal():
     assert sorted(m.layer for m in heavy[12:]) == sorted(layer_owners(new))
     light = layer_moves(old, new, profile, lost={1}, backups=backup_targets(old))
     assert bytes_moved(heavy) > bytes_moved(light)
+
+
+def test_the_cli_predicts_a_fault_tolerant_run_with_its_copies(monkeypatch):
+    import argparse
+
+    from ecofl.cli import home_train
+    from ecofl.pipeline.runtime import prediction
+    from ecofl.pipeline.runtime.faults import FaultTolerance
+
+    monkeypatch.setattr(prediction, "host_byte_overhead_s", lambda cache_dir=None: 1e-8)
+    monkeypatch.setattr(prediction, "runtime_overheads", lambda emulation, cache_dir=None: {})
+    single, profile = three_stage_plan(), random_profile(np.random.default_rng(5), 12)
+    pool = HomePool("x", tuple(DeviceSpec(f"d{i}", 0.1, (4 + i) * GB, 1e9) for i in range(3)))
+    args = argparse.Namespace(rounds=3, cache_dir=None)
+    tolerance = FaultTolerance(replicate_every=2, global_copy_every=3)
+    memory = {d: spec.memory_bytes for d, spec in enumerate(pool.devices)}
+    copies = copy_bytes(single, profile, 2, 3, memory)
+    expected = predict_sync_round(single, profile, pool, "cgroup", 3, copy_bytes=copies)
+    assert home_train._predict(single, profile, pool, "cgroup", args, tolerance) == expected
+    assert home_train._predict(single, profile, pool, "cgroup", args, None) == predict_sync_round(
+        single, profile, pool, "cgroup", 3)

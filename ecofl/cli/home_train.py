@@ -40,9 +40,9 @@ from ecofl.accelerator import check_accelerators
 from ecofl.cli.calibration_file import load_calibration, save_calibration
 from ecofl.cli.stage_table import PLACEMENT_HEAD, aligned, placement_cells, stage_placement
 from ecofl.cli.timeline_image import write_timeline
-from ecofl.devices import host_cores
+from ecofl.devices import HomePool, host_cores
 from ecofl.pools import load_pool
-from ecofl.pipeline.profile import profile_zoo_model
+from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
 from ecofl.data import load_dataset
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import SyncRoundCost
@@ -50,6 +50,7 @@ from ecofl.pipeline.first_touch import first_round_extra_s
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import check_planner
+from ecofl.pipeline.replication import copy_bytes
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.tuning_settings import Tuning
@@ -90,12 +91,12 @@ def run(args: argparse.Namespace) -> int:
     if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
         confined, plan = _calibrate(args, spec, shape, profile, pool)
         pool, limits, calibration = confined.pool, confined.limits, confined.measured
-    predicted = predict_sync_round(plan, profile, pool, mode, args.rounds, args.cache_dir)
     x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]
     tolerance = None
     if events or args.fault_tolerance:
         tolerance = FaultTolerance(replan=args.replan, replicate_every=args.replicate_every,
                                    global_copy_every=args.global_copy_every, planner=args.planner)
+    predicted = _predict(plan, profile, pool, mode, args, tolerance)
     try:
         with HomePipeline(spec, pool, plan, profile=profile, emulate=mode, limits=limits, timeout_s=args.timeout,
                           fault_tolerance=tolerance, aggregate_every=args.aggregate_every, tuning=tuning) as home:
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     except HomePipelineError as error:
         raise UserError(str(error)) from None
     if final_plan != plan:
-        predicted = predict_sync_round(final_plan, profile, pool, mode, args.rounds, args.cache_dir)
+        predicted = _predict(final_plan, profile, pool, mode, args, tolerance)
     report = describe(final_plan, pool, predicted, result, mode, args.rounds)
     report["predicted_first_round_s"] = _first_round(report, final_plan, plan, profile, pool)
     report["devices"] = device_report(final_plan, pool, result, calibration, confined)
@@ -115,6 +116,17 @@ def run(args: argparse.Namespace) -> int:
         write_timeline(args.timeline, result.timeline, f"measured: {args.model} on {pool.name} ({plan.planner})", pool)
     print(json.dumps(report) if args.json else table(report))
     return 0
+
+
+def _predict(plan: Plan, profile: ModelProfile, pool: HomePool, mode: Emulation, args: argparse.Namespace,
+             tolerance: FaultTolerance | None) -> SyncRoundCost:
+    """The cost model's sync-round of ``plan`` as this run trains it: with fault tolerance's copies charged
+    to the devices that seal and open them (:func:`ecofl.pipeline.replication.copy_bytes`)."""
+    copies = None
+    if tolerance is not None:
+        memory = {d: spec.memory_bytes for d, spec in enumerate(pool.devices)}
+        copies = copy_bytes(plan, profile, tolerance.replicate_every, tolerance.global_copy_every, memory)
+    return predict_sync_round(plan, profile, pool, mode, args.rounds, args.cache_dir, copies)
 
 
 def _calibrate(args: argparse.Namespace, spec: ZooModel, shape: tuple, profile, presets) -> tuple[ConfinedPool, Plan]:

@@ -52,12 +52,24 @@ What is simulated (choices documented here, not in the papers):
   device's links are in the speed it calibrated instead (its steps carry
   their tensors through sealed links, :mod:`ecofl.pipeline.runtime.link_work`),
   so its predictions pass none.
+- **Work beside the passes** (``background_s``): fault tolerance's copies
+  (the replicas a device sends to its backups and keeps for others, its
+  stage's part of the portal's global copy; :func:`ecofl.pipeline.replication.copy_bytes`)
+  are sealed, sent, received and opened by threads of the device's own
+  process while its passes run. A confined device pays them out of the
+  quota it computes with, and scheduling them into its idle time does not
+  give that quota back (a cgroup's quota is spent by whichever of its
+  threads runs; docs/pipeline.md, "Safety at idle priority"). So a
+  device's seconds of such work in a sync-round are spread evenly over its
+  forwards and backwards: they lengthen the round where the device is on
+  its critical path, and fill slack where it is not.
 - **Memory.** Each device's peak by Asteroid eq. 3, with the forward tasks
   the schedule keeps resident (:mod:`ecofl.pipeline.memory_model`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,14 +120,17 @@ def stage_compute_s(
 
 
 def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | None = None,
-             operation_overhead_s: float = 0.0, byte_overhead_s: float = 0.0) -> SyncRoundCost:
+             operation_overhead_s: float = 0.0, byte_overhead_s: float = 0.0,
+             background_s: Mapping[int, float] | None = None) -> SyncRoundCost:
     """Event simulation of one sync-round of ``plan`` (see the module docstring for the model).
 
     Operations run in the order they become ready (time order); with
     ``cores`` they share that many cores (processor sharing). Every forward
     and backward lasts ``operation_overhead_s`` longer than its layers, and
     ``byte_overhead_s`` longer per byte it sends or receives (host seconds,
-    both at the device's speed).
+    both at the device's speed). ``background_s``: each device's seconds (its
+    own, at its speed) of work beside its passes in the sync-round, spread
+    over its forwards and backwards.
     """
     require_training(plan)
     check_plan(plan, profile, pool)
@@ -124,10 +139,13 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
     if operation_overhead_s < 0 or byte_overhead_s < 0:
         raise ValueError(f"overheads must not be negative, got {operation_overhead_s} per operation and "
                          f"{byte_overhead_s} per byte")
+    if any(seconds < 0 for seconds in (background_s or {}).values()):
+        raise ValueError(f"background seconds must not be negative, got {dict(background_s or {})}")
     schedule = plan_schedule(plan)
     workers = [_stage_workers(s, stage, profile, pool, plan, operation_overhead_s)
                for s, stage in enumerate(plan.stages)]
     _connect(plan, profile, pool, workers, byte_overhead_s)
+    _spread(workers, plan.num_micro_batches, background_s or {})
     timeline: list[TimelineEvent] = []
     rule = Fifo() if cores is None else ProcessorSharing(cores)
     run(workers, schedule, rule, timeline)
@@ -193,6 +211,15 @@ def _connect(plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[li
                     worker.backward_s += per_byte * gradient * samples
                 b.pending_f = [x + 1 for x in b.pending_f]
                 a.pending_b = [x + 1 for x in a.pending_b]
+
+
+def _spread(workers: list[list[Worker]], num_micro_batches: int, background_s: Mapping[int, float]) -> None:
+    """Each device's ``background_s`` spread evenly over its forwards and backwards (one of each per
+    micro-batch)."""
+    for worker in (w for ws in workers for w in ws):
+        extra = background_s.get(worker.device, 0.0) / (2 * num_micro_batches)
+        worker.forward_s += extra
+        worker.backward_s += extra
 
 
 def _flush(

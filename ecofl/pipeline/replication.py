@@ -88,6 +88,27 @@ def backup_bytes(plan: Plan, profile: ModelProfile, memory_bytes: Mapping[int, i
     return held
 
 
+def copy_bytes(plan: Plan, profile: ModelProfile, replicate_every: int, global_copy_every: int,
+               memory_bytes: Mapping[int, int] | None = None) -> dict[int, float]:
+    """Bytes each device of ``plan`` seals or opens for fault tolerance in a sync-round, on average: every
+    ``replicate_every`` sync-rounds (0: never) its stage's state once to each of its backups and the replicas
+    it keeps for others; every ``global_copy_every`` (0: never), a stage's first device its stage's state to
+    the portal (:mod:`ecofl.pipeline.runtime.copies`). What the cost model charges each device's CPU for it
+    (:func:`ecofl.pipeline.cost.simulate`'s ``background_s``)."""
+    carried: dict[int, float] = {}
+    stage_of = {d: stage for stage in plan.stages for d in stage.devices}
+    if replicate_every:
+        for source, targets in backup_targets(plan, memory_bytes).items():
+            state = stage_state_bytes(profile, stage_of[source].layers) / replicate_every
+            for device in (source,) * len(targets) + tuple(targets):
+                carried[device] = carried.get(device, 0.0) + state
+    if global_copy_every:
+        for stage in plan.stages:
+            first = stage.devices[0]
+            carried[first] = carried.get(first, 0.0) + stage_state_bytes(profile, stage.layers) / global_copy_every
+    return carried
+
+
 def restore_source(plan: Plan, device: int, lost: Collection[int], backups: Mapping[int, Sequence[int]],
                    ) -> int | None:
     """Where the stage model of lost ``device`` survives: a surviving stage peer, else its first live backup.

@@ -15,7 +15,7 @@ simulation's pipeline homes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ecofl.devices import HomePool, host_cores, host_pool
 from ecofl.pipeline.cost import SyncRoundCost, simulate
@@ -26,21 +26,30 @@ from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import make_plan, plans_by_micro_batch
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.host_overhead import runtime_overheads
+from ecofl.pipeline.runtime.host_overhead import host_byte_overhead_s, runtime_overheads
 
 
 def predict_sync_round(plan: Plan, profile: ModelProfile, pool: HomePool, emulation: Emulation | bool | str,
-                       rounds: int = 1, cache_dir: str | None = None) -> SyncRoundCost:
+                       rounds: int = 1, cache_dir: str | None = None,
+                       copy_bytes: Mapping[int, float] | None = None) -> SyncRoundCost:
     """The cost model's sync-round of ``plan``: on the pool (confined: at the speeds its devices measured), or
     on its devices as processes of this machine (``emulation`` none). An asynchronous 1F1B plan runs a call's
-    ``rounds`` x M micro-batches as one pass: that pass is predicted."""
+    ``rounds`` x M micro-batches as one pass: that pass is predicted. ``copy_bytes``: the bytes each device
+    seals or opens for fault tolerance in a sync-round (:func:`ecofl.pipeline.replication.copy_bytes`), at
+    this host's time per byte (:mod:`.host_overhead`) and the device's speed, beside its passes; devices that
+    sleep to the cost model copy outside it (none charged)."""
     per_pass = mode_of(plan).rounds_per_pass(rounds)
     plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * per_pass)
     emulation = Emulation.parse(emulation)
     overheads = runtime_overheads(emulation, cache_dir)
+    devices = pool if emulation != Emulation.NONE else host_pool(pool)
+    if copy_bytes and emulation != Emulation.SLEEP:
+        per_byte = host_byte_overhead_s(cache_dir)
+        overheads["background_s"] = {d: per_byte * carried * per_pass / devices.devices[d].speed
+                                     for d, carried in copy_bytes.items()}
     if emulation != Emulation.NONE:  # each device its own cores; confined, the runtime's work at its speed too
-        return simulate(plan, profile, pool, **overheads)
-    return simulate(plan, profile, host_pool(pool), cores=host_cores(), **overheads)
+        return simulate(plan, profile, devices, **overheads)
+    return simulate(plan, profile, devices, cores=host_cores(), **overheads)
 
 
 def fastest_plan(plans: Sequence[Plan], profile: ModelProfile, pool: HomePool, emulation: Emulation | bool | str,
