@@ -6,7 +6,7 @@ from ecofl.devices import MBPS, DeviceSpec, HomePool
 from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.memory_model import memory_per_stage, stage_memory_bytes
 from ecofl.pipeline.plan import Plan, StagePlan
-from ecofl.pipeline.schedule import default_in_flight
+from ecofl.pipeline.schedule import ActionKind, default_in_flight
 from pipeline_kit import T_B, T_F, synthetic_profile
 
 
@@ -191,18 +191,23 @@ def test_byte_overhead_charges_each_pass_the_bytes_it_sends_or_receives_at_the_d
         simulate(plan, profile, uniform_pool(2), byte_overhead_s=-1e-9)
 
 
-def test_background_work_is_spread_over_a_devices_passes_and_fills_slack_off_the_critical_path():
-    """Fault tolerance's copies (``background_s``): each device's seconds are spread over its 2M passes.
-    On the bottleneck device they lengthen the round; on a device with slack they only fill it."""
+def test_background_work_fills_a_devices_wait_for_its_first_input_then_spreads_over_its_passes():
+    """Fault tolerance's copies (``background_s``): a device does them first while it waits for its first
+    input; the rest is spread over its 2M passes. On the bottleneck device they lengthen the round; on a
+    device with slack they only fill it."""
     micro_batches = 6
     plan, profile = chain_plan(2, 4, micro_batches), synthetic_profile(2)
     pool = HomePool("x", (DeviceSpec("slow", 0.5, 4e9, 1e9), DeviceSpec("fast", 2.0, 4e9, 1e9)))
     plain = simulate(plan, profile, pool)
+    waits = min(e.start for e in plain.timeline if e.device == 1 and e.kind == ActionKind.FORWARD)
+    assert waits > 0  # device 1 waits for stage 0's first forward
     extra = 0.6
-    slowed = simulate(plan, profile, pool, background_s={0: extra})
+    slowed = simulate(plan, profile, pool, background_s={0: extra})  # device 0 starts at once: nothing absorbed
     assert slowed.device_busy_s[0] == pytest.approx(plain.device_busy_s[0] + extra)
     assert slowed.sync_round_s > plain.sync_round_s + 0.5 * extra  # device 0 computes most of the round
-    slack = simulate(plan, profile, pool, background_s={1: extra})
+    absorbed = simulate(plan, profile, pool, background_s={1: 0.9 * waits})
+    assert absorbed.sync_round_s == pytest.approx(plain.sync_round_s)  # all of it done before its first pass
+    slack = simulate(plan, profile, pool, background_s={1: waits + extra})
     assert slack.device_busy_s[1] == pytest.approx(plain.device_busy_s[1] + extra)
     assert slack.sync_round_s - plain.sync_round_s < 0.25 * extra  # only its fill and drain passes count
     with pytest.raises(ValueError, match="negative"):

@@ -56,13 +56,17 @@ What is simulated (choices documented here, not in the papers):
   (the replicas a device sends to its backups and keeps for others, its
   stage's part of the portal's global copy; :func:`ecofl.pipeline.replication.copy_bytes`)
   are sealed, sent, received and opened by threads of the device's own
-  process while its passes run. A confined device pays them out of the
-  quota it computes with, and scheduling them into its idle time does not
-  give that quota back (a cgroup's quota is spent by whichever of its
-  threads runs; docs/pipeline.md, "Safety at idle priority"). So a
-  device's seconds of such work in a sync-round are spread evenly over its
-  forwards and backwards: they lengthen the round where the device is on
-  its critical path, and fill slack where it is not.
+  process, out of the quota it computes with. They start with the
+  sync-round, so a device waiting for its first input (the schedule's fill)
+  does them first, for free: no pass of its own wants the quota then. The
+  rest runs beside its passes: the waits between passes are mostly shorter
+  than a CFS period, and work done in them still spends quota the passes
+  would have used (a cgroup's quota is spent by whichever of its threads
+  runs; docs/pipeline.md, "Safety at idle priority"). So a device's
+  seconds of such work in a sync-round fill its time before its first
+  pass, and what is left is spread evenly over its forwards and backwards:
+  it lengthens the round where the device is on its critical path, and
+  fills slack where it is not.
 - **Memory.** Each device's peak by Asteroid eq. 3, with the forward tasks
   the schedule keeps resident (:mod:`ecofl.pipeline.memory_model`).
 """
@@ -129,8 +133,9 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
     and backward lasts ``operation_overhead_s`` longer than its layers, and
     ``byte_overhead_s`` longer per byte it sends or receives (host seconds,
     both at the device's speed). ``background_s``: each device's seconds (its
-    own, at its speed) of work beside its passes in the sync-round, spread
-    over its forwards and backwards.
+    own, at its speed) of work beside its passes in the sync-round: first
+    in its wait before its first pass, the rest spread over its forwards and
+    backwards.
     """
     require_training(plan)
     check_plan(plan, profile, pool)
@@ -141,6 +146,13 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
                          f"{byte_overhead_s} per byte")
     if any(seconds < 0 for seconds in (background_s or {}).values()):
         raise ValueError(f"background seconds must not be negative, got {dict(background_s or {})}")
+    if background_s:
+        without = simulate(plan, profile, pool, cores, operation_overhead_s, byte_overhead_s)
+        first = {}  # when each device's first pass starts
+        for event in without.timeline:
+            if event.kind == ActionKind.FORWARD:
+                first[event.device] = min(first.get(event.device, event.start), event.start)
+        background_s = {d: max(0.0, seconds - first.get(d, 0.0)) for d, seconds in background_s.items()}
     schedule = plan_schedule(plan)
     workers = [_stage_workers(s, stage, profile, pool, plan, operation_overhead_s)
                for s, stage in enumerate(plan.stages)]
