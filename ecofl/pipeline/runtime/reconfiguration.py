@@ -25,7 +25,7 @@ from ecofl.pipeline.runtime.errors import HomePipelineError
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.migration_io import pace
 from ecofl.pipeline.runtime.stage import Optimization
-from ecofl.pipeline.runtime.stage_state import MOMENTUM
+from ecofl.pipeline.runtime.stage_state import with_momentum_of
 
 
 def reconfigure(control: ControlPlane, layout: PipelineLayout, new: Plan, version: int, holders: Holders, *,
@@ -56,7 +56,7 @@ def reconfigure(control: ControlPlane, layout: PipelineLayout, new: Plan, versio
         if global_layers:
             if global_copy[0] != version:
                 raise HomePipelineError(f"layers {sorted(global_layers)} have no copy at version {version}")
-            portal_state = _subset(global_copy[1], layout.keys_of_layers(global_layers))
+            portal_state = with_momentum_of(global_copy[1], layout.keys_of_layers(global_layers))
     layout.use_plan(new)
     used = layout.devices
     world = used + sorted(set(control.connections) - set(used))
@@ -72,7 +72,7 @@ def reconfigure(control: ControlPlane, layout: PipelineLayout, new: Plan, versio
         arrays = {}
         if role is not None:
             keys = layout.stage_keys[role.stage] if heavy else layout.keys_of_layers(from_portal.get(device, ()))
-            arrays.update(_subset(portal_state, keys))
+            arrays.update(with_momentum_of(portal_state, keys))
             moved += sum(v.nbytes for v in arrays.values())
             held = referenced.setdefault(device, set())
             missing = [k for k in layout.reference_keys(role.stage) if k in reference and k not in held]
@@ -103,14 +103,8 @@ def gather_state(control: ControlPlane, layout: PipelineLayout, version: int, ho
     moved = sum(v.nbytes for v in state.values())
     missing = [layer for layer, devices in holders.items() if not devices]
     if missing:
-        state.update(_subset(global_copy[1], layout.keys_of_layers(missing)))
+        state.update(with_momentum_of(global_copy[1], layout.keys_of_layers(missing)))
     return state, moved
-
-
-def _subset(state: dict[str, np.ndarray], keys: Sequence[str]) -> dict[str, np.ndarray]:
-    """The entries of ``state`` for ``keys``, with their momentum buffers."""
-    keys = set(keys)
-    return {k: v for k, v in state.items() if k in keys or (k.startswith(MOMENTUM) and k[len(MOMENTUM):] in keys)}
 
 
 def restored_from(plan: Plan, device: int, holders: Holders, version: int, stateful: Sequence[int],

@@ -21,7 +21,8 @@ at the version it resumes from (:meth:`StageState.holdings`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ from ecofl.pipeline.runtime.model_spec import layer_state_keys
 MOMENTUM = "momentum/"
 
 State = dict[str, torch.Tensor]
+T = TypeVar("T")
 
 
 class StageState:
@@ -95,7 +97,7 @@ class StageState:
         keys = self.keys(layers)
         if not all(k in held for k in keys):
             raise RuntimeError(f"layers {layers} at version {version} are not held here (held: {self.holdings()})")
-        return {k: v for k, v in held.items() if k in keys or (k.startswith(MOMENTUM) and k[len(MOMENTUM):] in keys)}
+        return with_momentum_of(held, keys)
 
     def empty_like_layers(self, layers: Iterable[int], with_momentum: bool) -> State:
         """Receive buffers for the state of ``layers`` (shapes and dtypes from the model)."""
@@ -111,6 +113,12 @@ class StageState:
         own = set(own)
         return sum(t.numel() * t.element_size() for held in self.copies.values() for k, t in held.items()
                    if k not in own and (not k.startswith(MOMENTUM) or k[len(MOMENTUM):] not in own))
+
+
+def with_momentum_of(state: Mapping[str, T], keys: Iterable[str]) -> dict[str, T]:
+    """The entries of ``state`` for ``keys``, with their momentum buffers."""
+    keys = set(keys)
+    return {k: v for k, v in state.items() if k in keys or (k.startswith(MOMENTUM) and k[len(MOMENTUM):] in keys)}
 
 
 def as_arrays(state: State) -> dict[str, np.ndarray]:
