@@ -3,7 +3,7 @@
 import pytest
 
 from ecofl.devices import MBPS, DeviceSpec, HomePool
-from ecofl.pipeline.cost import simulate
+from ecofl.pipeline.cost import Background, simulate
 from ecofl.pipeline.memory_model import memory_per_stage, stage_memory_bytes
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.schedule import ActionKind, default_in_flight
@@ -191,27 +191,32 @@ def test_byte_overhead_charges_each_pass_the_bytes_it_sends_or_receives_at_the_d
         simulate(plan, profile, uniform_pool(2), byte_overhead_s=-1e-9)
 
 
-def test_background_work_fills_a_devices_wait_for_its_first_input_then_spreads_over_its_passes():
-    """Fault tolerance's copies (``background_s``): a device does them first while it waits for its first
-    input; the rest is spread over its 2M passes. On the bottleneck device they lengthen the round; on a
-    device with slack they only fill it."""
+def test_background_work_fills_a_devices_wait_for_its_first_input_as_its_link_allows_then_its_passes():
+    """Fault tolerance's copies (``background``): a device does them first while it waits for its first input,
+    as far as its link has brought their bytes; the rest is spread over its 2M passes. On the bottleneck device
+    they lengthen the round; on a device with slack they only fill it."""
     micro_batches = 6
     plan, profile = chain_plan(2, 4, micro_batches), synthetic_profile(2)
-    pool = HomePool("x", (DeviceSpec("slow", 0.5, 4e9, 1e9), DeviceSpec("fast", 2.0, 4e9, 1e9)))
+    link = 1e9  # bytes/s
+    pool = HomePool("x", (DeviceSpec("slow", 0.5, 4e9, link), DeviceSpec("fast", 2.0, 4e9, link)))
     plain = simulate(plan, profile, pool)
     waits = min(e.start for e in plain.timeline if e.device == 1 and e.kind == ActionKind.FORWARD)
     assert waits > 0  # device 1 waits for stage 0's first forward
     extra = 0.6
-    slowed = simulate(plan, profile, pool, background_s={0: extra})  # device 0 starts at once: nothing absorbed
+    slowed = simulate(plan, profile, pool, background={0: Background(1e6, extra)})  # starts at once: none absorbed
     assert slowed.device_busy_s[0] == pytest.approx(plain.device_busy_s[0] + extra)
     assert slowed.sync_round_s > plain.sync_round_s + 0.5 * extra  # device 0 computes most of the round
-    absorbed = simulate(plan, profile, pool, background_s={1: 0.9 * waits})
-    assert absorbed.sync_round_s == pytest.approx(plain.sync_round_s)  # all of it done before its first pass
-    slack = simulate(plan, profile, pool, background_s={1: waits + extra})
+    few_bytes = link * waits / 2  # all of them arrive within the wait
+    absorbed = simulate(plan, profile, pool, background={1: Background(few_bytes, 0.9 * waits)})
+    assert absorbed.sync_round_s == pytest.approx(plain.sync_round_s)  # done before its first pass
+    many_bytes = 4 * link * waits  # a quarter of them arrive within the wait: a quarter of the work is done there
+    late = simulate(plan, profile, pool, background={1: Background(many_bytes, 0.9 * waits)})
+    assert late.device_busy_s[1] == pytest.approx(plain.device_busy_s[1] + 0.75 * 0.9 * waits)
+    slack = simulate(plan, profile, pool, background={1: Background(few_bytes, waits + extra)})
     assert slack.device_busy_s[1] == pytest.approx(plain.device_busy_s[1] + extra)
     assert slack.sync_round_s - plain.sync_round_s < 0.25 * extra  # only its fill and drain passes count
     with pytest.raises(ValueError, match="negative"):
-        simulate(plan, profile, pool, background_s={0: -1.0})
+        Background(1.0, -1.0)
 
 
 def test_gantt_writes_a_png(tmp_path):

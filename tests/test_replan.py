@@ -7,7 +7,7 @@ import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
-from ecofl.pipeline.cost import simulate, stage_compute_s
+from ecofl.pipeline.cost import Background, simulate, stage_compute_s
 from ecofl.pipeline.first_touch import first_round_extra_s
 from ecofl.pipeline.migration import (GLOBAL_COPY, PORTAL_DEVICE, bytes_moved, heavy_moves, layer_moves, layer_owners,
                                      migration_s)
@@ -247,8 +247,8 @@ def test_a_prediction_charges_fault_tolerances_copies_where_devices_compute_for_
     pool = HomePool("x", tuple(DeviceSpec(f"d{i}", 0.1, 4 * GB, 1e9) for i in range(3)))
     copies = copy_bytes(single, profile, 1, 5)
     tolerant = predict_sync_round(single, profile, pool, "cgroup", copy_bytes=copies)
-    charged = {d: per_byte * carried / 0.1 for d, carried in copies.items()}  # at each device's speed
-    assert tolerant.sync_round_s == pytest.approx(simulate(single, profile, pool, background_s=charged).sync_round_s)
+    charged = {d: Background(carried, per_byte * carried / 0.1) for d, carried in copies.items()}  # at its speed
+    assert tolerant.sync_round_s == pytest.approx(simulate(single, profile, pool, background=charged).sync_round_s)
     for emulation in ("cgroup", "none"):
         plain = predict_sync_round(single, profile, pool, emulation).sync_round_s
         assert predict_sync_round(single, profile, pool, emulation, copy_bytes=copies).sync_round_s > plain

@@ -52,21 +52,23 @@ What is simulated (choices documented here, not in the papers):
   device's links are in the speed it calibrated instead (its steps carry
   their tensors through sealed links, :mod:`ecofl.pipeline.runtime.link_work`),
   so its predictions pass none.
-- **Work beside the passes** (``background_s``): fault tolerance's copies
+- **Work beside the passes** (``background``): fault tolerance's copies
   (the replicas a device sends to its backups and keeps for others, its
   stage's part of the portal's global copy; :func:`ecofl.pipeline.replication.copy_bytes`)
   are sealed, sent, received and opened by threads of the device's own
   process, out of the quota it computes with. They start with the
   sync-round, so a device waiting for its first input (the schedule's fill)
-  does them first, for free: no pass of its own wants the quota then. The
-  rest runs beside its passes: the waits between passes are mostly shorter
-  than a CFS period, and work done in them still spends quota the passes
-  would have used (a cgroup's quota is spent by whichever of its threads
-  runs; docs/pipeline.md, "Safety at idle priority"). So a device's
-  seconds of such work in a sync-round fill its time before its first
-  pass, and what is left is spread evenly over its forwards and backwards:
-  it lengthens the round where the device is on its critical path, and
-  fills slack where it is not.
+  does them then, as far as its link has brought their bytes, for free: no
+  pass of its own wants the quota yet. The rest runs beside its passes:
+  the waits between passes are mostly shorter than a CFS period, and work
+  done in them still spends quota the passes would have used (a cgroup's
+  quota is spent by whichever of its threads runs; docs/pipeline.md,
+  "Safety at idle priority"). So a device's seconds of such work in a
+  sync-round fill its wait before its first pass, at most the share of
+  its bytes its link (``bandwidth_bps``) carries in that wait, and what is
+  left is spread evenly over its forwards and backwards: it lengthens the
+  round where the device is on its critical path, and fills slack where it
+  is not.
 - **Memory.** Each device's peak by Asteroid eq. 3, with the forward tasks
   the schedule keeps resident (:mod:`ecofl.pipeline.memory_model`).
 """
@@ -112,6 +114,20 @@ class SyncRoundCost:
     timeline: tuple[TimelineEvent, ...]
 
 
+@dataclass(frozen=True)
+class Background:
+    """A device's work beside its passes in a sync-round (fault tolerance's copies): the bytes its link
+    carries for it, and the device's seconds for it at its speed."""
+
+    carried_bytes: float
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if self.carried_bytes < 0 or self.seconds < 0:
+            raise ValueError(f"background work must not be negative, got {self.carried_bytes} bytes and "
+                             f"{self.seconds} s")
+
+
 def stage_compute_s(
     profile: ModelProfile, device: DeviceSpec, layers: tuple[int, int], samples: int
 ) -> tuple[float, float]:
@@ -125,17 +141,17 @@ def stage_compute_s(
 
 def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | None = None,
              operation_overhead_s: float = 0.0, byte_overhead_s: float = 0.0,
-             background_s: Mapping[int, float] | None = None) -> SyncRoundCost:
+             background: Mapping[int, Background] | None = None) -> SyncRoundCost:
     """Event simulation of one sync-round of ``plan`` (see the module docstring for the model).
 
     Operations run in the order they become ready (time order); with
     ``cores`` they share that many cores (processor sharing). Every forward
     and backward lasts ``operation_overhead_s`` longer than its layers, and
     ``byte_overhead_s`` longer per byte it sends or receives (host seconds,
-    both at the device's speed). ``background_s``: each device's seconds (its
-    own, at its speed) of work beside its passes in the sync-round: first
-    in its wait before its first pass, the rest spread over its forwards and
-    backwards.
+    both at the device's speed). ``background``: each device's work beside
+    its passes in the sync-round: first in its wait before its first pass
+    (as far as its link has carried the work's bytes), the rest spread over
+    its forwards and backwards.
     """
     require_training(plan)
     check_plan(plan, profile, pool)
@@ -144,20 +160,12 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
     if operation_overhead_s < 0 or byte_overhead_s < 0:
         raise ValueError(f"overheads must not be negative, got {operation_overhead_s} per operation and "
                          f"{byte_overhead_s} per byte")
-    if any(seconds < 0 for seconds in (background_s or {}).values()):
-        raise ValueError(f"background seconds must not be negative, got {dict(background_s or {})}")
-    if background_s:
-        without = simulate(plan, profile, pool, cores, operation_overhead_s, byte_overhead_s)
-        first = {}  # when each device's first pass starts
-        for event in without.timeline:
-            if event.kind == ActionKind.FORWARD:
-                first[event.device] = min(first.get(event.device, event.start), event.start)
-        background_s = {d: max(0.0, seconds - first.get(d, 0.0)) for d, seconds in background_s.items()}
+    spread_s = _beside_passes(plan, profile, pool, cores, operation_overhead_s, byte_overhead_s, background or {})
     schedule = plan_schedule(plan)
     workers = [_stage_workers(s, stage, profile, pool, plan, operation_overhead_s)
                for s, stage in enumerate(plan.stages)]
     _connect(plan, profile, pool, workers, byte_overhead_s)
-    _spread(workers, plan.num_micro_batches, background_s or {})
+    _spread(workers, plan.num_micro_batches, spread_s)
     timeline: list[TimelineEvent] = []
     rule = Fifo() if cores is None else ProcessorSharing(cores)
     run(workers, schedule, rule, timeline)
@@ -225,11 +233,30 @@ def _connect(plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[li
                 a.pending_b = [x + 1 for x in a.pending_b]
 
 
-def _spread(workers: list[list[Worker]], num_micro_batches: int, background_s: Mapping[int, float]) -> None:
-    """Each device's ``background_s`` spread evenly over its forwards and backwards (one of each per
-    micro-batch)."""
+def _beside_passes(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | None, operation_overhead_s: float,
+                   byte_overhead_s: float, background: Mapping[int, Background]) -> dict[int, float]:
+    """Each device's seconds of ``background`` left for its passes once its wait before its first forward (in
+    the round without it) has taken what its link brought in that wait."""
+    if not background:
+        return {}
+    without = simulate(plan, profile, pool, cores, operation_overhead_s, byte_overhead_s)
+    first: dict[int, float] = {}
+    for event in without.timeline:
+        if event.kind == ActionKind.FORWARD:
+            first[event.device] = min(first.get(event.device, event.start), event.start)
+    left = {}
+    for device, work in background.items():
+        wait = first.get(device, 0.0)
+        carried = pool.devices[device].bandwidth_bps * wait  # what its link brings in the wait
+        arrived = min(1.0, carried / work.carried_bytes) if work.carried_bytes else 1.0
+        left[device] = work.seconds - min(wait, work.seconds * arrived)
+    return left
+
+
+def _spread(workers: list[list[Worker]], num_micro_batches: int, seconds: Mapping[int, float]) -> None:
+    """Each device's ``seconds`` spread evenly over its forwards and backwards (one of each per micro-batch)."""
     for worker in (w for ws in workers for w in ws):
-        extra = background_s.get(worker.device, 0.0) / (2 * num_micro_batches)
+        extra = seconds.get(worker.device, 0.0) / (2 * num_micro_batches)
         worker.forward_s += extra
         worker.backward_s += extra
 

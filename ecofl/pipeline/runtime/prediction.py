@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from ecofl.devices import HomePool, host_cores, host_pool
-from ecofl.pipeline.cost import SyncRoundCost, simulate
+from ecofl.pipeline.cost import Background, SyncRoundCost, simulate
 from ecofl.pipeline.first_touch import switching_s
 from ecofl.pipeline.migration import Holders
 from ecofl.pipeline.modes import mode_of
@@ -45,8 +45,9 @@ def predict_sync_round(plan: Plan, profile: ModelProfile, pool: HomePool, emulat
     devices = pool if emulation != Emulation.NONE else host_pool(pool)
     if copy_bytes and emulation != Emulation.SLEEP:
         per_byte = host_byte_overhead_s(cache_dir)
-        overheads["background_s"] = {d: per_byte * carried * per_pass / devices.devices[d].speed
-                                     for d, carried in copy_bytes.items()}
+        overheads["background"] = {
+            d: Background(carried * per_pass, per_byte * carried * per_pass / devices.devices[d].speed)
+            for d, carried in copy_bytes.items()}
     if emulation != Emulation.NONE:  # each device its own cores; confined, the runtime's work at its speed too
         return simulate(plan, profile, devices, **overheads)
     return simulate(plan, profile, devices, cores=host_cores(), **overheads)
