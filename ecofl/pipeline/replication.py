@@ -94,7 +94,7 @@ def copy_bytes(plan: Plan, profile: ModelProfile, replicate_every: int, global_c
     ``replicate_every`` sync-rounds (0: never) its stage's state once to each of its backups and the replicas
     it keeps for others; every ``global_copy_every`` (0: never), a stage's first device its stage's state to
     the portal (:mod:`ecofl.pipeline.runtime.copies`). What the cost model charges each device's CPU for it
-    (:func:`ecofl.pipeline.cost.simulate`'s ``background_s``)."""
+    (:func:`ecofl.pipeline.cost.simulate`'s ``background``)."""
     carried: dict[int, float] = {}
     stage_of = {d: stage for stage in plan.stages for d in stage.devices}
     if replicate_every:

@@ -274,16 +274,10 @@ class Worker:
     def _reconfigure(self, request: Reconfigure, arrays: Arrays) -> None:
         """Enter a new epoch at committed version ``restore``: roll back, take the new role, migrate the layers.
 
-        The new stage's layers held at that version are restored from my
-        copies; the ``moves`` ([layer, from rank, to rank]) bring the rest
-        from the ranks that hold them, and the portal's arrays (its global
-        copy, or a heavy re-schedule) come last. Only the new stage is
-        restored (no other layer's live tensors are used), and its commit at
-        that version keeps what arrived as it came: my copies already hold
-        the rest, so a recovery clones nothing (on a 0.1-core device the
-        clone and the restore of every layer held were about half of a
-        recovery's 0.13-0.16 s). Interrupted, the live state stays dirty and
-        the copies untouched: the portal recovers again.
+        Only the new stage is restored (no other layer's live tensors are used): from my copies at that
+        version, the ``moves`` ([layer, from rank, to rank]) from the ranks that hold the rest, the portal's
+        arrays (its global copy, or a heavy re-schedule) last. Its commit clones nothing (about half of a
+        0.1-core device's recovery). Interrupted, the live state stays dirty and the copies untouched.
         """
         started = time.time()
         if request.recovery:
