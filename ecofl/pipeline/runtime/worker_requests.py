@@ -305,9 +305,10 @@ class Worker:
             return
         stage_keys = self.stage_keys if self.executor is not None else []
         momentum = self.state.restore(with_momentum_of(self.state.copies.get(version, {}), stage_keys))
-        arrived = {k: v.to(self.accelerator) for k, v in from_arrays(from_portal).items()}
+        arrived: Tensors = {}
         for _, buffers in receives:
             arrived.update(buffers)
+        arrived.update({k: v.to(self.accelerator) for k, v in from_arrays(from_portal).items()})  # the portal's last
         momentum.update(self.state.restore(arrived))
         self._configure(momentum)
         self._commit_restored(version, arrived)
