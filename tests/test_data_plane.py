@@ -24,8 +24,10 @@ from ecofl.net.mesh import DataListener, EpochMesh, data_purpose
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import RECORD_BYTES, SealedSocket, channel_keys
 from ecofl.net.wire import LENGTH, recv_message, send_message
-from ecofl.pipeline.runtime.byte_stream import MAX_PIECE_BYTES, MIN_PIECE_BYTES, byte_pieces, piece_bytes
+from ecofl.pipeline.runtime.byte_stream import (MAX_PIECE_BYTES, MIN_PIECE_BYTES, byte_pieces, end_to_end,
+                                                in_stream_order, piece_bytes, stream_buffers, stream_keys)
 from ecofl.pipeline.runtime.migration_io import exchange_layer_states
+from ecofl.pipeline.runtime import replica
 from ecofl.pipeline.runtime.replica import ReplicaExchange
 from helpers import SECRET, answer_of, wait_for
 
@@ -330,6 +332,70 @@ def test_replica_pieces_are_what_the_link_carries_in_a_moment():
     assert [p.numel() for p in byte_pieces([torch.zeros(0)], 8)] == [0] and byte_pieces([], 8)[0].numel() == 0
 
 
+def test_a_link_opens_byte_pieces_straight_into_the_buffer_announced_for_their_tag_until_it_is_full():
+    listeners, (a, b) = meshes(2)
+    block = torch.zeros(100, dtype=torch.uint8)
+    try:
+        b.receive_into(0, REPLICA_TAG, block)
+        for value, size in ((1, 60), (2, 40)):  # fills it exactly
+            a.send(1, torch.full((size,), value, dtype=torch.uint8), REPLICA_TAG)
+        first, second = b.recv(0, REPLICA_TAG), b.recv(0, REPLICA_TAG)
+        assert first.data_ptr() == block.data_ptr() and second.data_ptr() == block.data_ptr() + 60
+        assert torch.equal(block, torch.tensor([1] * 60 + [2] * 40, dtype=torch.uint8))
+        a.send(1, torch.full((10,), 3, dtype=torch.uint8), REPLICA_TAG)  # the buffer is full: new memory
+        assert b.recv(0, REPLICA_TAG).data_ptr() != block.data_ptr() + 100 and block[-1] == 2
+        other = torch.zeros(8, dtype=torch.uint8)
+        b.receive_into(0, REPLICA_TAG, other)
+        a.send(1, torch.full((2,), 4.0), REPLICA_TAG)  # not bytes: new memory, the buffer waits
+        a.send(1, torch.full((16,), 5, dtype=torch.uint8), REPLICA_TAG)  # more than it has room for: new memory
+        assert torch.equal(b.recv(0, REPLICA_TAG), torch.full((2,), 4.0)) and b.recv(0, REPLICA_TAG).numel() == 16
+        b.forget(0, REPLICA_TAG, other)  # a receive that ended early: nothing more goes there
+        a.send(1, torch.full((8,), 6, dtype=torch.uint8), REPLICA_TAG)
+        assert b.recv(0, REPLICA_TAG).data_ptr() != other.data_ptr() and not other.any()
+    finally:
+        close_all(listeners, [a, b])
+
+
+def test_stream_buffers_lie_end_to_end_in_stream_order_each_tensor_at_a_multiple_of_its_element_size():
+    # a batch norm of an odd length, its int64 count, a mask: the count goes first, the mask last
+    state = {"bn.b": torch.randn(3), "bn.count": torch.tensor(7), "mask": torch.tensor([True, False]),
+             "w": torch.randn(2, 3)}
+    assert stream_keys(state) == ["bn.count", "bn.b", "w", "mask"]
+    laid = stream_buffers(state)
+    assert {k: (v.shape, v.dtype) for k, v in laid.items()} == {k: (v.shape, v.dtype) for k, v in state.items()}
+    block = end_to_end(in_stream_order(laid))
+    assert block is not None and block.numel() == 8 + 12 + 24 + 2
+    assert [laid[k].data_ptr() - block.data_ptr() for k in stream_keys(state)] == [0, 8, 20, 44]
+    pieces = byte_pieces(in_stream_order(laid), 16)  # across tensors, yet views of the block: nothing gathered
+    assert [p.data_ptr() - block.data_ptr() for p in pieces] == [0, 16, 32] and pieces[-1].numel() == 14
+    assert end_to_end([torch.randn(4), torch.randn(4)]) is None  # tensors of their own
+
+
+def test_a_replica_into_buffers_laid_end_to_end_arrives_whole_and_in_place():
+    listeners, (a, b) = meshes(2)
+    state = {"w": torch.randn(100_000), "b": torch.randn(3, 5), "count": torch.tensor(7),
+             "mask": torch.tensor([True, False, True]), "n": torch.zeros(0)}
+    sent, buffers = stream_buffers(state), stream_buffers(state)
+    for key, value in state.items():
+        sent[key].copy_(value)
+    kept: list[dict[str, torch.Tensor]] = []
+    link, opened_in_block = b._link(0), []
+    room_for = link._room_for
+    link._room_for = lambda tag, nbytes: opened_in_block.append(room := room_for(tag, nbytes)) or room
+    try:
+        receiver = ReplicaExchange(b, [], [(0, buffers)], {}, kept.append)
+        sender = ReplicaExchange(a, [(1, sent)], [], {1: TokenBucket(1e6)}, kept.append)
+        sender.finish(lambda: None)
+        receiver.finish(lambda: None)
+        assert kept == [buffers] and all(torch.equal(buffers[k], state[k]) for k in state)
+        block = end_to_end(in_stream_order(buffers))
+        assert len(opened_in_block) == len(sender.tickets) > 1  # every piece opened into the block, in order
+        assert [p.data_ptr() - block.data_ptr() for p in opened_in_block] == [
+            i * MIN_PIECE_BYTES for i in range(len(opened_in_block))]
+    finally:
+        close_all(listeners, [a, b])
+
+
 def test_a_replica_is_cut_into_pieces_and_kept_only_once_all_of_it_arrived():
     listeners, (a, b) = meshes(2)
     # a stage's state: weights, a batch norm's few bytes and its int64 count, an empty tensor
@@ -349,6 +415,22 @@ def test_a_replica_is_cut_into_pieces_and_kept_only_once_all_of_it_arrived():
         waiting = ReplicaExchange(b, [], [(0, {"w": torch.empty(10)})], {}, kept.append)  # nothing will come
         waiting.stop()
         assert len(kept) == 1 and waiting.complete_after_s is None  # an interrupted replica is not kept
+    finally:
+        close_all(listeners, [a, b])
+
+
+def test_stopping_a_replica_exchange_wakes_its_receiver_rather_than_waiting_for_its_next_check(monkeypatch):
+    monkeypatch.setattr(replica, "STOP_CHECK_S", 3600.0)  # unwoken, the receiver would check in an hour
+    listeners, (a, b) = meshes(2)
+    kept: list[dict[str, torch.Tensor]] = []
+    try:
+        waiting = ReplicaExchange(b, [], [(0, {"w": torch.empty(10)}), (0, {"v": torch.empty(3)})], {}, kept.append)
+        wait_for(lambda: b._link(0)._buffers[REPLICA_TAG], 10)  # announced: the receiver is waiting
+        stopping = threading.Thread(target=waiting.stop)
+        stopping.start()
+        stopping.join(60)
+        assert not stopping.is_alive() and kept == []
+        assert not b._link(0)._buffers[REPLICA_TAG]  # neither buffer stays announced
     finally:
         close_all(listeners, [a, b])
 

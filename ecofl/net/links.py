@@ -23,6 +23,10 @@ leave in the order they were posted.
 
 A tensor travels as a fixed header (tag, dtype, shape) and its raw bytes on
 the link's :class:`~ecofl.net.sealed.SealedSocket`; nothing is unpickled.
+The reader opens a tensor into new memory, or, for byte pieces under a tag a
+receiver announced a buffer for (:meth:`PeerLink.receive_into`), straight
+into that buffer's next bytes: a replica or a migrated stage is opened where
+it will stay, not copied there from a piece.
 Every wait checks an :data:`AbortCheck`, so the portal can interrupt a
 sync-round that can no longer finish; closing the link ends both threads (a
 peer that froze or died cannot hold a worker forever).
@@ -130,6 +134,8 @@ class PeerLink:
         self._posted = itertools.count()
         self._inbox: dict[int, collections.deque[torch.Tensor]] = collections.defaultdict(collections.deque)
         self._arrived = threading.Condition()
+        #: tag -> the buffers announced for its pieces, as [buffer, bytes filled], the one being filled first
+        self._buffers: dict[int, collections.deque[list]] = collections.defaultdict(collections.deque)
         self.error: PeerLost | None = None
         self._closed = False
         self._foreground = threading.Event()  # a foreground post was made (a background piece steps aside)
@@ -249,7 +255,9 @@ class PeerLink:
                     raise ChannelClosed(f"rank {self.peer} sent a malformed tensor header")
                 dtype, shape = DTYPES[code], tuple(dims[:ndim])
                 nbytes = announced_bytes(shape, torch.empty((), dtype=dtype).element_size())
-                raw = torch.empty(nbytes, dtype=torch.uint8)
+                raw = self._room_for(tag, nbytes) if dtype == torch.uint8 and ndim == 1 else None
+                if raw is None:
+                    raw = torch.empty(nbytes, dtype=torch.uint8)
                 if raw.numel():
                     recv_exactly(self.channel, raw.numel(), host_array(raw))
                 tensor = raw.view(dtype).reshape(shape)
@@ -259,20 +267,53 @@ class PeerLink:
         except (OSError, ChannelClosed, ValueError, RuntimeError) as error:  # RuntimeError: no memory for it
             self._fail(f"receiving from rank {self.peer}: {error}")
 
-    def take(self, tag: int, timeout_s: float, abort: AbortCheck = never_aborted) -> torch.Tensor:
+    def receive_into(self, tag: int, buffer: torch.Tensor) -> None:
+        """Open the byte pieces the peer sends under ``tag`` into flat ``uint8`` ``buffer``, each where the last one
+        ended, until it is full (after the buffers announced before it); :meth:`take` hands out the part each
+        filled. A piece that does not fit the room left goes to new memory, as a piece under any other tag."""
+        with self._arrived:
+            self._buffers[tag].append([buffer, 0])
+
+    def forget(self, tag: int, buffer: torch.Tensor) -> None:
+        """Stop opening pieces into ``buffer`` (a receive that ended early); pieces already opened stay."""
+        with self._arrived:
+            self._buffers[tag] = collections.deque(b for b in self._buffers[tag] if b[0] is not buffer)
+
+    def _room_for(self, tag: int, nbytes: int) -> torch.Tensor | None:
+        """The next ``nbytes`` of the first buffer announced under ``tag`` (None: none, or too little room)."""
+        with self._arrived:
+            if not (waiting := self._buffers.get(tag)):
+                return None
+            buffer, filled = waiting[0]
+            if filled + nbytes > buffer.numel():
+                return None
+            waiting[0][1] = filled + nbytes
+            if filled + nbytes == buffer.numel():
+                waiting.popleft()
+            return buffer[filled:filled + nbytes]
+
+    def take(self, tag: int, timeout_s: float, abort: AbortCheck = never_aborted, poll_s: float = POLL_S
+             ) -> torch.Tensor:
         """The next tensor the peer sent under ``tag``; PeerLost if the link broke first, TimeoutError after
-        ``timeout_s``."""
+        ``timeout_s``. ``abort`` is checked every ``poll_s`` while nothing arrives, and at every :meth:`wake`
+        (each check wakes a thread: on a confined device a wake-up costs about as much CPU as opening a
+        kilobyte, so a wait whose aborts wake it polls seldom)."""
         deadline = time.monotonic() + timeout_s
         with self._arrived:
             while not self._inbox[tag]:
                 if self.error is not None:
                     raise self.error
-                self._arrived.wait(POLL_S)
+                self._arrived.wait(poll_s)
                 if not self._inbox[tag]:
                     abort()
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"nothing arrived from rank {self.peer} within {timeout_s:.0f} s")
             return self._inbox[tag].popleft()
+
+    def wake(self) -> None:
+        """Have every :meth:`take` waiting on this link check its abort now."""
+        with self._arrived:
+            self._arrived.notify_all()
 
     # -- lifetime ------------------------------------------------------------------------
 

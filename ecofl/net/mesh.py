@@ -143,10 +143,22 @@ class EpochMesh:
         """Post ``tensor`` to rank ``dst`` under ``tag``; see :meth:`.links.PeerLink.post`."""
         return self._link(dst).post(tensor, tag, bucket, background)
 
-    def recv(self, src: int, tag: int, timeout_s: float | None = None, abort: AbortCheck = never_aborted
-             ) -> torch.Tensor:
-        """The next tensor rank ``src`` sent under ``tag``."""
-        return self._link(src).take(tag, self.timeout_s if timeout_s is None else timeout_s, abort)
+    def receive_into(self, src: int, tag: int, buffer: torch.Tensor) -> None:
+        """Open rank ``src``'s byte pieces under ``tag`` into ``buffer``; see :meth:`.links.PeerLink.receive_into`."""
+        self._link(src).receive_into(tag, buffer)
+
+    def forget(self, src: int, tag: int, buffer: torch.Tensor) -> None:
+        """Open nothing more into ``buffer``; see :meth:`.links.PeerLink.forget`."""
+        self._link(src).forget(tag, buffer)
+
+    def recv(self, src: int, tag: int, timeout_s: float | None = None, abort: AbortCheck = never_aborted,
+             poll_s: float = POLL_S) -> torch.Tensor:
+        """The next tensor rank ``src`` sent under ``tag``; see :meth:`.links.PeerLink.take`."""
+        return self._link(src).take(tag, self.timeout_s if timeout_s is None else timeout_s, abort, poll_s)
+
+    def wake(self, src: int) -> None:
+        """Have every wait for rank ``src``'s tensors check its abort now."""
+        self._link(src).wake()
 
     def all_reduce(self, tensor: torch.Tensor, ranks: tuple[int, ...], tag: int,
                    abort: AbortCheck = never_aborted, bucket: TokenBucket | None = None) -> torch.Tensor:

@@ -71,6 +71,9 @@ class SealedSocket:
         self._received = 0
         self._plain = bytearray()  # opened bytes not yet handed to the reader
         self._offset = 0
+        # One record's buffer each way, reused: a fresh one per record was a page-faulted, zeroed megabyte.
+        self._outgoing = bytearray(_LENGTH.size + RECORD_BYTES + _TAG_BYTES)
+        self._incoming = bytearray(RECORD_BYTES + _TAG_BYTES)
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
 
@@ -82,10 +85,10 @@ class SealedSocket:
         with self._send_lock:
             for start in range(0, len(view), RECORD_BYTES):
                 chunk = view[start : start + RECORD_BYTES]
-                record = bytearray(_LENGTH.size + len(chunk) + _TAG_BYTES)
+                record = memoryview(self._outgoing)[: _LENGTH.size + len(chunk) + _TAG_BYTES]
                 _LENGTH.pack_into(record, 0, len(chunk) + _TAG_BYTES)
                 self._seal.encrypt_into(_nonce(self._sent), chunk, bytes(record[: _LENGTH.size]),
-                                        memoryview(record)[_LENGTH.size :])
+                                        record[_LENGTH.size :])
                 self._sent += 1
                 self.sock.sendall(record)
 
@@ -122,7 +125,7 @@ class SealedSocket:
         (length,) = _LENGTH.unpack(header)
         if not _TAG_BYTES < length <= RECORD_BYTES + _TAG_BYTES:
             raise ChannelClosed(f"a record of {length} bytes is not a record of this channel")
-        sealed = recv_exactly(self.sock, length)
+        sealed = recv_exactly(self.sock, length, memoryview(self._incoming)[:length])
         size = length - _TAG_BYTES
         direct = len(target) >= size
         out = target[:size] if direct else bytearray(size)

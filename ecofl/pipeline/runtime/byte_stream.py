@@ -11,17 +11,24 @@ cut into pieces of what the link carries in ``PIECE_S``
 activation waits behind one piece at most), and the receiver copies each
 piece into its buffers wherever it falls
 (:class:`ByteSink`). Both ends agree on the tensors and their order (the
-plan says which layers, their keys are sorted); the receiver checks every
+plan says which layers, :func:`stream_keys` their order); the receiver checks every
 piece against the bytes it still expects.
+
+Where the receiver's buffers lie end to end in one block of memory, in the
+stream's order (:func:`stream_buffers`), its link opens each piece straight
+into the block (:func:`opened_in_place`, :meth:`ecofl.net.links.PeerLink.receive_into`):
+the bytes are decrypted where they stay, with no piece allocated and no copy
+after (host CPU a byte, both ends: :mod:`benchmarks.copy_path`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-from ecofl.net.links import AbortCheck, Ticket, never_aborted
+from ecofl.net.links import POLL_S, AbortCheck, Ticket, never_aborted
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
 
@@ -31,9 +38,16 @@ PIECE_S = 0.05
 MIN_PIECE_BYTES, MAX_PIECE_BYTES = 64 << 10, 4 << 20  # 4 MiB: an unpaced link's (a real network's) pieces
 
 
-def in_key_order(state: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-    """A stage state's tensors in the order both ends of a stream list them."""
-    return [state[key] for key in sorted(state)]
+def stream_keys(state: Mapping[str, torch.Tensor]) -> list[str]:
+    """A stage state's keys in the order both ends of a stream list its tensors: by element size, largest first,
+    then by key. Laid end to end in this order every tensor starts at a multiple of its element size (an int64
+    count never follows a float32 batch norm of an odd length), so any state can be (:func:`stream_buffers`)."""
+    return sorted(state, key=lambda key: (-state[key].element_size(), key))
+
+
+def in_stream_order(state: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """A stage state's tensors in the order both ends of a stream list them (:func:`stream_keys`)."""
+    return [state[key] for key in stream_keys(state)]
 
 
 def piece_bytes(bucket: TokenBucket | None) -> int:
@@ -43,6 +57,53 @@ def piece_bytes(bucket: TokenBucket | None) -> int:
     return int(min(MAX_PIECE_BYTES, max(MIN_PIECE_BYTES, bucket.rate * PIECE_S)))
 
 
+def stream_buffers(likes: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Empty tensors shaped like ``likes`` (by key), laid end to end in one block in the order a stream carries
+    them (:func:`in_stream_order`); each in memory of its own on its device where they are not all on the host."""
+    if any(like.device.type != "cpu" for like in likes.values()):
+        return {key: torch.empty_like(like.detach()) for key, like in likes.items()}
+    keys = stream_keys(likes)
+    starts, end = [], 0
+    for key in keys:
+        starts.append(end)
+        end += likes[key].numel() * likes[key].element_size()
+    block = torch.empty(end, dtype=torch.uint8)
+    return {key: block[start:start + likes[key].numel() * likes[key].element_size()].view(likes[key].dtype)
+            .view(likes[key].shape) for key, start in zip(keys, starts)}
+
+
+def end_to_end(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The one flat ``uint8`` block ``tensors`` fill end to end, in order (None: they do not, or have no bytes)."""
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors or not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors):
+        return None
+    first = tensors[0]
+    address = first.data_ptr()
+    for t in tensors:
+        if t.data_ptr() != address:
+            return None
+        address += t.numel() * t.element_size()
+    storage, offset = first.untyped_storage(), first.storage_offset() * first.element_size()
+    if offset + address - first.data_ptr() > storage.nbytes():  # neighbours in memory, not one block
+        return None
+    return torch.empty(0, dtype=torch.uint8).set_(storage, offset, (address - first.data_ptr(),))
+
+
+@contextlib.contextmanager
+def opened_in_place(mesh: EpochMesh, receives: Sequence[tuple[int, Sequence[torch.Tensor]]], tag: int
+                    ) -> Iterator[None]:
+    """While inside, the links open the pieces each rank sends under ``tag`` straight into its buffers
+    (``receives``: rank, buffers in stream order), where these lie end to end; the rest are copied in."""
+    announced = [(rank, block) for rank, buffers in receives if (block := end_to_end(buffers)) is not None]
+    for rank, block in announced:
+        mesh.receive_into(rank, tag, block)
+    try:
+        yield
+    finally:
+        for rank, block in announced:
+            mesh.forget(rank, tag, block)
+
+
 def byte_views(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Each tensor as a flat view of its bytes (writing one writes the tensor)."""
     return [t.detach().view(-1).view(torch.uint8) for t in tensors]
@@ -50,8 +111,12 @@ def byte_views(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 def byte_pieces(tensors: Sequence[torch.Tensor], size_bytes: int) -> list[torch.Tensor]:
     """Every byte of ``tensors`` in order, as flat ``uint8`` pieces of ``size_bytes`` (the last one shorter; one
-    empty piece where there are no bytes). A piece within one tensor is a view of it; one across tensors (a
+    empty piece where there are no bytes). A piece within one tensor, or of tensors that lie end to end (a
+    committed copy, :meth:`~.stage_state.StageState.capture`), is a view of them; one across other tensors (a
     batch norm's few bytes beside its neighbours) copies their parts."""
+    if (block := end_to_end(tensors)) is not None and block.numel() == sum(t.numel() * t.element_size()
+                                                                           for t in tensors):
+        return [block[start:start + size_bytes] for start in range(0, block.numel(), size_bytes)]
     result: list[torch.Tensor] = []
     parts: list[torch.Tensor] = []
     room = size_bytes
@@ -77,15 +142,20 @@ class ByteSink:
         self.total = sum(view.numel() for view in self.views)
         self.filled = 0
         self._view = self._offset = 0  # where the next byte goes
+        self._end_to_end = end_to_end(self.views) is not None
 
     def write(self, piece: torch.Tensor) -> None:
-        """Copy ``piece`` (flat ``uint8``, at most the bytes left) into the views, where the last one ended."""
+        """Copy ``piece`` (flat ``uint8``, at most the bytes left) into the views, where the last one ended (no
+        copy for a piece opened there already, :func:`opened_in_place`)."""
         at = 0
+        in_place = (self._end_to_end and piece.numel() > 0
+                    and piece.data_ptr() == self.views[self._view].data_ptr() + self._offset)
         with torch.no_grad():
             while at < piece.numel():
                 view = self.views[self._view]
                 n = min(view.numel() - self._offset, piece.numel() - at)
-                view[self._offset:self._offset + n].copy_(piece[at:at + n])
+                if not in_place:
+                    view[self._offset:self._offset + n].copy_(piece[at:at + n])
                 at, self._offset = at + n, self._offset + n
                 if self._offset == view.numel():
                     self._view, self._offset = self._view + 1, 0
@@ -99,12 +169,13 @@ def send_stream(mesh: EpochMesh, rank: int, tensors: Sequence[torch.Tensor], tag
 
 
 def receive_stream(mesh: EpochMesh, rank: int, tag: int, buffers: Sequence[torch.Tensor], what: str,
-                   abort: AbortCheck = never_aborted) -> None:
-    """Fill ``buffers`` in order from the pieces ``rank`` sends under ``tag`` (no bytes: one empty piece); a
-    piece that is not bytes or does not fit what is left is a ValueError naming ``what`` travels."""
+                   abort: AbortCheck = never_aborted, poll_s: float = POLL_S) -> None:
+    """Fill ``buffers`` in order from the pieces ``rank`` sends under ``tag`` (no bytes: one empty piece),
+    checking ``abort`` every ``poll_s`` while none arrives; a piece that is not bytes or does not fit what is
+    left is a ValueError naming ``what`` travels."""
     sink = ByteSink(byte_views(buffers))
     while True:
-        piece = mesh.recv(rank, tag, abort=abort)
+        piece = mesh.recv(rank, tag, abort=abort, poll_s=poll_s)
         left = sink.total - sink.filled
         fits = 0 < piece.numel() <= left or left == 0 == piece.numel()
         if piece.dim() != 1 or piece.dtype != torch.uint8 or not fits:

@@ -52,7 +52,8 @@ class CopyThread:
         if self.error is not None:
             raise self.error
 
-    def stop(self) -> None:
-        """Stop the work at its next check and wait for the thread."""
+    def stop(self, wake: Callable[[], None] = lambda: None) -> None:
+        """Stop the work at its next check (``wake``: make a waiting work check now) and wait for the thread."""
         self._stop.set()
+        wake()
         self._thread.join()

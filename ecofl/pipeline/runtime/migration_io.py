@@ -6,7 +6,7 @@ so that the moves of different device pairs run concurrently (Asteroid §3.4:
 "concurrent layer migration between adjacent stages"; FTPipeHD Algorithm 1
 fetches each missing layer from the worker that has it). The layers a device
 sends to another travel as one stream of bytes (:mod:`.byte_stream`, as
-replicas do), both ends listing the tensors in sorted key order: with a
+replicas do), both ends listing the tensors in one order: with a
 message per tensor, a kill of the last device of Eco-FL's confined testbed
 spent about a second moving 3.3 MB that the link carries in a quarter of
 one. With a link rate the sender paces its bytes like the pipeline's own
@@ -23,7 +23,7 @@ import torch
 from ecofl.net.links import AbortCheck, never_aborted
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
-from ecofl.pipeline.runtime.byte_stream import in_key_order, receive_stream, send_stream
+from ecofl.pipeline.runtime.byte_stream import in_stream_order, opened_in_place, receive_stream, send_stream
 
 LayerStates = list[tuple[int, dict[str, torch.Tensor]]]  # (rank, a state by key) to send, or buffers to fill
 
@@ -40,10 +40,12 @@ def exchange_layer_states(mesh: EpochMesh, sends: LayerStates, receives: LayerSt
     finish hold partial data: the caller keeps them only on success.
     """
     bucket = TokenBucket(rate_bps) if rate_bps else None
-    tickets = [ticket for rank, state in sends for ticket in send_stream(mesh, rank, in_key_order(state), tag, bucket)]
-    posted()
-    for rank, buffers in receives:
-        receive_stream(mesh, rank, tag, in_key_order(buffers), "migration", abort)
+    with opened_in_place(mesh, [(rank, in_stream_order(buffers)) for rank, buffers in receives], tag):
+        tickets = [ticket for rank, state in sends
+                   for ticket in send_stream(mesh, rank, in_stream_order(state), tag, bucket)]
+        posted()
+        for rank, buffers in receives:
+            receive_stream(mesh, rank, tag, in_stream_order(buffers), "migration", abort)
     for ticket in tickets:
         ticket.wait(mesh.timeout_s, abort, "moving stage state between devices")
     return sum(b.numel() * b.element_size() for _, buffers in receives for b in buffers.values())

@@ -8,7 +8,7 @@ second of every round. Here the replica of version ``r`` (the committed state
 sync-round ``r`` starts from, which the worker holds as a snapshot that
 training never changes) travels *during* sync-round ``r``:
 
-- as one stream of bytes (every tensor of the state in key order) in
+- as one stream of bytes (every tensor of the state in stream order) in
   pieces of what the link carries in a moment (:mod:`.byte_stream`), posted
   in the background of the link to each backup
   (:meth:`ecofl.net.links.PeerLink.post`): on an emulated link a piece
@@ -39,17 +39,22 @@ from collections.abc import Callable
 from ecofl.net.links import REPLICA_TAG, AbortCheck, Ticket
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
-from ecofl.pipeline.runtime.byte_stream import in_key_order, receive_stream, send_stream
+from ecofl.pipeline.runtime.byte_stream import in_stream_order, opened_in_place, receive_stream, send_stream
 from ecofl.pipeline.runtime.copy_thread import CopyThread
 from ecofl.pipeline.runtime.stage_state import State
+
+
+#: How often the receiving thread checks, unwoken, whether it was stopped (:meth:`ReplicaExchange.stop` wakes it);
+#: every check is a wake-up, which costs a confined device CPU (``benchmarks/copy_path.py``).
+STOP_CHECK_S = 1.0
 
 
 class ReplicaExchange:
     """One worker's replicas of one sync-round: the ones it sends to its backups, the ones it keeps for others.
 
-    ``sends``: (rank, state) to post, each state's bytes in key order, paced
+    ``sends``: (rank, state) to post, each state's bytes in stream order, paced
     by ``buckets[rank]`` in pieces sized for it; ``receives``: (rank, buffers)
-    to fill in key order, from pieces of any size the sender chose.
+    to fill in stream order, from pieces of any size the sender chose.
     ``keep(buffers)`` is called on the receiving thread as soon as one
     replica is complete.
     """
@@ -61,7 +66,8 @@ class ReplicaExchange:
         self.complete_after_s: float | None = None  # when the last replica kept here was complete
         self.tickets: list[Ticket] = [
             ticket for rank, state in sends
-            for ticket in send_stream(mesh, rank, in_key_order(state), REPLICA_TAG, buckets.get(rank), background=True)
+            for ticket in send_stream(mesh, rank, in_stream_order(state), REPLICA_TAG, buckets.get(rank),
+                                      background=True)
         ]
         self._receiver = CopyThread("replica-receiver", self._receive)
 
@@ -70,10 +76,13 @@ class ReplicaExchange:
         return sum(b.numel() * b.element_size() for _, buffers in self.receives for b in buffers.values())
 
     def _receive(self, stopped: Callable[[], None]) -> None:
-        for rank, buffers in self.receives:
-            receive_stream(self.mesh, rank, REPLICA_TAG, in_key_order(buffers), "replica", stopped)
-            self.keep(buffers)
-            self.complete_after_s = time.time() - self.started
+        with opened_in_place(self.mesh, [(rank, in_stream_order(buffers)) for rank, buffers in self.receives],
+                             REPLICA_TAG):
+            for rank, buffers in self.receives:
+                receive_stream(self.mesh, rank, REPLICA_TAG, in_stream_order(buffers), "replica", stopped,
+                               poll_s=STOP_CHECK_S)
+                self.keep(buffers)
+                self.complete_after_s = time.time() - self.started
 
     def ended_cpu_s(self) -> dict[str, float]:
         """The receiving thread's CPU seconds once it has ended (:meth:`.ThreadClock.by_job`'s ``finished``)."""
@@ -87,4 +96,4 @@ class ReplicaExchange:
 
     def stop(self) -> None:
         """Stop receiving (an interrupted round): a replica not complete is not kept."""
-        self._receiver.stop()
+        self._receiver.stop(wake=lambda: [self.mesh.wake(rank) for rank, _ in self.receives])

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ecofl.accelerator import host_array
+from ecofl.pipeline.runtime.byte_stream import stream_buffers
 from ecofl.pipeline.runtime.model_spec import layer_state_keys
 
 MOMENTUM = "momentum/"
@@ -51,18 +52,22 @@ class StageState:
         return [key for layer in layers for key in self.layer_keys[layer]]
 
     def capture(self, layers: Iterable[int], momentum: dict[str, torch.Tensor], with_momentum: bool) -> State:
-        """A copy of ``layers``' tensors and, ``with_momentum``, every parameter's momentum buffer.
+        """A copy of ``layers``' tensors and, ``with_momentum``, every parameter's momentum buffer, laid end to
+        end as a stream carries them (:func:`~.byte_stream.stream_buffers`: a replica of it is sent as views).
 
         A parameter without a buffer yet (before the first step) gets zeros:
         SGD (dampening 0) starts a buffer at the first gradient, exactly what
         a zero buffer gives, and every copy of a stage then lists the same tensors.
         """
-        state = {}
+        sources: dict[str, torch.Tensor | None] = {}
         for key in self.keys(layers):
-            state[key] = self.tensors[key].detach().clone()
+            sources[key] = self.tensors[key].detach()
             if with_momentum and key in self.parameter_keys:
-                buffer = momentum.get(key)
-                state[MOMENTUM + key] = buffer.detach().clone() if buffer is not None else torch.zeros_like(state[key])
+                sources[MOMENTUM + key] = momentum.get(key)
+        state = stream_buffers({key: self.tensors[key.removeprefix(MOMENTUM)] for key in sources})
+        with torch.no_grad():
+            for key, source in sources.items():
+                state[key].copy_(source) if source is not None else state[key].zero_()
         return state
 
     def hold(self, version: int, state: State) -> None:
@@ -100,13 +105,14 @@ class StageState:
         return with_momentum_of(held, keys)
 
     def empty_like_layers(self, layers: Iterable[int], with_momentum: bool) -> State:
-        """Receive buffers for the state of ``layers`` (shapes and dtypes from the model)."""
-        state = {}
+        """Receive buffers for the state of ``layers`` (shapes and dtypes from the model), laid out as a stream
+        carries them (:func:`~.byte_stream.stream_buffers`)."""
+        likes = {}
         for key in self.keys(layers):
-            state[key] = torch.empty_like(self.tensors[key].detach())
+            likes[key] = self.tensors[key]
             if with_momentum and key in self.parameter_keys:
-                state[MOMENTUM + key] = torch.empty_like(self.tensors[key].detach())
-        return state
+                likes[MOMENTUM + key] = self.tensors[key]
+        return stream_buffers(likes)
 
     def held_bytes(self, own: Iterable[str]) -> int:
         """Bytes of the copies of layers other than ``own`` keys (the replicas a backup keeps for others)."""
