@@ -31,6 +31,7 @@ from torch import nn
 from ecofl.accelerator import host_array
 from ecofl.pipeline.runtime.byte_stream import stream_buffers
 from ecofl.pipeline.runtime.model_spec import layer_state_keys
+from ecofl.pipeline.runtime.spare_blocks import SpareBlocks
 
 MOMENTUM = "momentum/"
 
@@ -47,6 +48,7 @@ class StageState:
         self.tensors: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
         self.parameter_keys = {k for k, _ in model.named_parameters()}
         self.copies: dict[int, State] = {}  # version -> the state of every layer held at that version
+        self.spares = SpareBlocks()  # the memory of the copies the last keep() dropped
 
     def keys(self, layers: Iterable[int]) -> list[str]:
         return [key for layer in layers for key in self.layer_keys[layer]]
@@ -64,7 +66,7 @@ class StageState:
             sources[key] = self.tensors[key].detach()
             if with_momentum and key in self.parameter_keys:
                 sources[MOMENTUM + key] = momentum.get(key)
-        state = stream_buffers({key: self.tensors[key.removeprefix(MOMENTUM)] for key in sources})
+        state = stream_buffers({key: self.tensors[key.removeprefix(MOMENTUM)] for key in sources}, self.spares.take)
         with torch.no_grad():
             for key, source in sources.items():
                 state[key].copy_(source) if source is not None else state[key].zero_()
@@ -91,9 +93,11 @@ class StageState:
         return momentum
 
     def keep(self, versions: set[int]) -> None:
-        """Drop the copies of every other version."""
-        for version in set(self.copies) - versions:
-            del self.copies[version]
+        """Drop the copies of every other version; their memory waits for the next copies of their sizes
+        (:mod:`.spare_blocks`), unless a copy kept or the model's own tensors share it."""
+        dropped = [tensor for version in set(self.copies) - versions for tensor in self.copies.pop(version).values()]
+        in_use = [tensor for held in self.copies.values() for tensor in held.values()]
+        self.spares.release(dropped, in_use + list(self.tensors.values()))
 
     def layers_state(self, layers: Iterable[int], version: int) -> State:
         """The committed state of ``layers`` at ``version``; RuntimeError if this worker does not hold it."""
@@ -112,13 +116,15 @@ class StageState:
             likes[key] = self.tensors[key]
             if with_momentum and key in self.parameter_keys:
                 likes[MOMENTUM + key] = self.tensors[key]
-        return stream_buffers(likes)
+        return stream_buffers(likes, self.spares.take)
 
     def held_bytes(self, own: Iterable[str]) -> int:
-        """Bytes of the copies of layers other than ``own`` keys (the replicas a backup keeps for others)."""
+        """Bytes held beside the live stage: the copies of layers other than ``own`` keys (the replicas a backup
+        keeps for others), and the dropped copies' memory waiting for the next commit (:mod:`.spare_blocks`)."""
         own = set(own)
-        return sum(t.numel() * t.element_size() for held in self.copies.values() for k, t in held.items()
-                   if k not in own and (not k.startswith(MOMENTUM) or k[len(MOMENTUM):] not in own))
+        return self.spares.spare_bytes + sum(
+            t.numel() * t.element_size() for held in self.copies.values() for k, t in held.items()
+            if k not in own and (not k.startswith(MOMENTUM) or k[len(MOMENTUM):] not in own))
 
 
 def with_momentum_of(state: Mapping[str, T], keys: Iterable[str]) -> dict[str, T]:

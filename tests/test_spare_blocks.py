@@ -1,0 +1,46 @@
+"""The memory of dropped copies reused by the next copies of the same size (ecofl.pipeline.runtime.spare_blocks)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ecofl.pipeline.runtime.byte_stream import end_to_end, in_stream_order, stream_buffers
+from ecofl.pipeline.runtime.spare_blocks import SpareBlocks
+from ecofl.pipeline.runtime.stage_state import StageState
+
+
+def test_a_dropped_block_is_taken_again_by_size_unless_something_kept_shares_it():
+    spares = SpareBlocks()
+    state = {"w": torch.randn(4, 4), "b": torch.randn(4)}
+    old, shared = stream_buffers(state), stream_buffers(state)
+    spares.release([*old.values(), *shared.values()], in_use=[shared["b"]])  # a kept copy still uses `shared`
+    assert spares.spare_bytes == 80
+    again = stream_buffers(state, spares.take)
+    block = end_to_end(in_stream_order(again))  # the old block, laid out anew
+    assert block.data_ptr() == end_to_end(in_stream_order(old)).data_ptr()
+    assert spares.take(80) is None and spares.spare_bytes == 0  # `shared` was never offered
+    spares.release(again.values(), in_use=[])
+    spares.release([], in_use=[])  # offered, not taken before the next release: let go
+    assert spares.take(80) is None
+
+
+def test_a_worker_commits_and_receives_into_the_memory_of_the_copies_it_dropped():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    state = StageState(model, list(model))
+    for version in range(3):  # commit a version a round, keep the last two
+        state.keep({version - 1, version})
+        replica = state.empty_like_layers([2], with_momentum=True)  # a neighbour's layer arriving
+        state.hold(version, replica)
+        state.hold(version + 1, state.capture([0, 1], {}, with_momentum=True))
+    # round 3 drops version 1: its replica's block and its commit's block come back for the same uses
+    dropped = state.copies[1]
+    dropped_replica = end_to_end(in_stream_order({k: v for k, v in dropped.items() if "2." in k})).data_ptr()
+    dropped_commit = end_to_end(in_stream_order({k: v for k, v in dropped.items() if "2." not in k})).data_ptr()
+    state.keep({2, 3})
+    assert end_to_end(in_stream_order(state.empty_like_layers([2], with_momentum=True))).data_ptr() == dropped_replica
+    kept = {t.untyped_storage().data_ptr() for held in state.copies.values() for t in held.values()}
+    committed = state.capture([0, 1], {}, with_momentum=True)
+    assert end_to_end(in_stream_order(committed)).data_ptr() == dropped_commit
+    assert committed["0.weight"].untyped_storage().data_ptr() not in kept  # never the memory of a copy kept
+    assert all(torch.equal(committed[k], state.tensors[k]) for k in committed if not k.startswith("momentum/"))
