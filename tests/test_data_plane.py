@@ -332,26 +332,32 @@ def test_replica_pieces_are_what_the_link_carries_in_a_moment():
     assert [p.numel() for p in byte_pieces([torch.zeros(0)], 8)] == [0] and byte_pieces([], 8)[0].numel() == 0
 
 
-def test_a_link_opens_byte_pieces_straight_into_the_buffer_announced_for_their_tag_until_it_is_full():
+def test_a_link_opens_byte_pieces_straight_into_the_buffer_announced_for_their_tag_and_hands_it_out_full():
     listeners, (a, b) = meshes(2)
     block = torch.zeros(100, dtype=torch.uint8)
     try:
         b.receive_into(0, REPLICA_TAG, block)
         for value, size in ((1, 60), (2, 40)):  # fills it exactly
             a.send(1, torch.full((size,), value, dtype=torch.uint8), REPLICA_TAG)
-        first, second = b.recv(0, REPLICA_TAG), b.recv(0, REPLICA_TAG)
-        assert first.data_ptr() == block.data_ptr() and second.data_ptr() == block.data_ptr() + 60
+        whole = b.recv(0, REPLICA_TAG)  # one hand-out for both pieces: the buffer itself
+        assert whole.data_ptr() == block.data_ptr() and whole.numel() == 100
         assert torch.equal(block, torch.tensor([1] * 60 + [2] * 40, dtype=torch.uint8))
         a.send(1, torch.full((10,), 3, dtype=torch.uint8), REPLICA_TAG)  # the buffer is full: new memory
         assert b.recv(0, REPLICA_TAG).data_ptr() != block.data_ptr() + 100 and block[-1] == 2
         other = torch.zeros(8, dtype=torch.uint8)
         b.receive_into(0, REPLICA_TAG, other)
         a.send(1, torch.full((2,), 4.0), REPLICA_TAG)  # not bytes: new memory, the buffer waits
-        a.send(1, torch.full((16,), 5, dtype=torch.uint8), REPLICA_TAG)  # more than it has room for: new memory
-        assert torch.equal(b.recv(0, REPLICA_TAG), torch.full((2,), 4.0)) and b.recv(0, REPLICA_TAG).numel() == 16
-        b.forget(0, REPLICA_TAG, other)  # a receive that ended early: nothing more goes there
-        a.send(1, torch.full((8,), 6, dtype=torch.uint8), REPLICA_TAG)
-        assert b.recv(0, REPLICA_TAG).data_ptr() != other.data_ptr() and not other.any()
+        a.send(1, torch.full((6,), 5, dtype=torch.uint8), REPLICA_TAG)  # opened into it, not handed out yet
+        a.send(1, torch.full((16,), 6, dtype=torch.uint8), REPLICA_TAG)  # more than it has room for
+        assert torch.equal(b.recv(0, REPLICA_TAG), torch.full((2,), 4.0))
+        part = b.recv(0, REPLICA_TAG)  # what was filled, then the piece that did not fit, in new memory
+        assert part.data_ptr() == other.data_ptr() and torch.equal(part, torch.full((6,), 5, dtype=torch.uint8))
+        assert torch.equal(b.recv(0, REPLICA_TAG), torch.full((16,), 6, dtype=torch.uint8))
+        last = torch.zeros(8, dtype=torch.uint8)
+        b.receive_into(0, REPLICA_TAG, last)
+        b.forget(0, REPLICA_TAG, last)  # a receive that ended early: nothing goes there
+        a.send(1, torch.full((8,), 7, dtype=torch.uint8), REPLICA_TAG)
+        assert b.recv(0, REPLICA_TAG).data_ptr() != last.data_ptr() and not last.any()
     finally:
         close_all(listeners, [a, b])
 
@@ -382,6 +388,8 @@ def test_a_replica_into_buffers_laid_end_to_end_arrives_whole_and_in_place():
     link, opened_in_block = b._link(0), []
     room_for = link._room_for
     link._room_for = lambda tag, nbytes: opened_in_block.append(room := room_for(tag, nbytes)) or room
+    taken, take = [], link.take
+    link.take = lambda *args: taken.append(piece := take(*args)) or piece
     try:
         receiver = ReplicaExchange(b, [], [(0, buffers)], {}, kept.append)
         sender = ReplicaExchange(a, [(1, sent)], [], {1: TokenBucket(1e6)}, kept.append)
@@ -390,8 +398,9 @@ def test_a_replica_into_buffers_laid_end_to_end_arrives_whole_and_in_place():
         assert kept == [buffers] and all(torch.equal(buffers[k], state[k]) for k in state)
         block = end_to_end(in_stream_order(buffers))
         assert len(opened_in_block) == len(sender.tickets) > 1  # every piece opened into the block, in order
-        assert [p.data_ptr() - block.data_ptr() for p in opened_in_block] == [
+        assert [room.data_ptr() - block.data_ptr() for room, _ in opened_in_block] == [
             i * MIN_PIECE_BYTES for i in range(len(opened_in_block))]
+        assert [piece.data_ptr() for piece in taken] == [block.data_ptr()]  # the receiver woke once, for it all
     finally:
         close_all(listeners, [a, b])
 

@@ -255,22 +255,23 @@ class PeerLink:
                     raise ChannelClosed(f"rank {self.peer} sent a malformed tensor header")
                 dtype, shape = DTYPES[code], tuple(dims[:ndim])
                 nbytes = announced_bytes(shape, torch.empty((), dtype=dtype).element_size())
-                raw = self._room_for(tag, nbytes) if dtype == torch.uint8 and ndim == 1 else None
-                if raw is None:
-                    raw = torch.empty(nbytes, dtype=torch.uint8)
+                room, completed = self._room_for(tag, nbytes) if dtype == torch.uint8 and ndim == 1 else (None, None)
+                raw = room if room is not None else torch.empty(nbytes, dtype=torch.uint8)
                 if raw.numel():
                     recv_exactly(self.channel, raw.numel(), host_array(raw))
-                tensor = raw.view(dtype).reshape(shape)
-                with self._arrived:
-                    self._inbox[tag].append(tensor)
-                    self._arrived.notify_all()
+                arrived = raw.view(dtype).reshape(shape) if room is None else completed
+                if arrived is not None:  # a piece opened into an announced buffer arrives with its last one
+                    with self._arrived:
+                        self._inbox[tag].append(arrived)
+                        self._arrived.notify_all()
         except (OSError, ChannelClosed, ValueError, RuntimeError) as error:  # RuntimeError: no memory for it
             self._fail(f"receiving from rank {self.peer}: {error}")
 
     def receive_into(self, tag: int, buffer: torch.Tensor) -> None:
         """Open the byte pieces the peer sends under ``tag`` into flat ``uint8`` ``buffer``, each where the last one
-        ended, until it is full (after the buffers announced before it); :meth:`take` hands out the part each
-        filled. A piece that does not fit the room left goes to new memory, as a piece under any other tag."""
+        ended, until it is full (after the buffers announced before it); :meth:`take` hands the whole buffer out
+        once full: one wake-up, not one a piece. A piece that does not fit the room left goes to new memory, as a
+        piece under any other tag, handed out after the part of the buffer filled so far."""
         with self._arrived:
             self._buffers[tag].append([buffer, 0])
 
@@ -279,18 +280,24 @@ class PeerLink:
         with self._arrived:
             self._buffers[tag] = collections.deque(b for b in self._buffers[tag] if b[0] is not buffer)
 
-    def _room_for(self, tag: int, nbytes: int) -> torch.Tensor | None:
-        """The next ``nbytes`` of the first buffer announced under ``tag`` (None: none, or too little room)."""
+    def _room_for(self, tag: int, nbytes: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The next ``nbytes`` of the first buffer announced under ``tag``, and that buffer if they fill it (no
+        longer announced then). (None, None) where none is announced or it has too little room: the part of
+        it filled so far is handed out, and it is no longer announced."""
         with self._arrived:
             if not (waiting := self._buffers.get(tag)):
-                return None
+                return None, None
             buffer, filled = waiting[0]
             if filled + nbytes > buffer.numel():
-                return None
+                waiting.popleft()
+                if filled:
+                    self._inbox[tag].append(buffer[:filled])
+                return None, None
             waiting[0][1] = filled + nbytes
             if filled + nbytes == buffer.numel():
                 waiting.popleft()
-            return buffer[filled:filled + nbytes]
+                return buffer[filled:], buffer
+            return buffer[filled:filled + nbytes], None
 
     def take(self, tag: int, timeout_s: float, abort: AbortCheck = never_aborted, poll_s: float = POLL_S
              ) -> torch.Tensor:

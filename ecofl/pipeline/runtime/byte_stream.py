@@ -139,21 +139,21 @@ def byte_pieces(tensors: Sequence[torch.Tensor], size_bytes: int) -> list[torch.
 
 
 class ByteSink:
-    """Flat byte views filled in order from pieces of any size (a piece may span several views)."""
+    """Tensors' bytes filled in order from pieces of any size (a piece may span several tensors): as one flat
+    view where they lie end to end, else as each one's."""
 
-    def __init__(self, views: list[torch.Tensor]):
-        self.views = [view for view in views if view.numel()]
+    def __init__(self, tensors: Sequence[torch.Tensor]):
+        block = end_to_end(tensors)
+        self.views = [block] if block is not None else [view for view in byte_views(tensors) if view.numel()]
         self.total = sum(view.numel() for view in self.views)
         self.filled = 0
         self._view = self._offset = 0  # where the next byte goes
-        self._end_to_end = end_to_end(self.views) is not None
 
     def write(self, piece: torch.Tensor) -> None:
         """Copy ``piece`` (flat ``uint8``, at most the bytes left) into the views, where the last one ended (no
         copy for a piece opened there already, :func:`opened_in_place`)."""
         at = 0
-        in_place = (self._end_to_end and piece.numel() > 0
-                    and piece.data_ptr() == self.views[self._view].data_ptr() + self._offset)
+        in_place = piece.numel() > 0 and piece.data_ptr() == self.views[self._view].data_ptr() + self._offset
         with torch.no_grad():
             while at < piece.numel():
                 view = self.views[self._view]
@@ -177,7 +177,7 @@ def receive_stream(mesh: EpochMesh, rank: int, tag: int, buffers: Sequence[torch
     """Fill ``buffers`` in order from the pieces ``rank`` sends under ``tag`` (no bytes: one empty piece),
     checking ``abort`` every ``poll_s`` while none arrives; a piece that is not bytes or does not fit what is
     left is a ValueError naming ``what`` travels."""
-    sink = ByteSink(byte_views(buffers))
+    sink = ByteSink(buffers)
     while True:
         piece = mesh.recv(rank, tag, abort=abort, poll_s=poll_s)
         left = sink.total - sink.filled
