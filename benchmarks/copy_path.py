@@ -81,8 +81,8 @@ class LinkedPair:
     def recv(self, src, tag, timeout_s=None, abort=lambda: None, poll_s=POLL_S):
         return self.links[src].take(tag, timeout_s or self.timeout_s, abort, poll_s)
 
-    def receive_into(self, src, tag, buffer):
-        self.links[src].receive_into(tag, buffer)
+    def receive_into(self, src, tag, buffers):
+        return self.links[src].receive_into(tag, buffers)
 
     def forget(self, src, tag, buffer):
         self.links[src].forget(tag, buffer)

@@ -336,7 +336,7 @@ def test_a_link_opens_byte_pieces_straight_into_the_buffer_announced_for_their_t
     listeners, (a, b) = meshes(2)
     block = torch.zeros(100, dtype=torch.uint8)
     try:
-        b.receive_into(0, REPLICA_TAG, block)
+        assert b.receive_into(0, REPLICA_TAG, [block])
         for value, size in ((1, 60), (2, 40)):  # fills it exactly
             a.send(1, torch.full((size,), value, dtype=torch.uint8), REPLICA_TAG)
         whole = b.recv(0, REPLICA_TAG)  # one hand-out for both pieces: the buffer itself
@@ -345,7 +345,7 @@ def test_a_link_opens_byte_pieces_straight_into_the_buffer_announced_for_their_t
         a.send(1, torch.full((10,), 3, dtype=torch.uint8), REPLICA_TAG)  # the buffer is full: new memory
         assert b.recv(0, REPLICA_TAG).data_ptr() != block.data_ptr() + 100 and block[-1] == 2
         other = torch.zeros(8, dtype=torch.uint8)
-        b.receive_into(0, REPLICA_TAG, other)
+        assert b.receive_into(0, REPLICA_TAG, [other])
         a.send(1, torch.full((2,), 4.0), REPLICA_TAG)  # not bytes: new memory, the buffer waits
         a.send(1, torch.full((6,), 5, dtype=torch.uint8), REPLICA_TAG)  # opened into it, not handed out yet
         a.send(1, torch.full((16,), 6, dtype=torch.uint8), REPLICA_TAG)  # more than it has room for
@@ -354,10 +354,33 @@ def test_a_link_opens_byte_pieces_straight_into_the_buffer_announced_for_their_t
         assert part.data_ptr() == other.data_ptr() and torch.equal(part, torch.full((6,), 5, dtype=torch.uint8))
         assert torch.equal(b.recv(0, REPLICA_TAG), torch.full((16,), 6, dtype=torch.uint8))
         last = torch.zeros(8, dtype=torch.uint8)
-        b.receive_into(0, REPLICA_TAG, last)
+        assert b.receive_into(0, REPLICA_TAG, [last])
         b.forget(0, REPLICA_TAG, last)  # a receive that ended early: nothing goes there
         a.send(1, torch.full((8,), 7, dtype=torch.uint8), REPLICA_TAG)
         assert b.recv(0, REPLICA_TAG).data_ptr() != last.data_ptr() and not last.any()
+        a.send(1, torch.full((8,), 8, dtype=torch.uint8), REPLICA_TAG)
+        wait_for(lambda: b._link(0)._inbox[REPLICA_TAG], 30)
+        assert not b.receive_into(0, REPLICA_TAG, [last])  # a piece came first: its stream would land misplaced
+        assert torch.equal(b.recv(0, REPLICA_TAG), torch.full((8,), 8, dtype=torch.uint8)) and not last.any()
+    finally:
+        close_all(listeners, [a, b])
+
+
+def test_a_replica_whose_first_piece_came_before_its_buffers_were_announced_is_copied_in_whole():
+    listeners, (a, b) = meshes(2)
+    state = {"w": torch.randn(50_000), "b": torch.randn(7), "count": torch.tensor(3)}
+    sent, buffers = stream_buffers(state), stream_buffers(state)
+    for key, value in state.items():
+        sent[key].copy_(value)
+    kept: list[dict[str, torch.Tensor]] = []
+    try:  # the sender's round starts first: a piece waits at the receiver, the rest keeps coming
+        sender = ReplicaExchange(a, [(1, sent)], [], {1: TokenBucket(5e5)}, kept.append)
+        wait_for(lambda: b._link(0)._inbox[REPLICA_TAG], 30)
+        receiver = ReplicaExchange(b, [], [(0, buffers)], {}, kept.append)
+        sender.finish(lambda: None)
+        receiver.finish(lambda: None)
+        assert len(sender.tickets) > 2 and kept == [buffers]
+        assert all(torch.equal(buffers[k], state[k]) for k in state)
     finally:
         close_all(listeners, [a, b])
 
@@ -387,7 +410,7 @@ def test_a_replica_into_buffers_laid_end_to_end_arrives_whole_and_in_place():
     kept: list[dict[str, torch.Tensor]] = []
     link, opened_in_block = b._link(0), []
     room_for = link._room_for
-    link._room_for = lambda tag, nbytes: opened_in_block.append(room := room_for(tag, nbytes)) or room
+    link._room_for = lambda *args: opened_in_block.append(room := room_for(*args)) or room
     taken, take = [], link.take
     link.take = lambda *args: taken.append(piece := take(*args)) or piece
     try:

@@ -40,7 +40,7 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -136,6 +136,7 @@ class PeerLink:
         self._arrived = threading.Condition()
         #: tag -> the buffers announced for its pieces, as [buffer, bytes filled], the one being filled first
         self._buffers: dict[int, collections.deque[list]] = collections.defaultdict(collections.deque)
+        self._opening: int | None = None  # the tag of the tensor the reader is opening (not in the inbox yet)
         self.error: PeerLost | None = None
         self._closed = False
         self._foreground = threading.Event()  # a foreground post was made (a background piece steps aside)
@@ -255,37 +256,46 @@ class PeerLink:
                     raise ChannelClosed(f"rank {self.peer} sent a malformed tensor header")
                 dtype, shape = DTYPES[code], tuple(dims[:ndim])
                 nbytes = announced_bytes(shape, torch.empty((), dtype=dtype).element_size())
-                room, completed = self._room_for(tag, nbytes) if dtype == torch.uint8 and ndim == 1 else (None, None)
+                room, completed = self._room_for(tag, nbytes, dtype == torch.uint8 and ndim == 1)
                 raw = room if room is not None else torch.empty(nbytes, dtype=torch.uint8)
                 if raw.numel():
                     recv_exactly(self.channel, raw.numel(), host_array(raw))
                 arrived = raw.view(dtype).reshape(shape) if room is None else completed
-                if arrived is not None:  # a piece opened into an announced buffer arrives with its last one
-                    with self._arrived:
+                with self._arrived:
+                    self._opening = None
+                    if arrived is not None:  # a piece opened into an announced buffer arrives with its last one
                         self._inbox[tag].append(arrived)
                         self._arrived.notify_all()
         except (OSError, ChannelClosed, ValueError, RuntimeError) as error:  # RuntimeError: no memory for it
             self._fail(f"receiving from rank {self.peer}: {error}")
 
-    def receive_into(self, tag: int, buffer: torch.Tensor) -> None:
-        """Open the byte pieces the peer sends under ``tag`` into flat ``uint8`` ``buffer``, each where the last one
-        ended, until it is full (after the buffers announced before it); :meth:`take` hands the whole buffer out
-        once full: one wake-up, not one a piece. A piece that does not fit the room left goes to new memory, as a
-        piece under any other tag, handed out after the part of the buffer filled so far."""
+    def receive_into(self, tag: int, buffers: Sequence[torch.Tensor]) -> bool:
+        """Open the byte pieces the peer sends under ``tag`` into flat ``uint8`` ``buffers``, each where the last
+        one ended, one buffer after the other; :meth:`take` hands each buffer out whole once full: one wake-up,
+        not one a piece. A piece that does not fit the room left goes to new memory, as a piece under any other
+        tag, handed out after the part of the buffer filled so far.
+
+        Refused (False) while a piece under ``tag`` has arrived and not been taken, or is being opened: the
+        buffers would take the stream's bytes from the wrong place, so the caller copies this stream in."""
         with self._arrived:
-            self._buffers[tag].append([buffer, 0])
+            if self._inbox[tag] or self._opening == tag:
+                return False
+            self._buffers[tag].extend([buffer, 0] for buffer in buffers)
+            return True
 
     def forget(self, tag: int, buffer: torch.Tensor) -> None:
         """Stop opening pieces into ``buffer`` (a receive that ended early); pieces already opened stay."""
         with self._arrived:
             self._buffers[tag] = collections.deque(b for b in self._buffers[tag] if b[0] is not buffer)
 
-    def _room_for(self, tag: int, nbytes: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The next ``nbytes`` of the first buffer announced under ``tag``, and that buffer if they fill it (no
-        longer announced then). (None, None) where none is announced or it has too little room: the part of
-        it filled so far is handed out, and it is no longer announced."""
+    def _room_for(self, tag: int, nbytes: int, is_bytes: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Where the reader opens a tensor of ``nbytes`` under ``tag``: the next bytes of the first buffer
+        announced under it (a byte piece), and that buffer if they fill it (no longer announced then). (None,
+        None): new memory, where none is announced, the piece is not bytes or the buffer has too little room
+        (the part of it filled so far is handed out, and it is no longer announced)."""
         with self._arrived:
-            if not (waiting := self._buffers.get(tag)):
+            self._opening = tag
+            if not is_bytes or not nbytes or not (waiting := self._buffers.get(tag)):
                 return None, None
             buffer, filled = waiting[0]
             if filled + nbytes > buffer.numel():

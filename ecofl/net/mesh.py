@@ -143,9 +143,9 @@ class EpochMesh:
         """Post ``tensor`` to rank ``dst`` under ``tag``; see :meth:`.links.PeerLink.post`."""
         return self._link(dst).post(tensor, tag, bucket, background)
 
-    def receive_into(self, src: int, tag: int, buffer: torch.Tensor) -> None:
-        """Open rank ``src``'s byte pieces under ``tag`` into ``buffer``; see :meth:`.links.PeerLink.receive_into`."""
-        self._link(src).receive_into(tag, buffer)
+    def receive_into(self, src: int, tag: int, buffers: list[torch.Tensor]) -> bool:
+        """Open rank ``src``'s byte pieces under ``tag`` into ``buffers``; see :meth:`.links.PeerLink.receive_into`."""
+        return self._link(src).receive_into(tag, buffers)
 
     def forget(self, src: int, tag: int, buffer: torch.Tensor) -> None:
         """Open nothing more into ``buffer``; see :meth:`.links.PeerLink.forget`."""

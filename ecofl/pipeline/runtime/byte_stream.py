@@ -97,15 +97,21 @@ def end_to_end(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
 def opened_in_place(mesh: EpochMesh, receives: Sequence[tuple[int, Sequence[torch.Tensor]]], tag: int
                     ) -> Iterator[None]:
     """While inside, the links open the pieces each rank sends under ``tag`` straight into its buffers
-    (``receives``: rank, buffers in stream order), where these lie end to end; the rest are copied in."""
-    announced = [(rank, block) for rank, buffers in receives if (block := end_to_end(buffers)) is not None]
-    for rank, block in announced:
-        mesh.receive_into(rank, tag, block)
+    (``receives``: rank, buffers in stream order, a rank's streams in the order it sends them), where these lie
+    end to end and the link takes them before any piece under ``tag`` came; the rest are copied in."""
+    blocks: dict[int, list[torch.Tensor]] = {}
+    for rank, buffers in receives:
+        if (block := end_to_end(buffers)) is not None and blocks.get(rank) != []:
+            blocks.setdefault(rank, []).append(block)
+        else:  # a stream that is copied in: none after it from that rank can be opened in place
+            blocks[rank] = []
+    announced = {rank: mine for rank, mine in blocks.items() if mine and mesh.receive_into(rank, tag, mine)}
     try:
         yield
     finally:
-        for rank, block in announced:
-            mesh.forget(rank, tag, block)
+        for rank, mine in announced.items():
+            for block in mine:
+                mesh.forget(rank, tag, block)
 
 
 def byte_views(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
