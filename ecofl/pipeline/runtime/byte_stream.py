@@ -124,8 +124,7 @@ def byte_pieces(tensors: Sequence[torch.Tensor], size_bytes: int) -> list[torch.
     empty piece where there are no bytes). A piece within one tensor, or of tensors that lie end to end (a
     committed copy, :meth:`~.stage_state.StageState.capture`), is a view of them; one across other tensors (a
     batch norm's few bytes beside its neighbours) copies their parts."""
-    if (block := end_to_end(tensors)) is not None and block.numel() == sum(t.numel() * t.element_size()
-                                                                           for t in tensors):
+    if (block := end_to_end(tensors)) is not None:
         return [block[start:start + size_bytes] for start in range(0, block.numel(), size_bytes)]
     result: list[torch.Tensor] = []
     parts: list[torch.Tensor] = []
