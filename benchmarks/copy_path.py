@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -53,43 +52,13 @@ import torchvision  # noqa: E402
 
 from benchmarks.markdown_section import publish  # noqa: E402
 from ecofl.allocator import keep_freed_memory  # noqa: E402
-from ecofl.net.links import POLL_S, REPLICA_TAG, PeerLink  # noqa: E402
-from ecofl.net.pacing import TokenBucket  # noqa: E402
-from ecofl.net.sealed import SealedSocket  # noqa: E402
-from ecofl.pipeline.runtime.byte_stream import (  # noqa: E402
-    in_stream_order, opened_in_place, receive_stream, send_stream, stream_buffers)
+from ecofl.net.links import POLL_S  # noqa: E402
+from ecofl.pipeline.runtime.byte_stream import stream_buffers  # noqa: E402
+from ecofl.pipeline.runtime.copy_cost import LINK_BPS, LinkedPair, send_replica  # noqa: E402
 from ecofl.pipeline.runtime.replica import STOP_CHECK_S  # noqa: E402
 from ecofl.pipeline.runtime.thread_cpu import ThreadClock  # noqa: E402
 
-LINK_BPS = 100e6 / 8  # the confined testbed's links
 WAYS = ("copied", "in place", "in place, woken")
-
-
-class LinkedPair:
-    """Rank 0's and rank 1's ends of one sealed link in this process, with the mesh methods a byte stream uses
-    (:class:`ecofl.net.mesh.EpochMesh`'s ``send``, ``recv``, ``receive_into``, ``forget``)."""
-
-    def __init__(self) -> None:
-        a, b = socket.socketpair()
-        there, back = os.urandom(32), os.urandom(32)
-        self.links = {1: PeerLink(SealedSocket(a, there, back), 1), 0: PeerLink(SealedSocket(b, back, there), 0)}
-        self.timeout_s = 60.0
-
-    def send(self, dst, tensor, tag, bucket=None, background=False):
-        return self.links[dst].post(tensor, tag, bucket, background)
-
-    def recv(self, src, tag, timeout_s=None, abort=lambda: None, poll_s=POLL_S):
-        return self.links[src].take(tag, timeout_s or self.timeout_s, abort, poll_s)
-
-    def receive_into(self, src, tag, buffers):
-        return self.links[src].receive_into(tag, buffers)
-
-    def forget(self, src, tag, buffer):
-        self.links[src].forget(tag, buffer)
-
-    def close(self) -> None:
-        for link in self.links.values():
-            link.close()
 
 
 def model_state() -> dict[str, torch.Tensor]:
@@ -109,14 +78,9 @@ def transfer(pair: LinkedPair, state: dict[str, torch.Tensor], way: str, paced: 
             sent[key].copy_(value)
     else:
         sent, received = state, {key: torch.empty_like(value) for key, value in state.items()}
-    bucket = TokenBucket(LINK_BPS) if paced else None
     clock, start = ThreadClock(), time.monotonic()  # the sender's copy above is the commit's, not the path's
-    with opened_in_place(pair, [(0, in_stream_order(received))] if in_place else [], REPLICA_TAG):
-        tickets = send_stream(pair, 1, in_stream_order(sent), REPLICA_TAG, bucket, background=True)
-        receive_stream(pair, 0, REPLICA_TAG, in_stream_order(received), "replica",
-                       poll_s=STOP_CHECK_S if way == "in place, woken" else POLL_S)
-    for ticket in tickets:
-        ticket.wait(pair.timeout_s)
+    send_replica(pair, sent, received, LINK_BPS if paced else None, in_place,
+                 STOP_CHECK_S if way == "in place, woken" else POLL_S)
     wall, cpu = time.monotonic() - start, clock.by_job()
     if not all(torch.equal(state[key], received[key]) for key in state):
         raise RuntimeError("a replica arrived different from what was sent")
@@ -132,9 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     state = model_state()
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     load = os.getloadavg()[0]
-    pair = LinkedPair()
     rows = []
-    try:
+    with LinkedPair() as pair:
         for repeat in range(args.repeats + 1):
             for paced in (True, False):
                 for way in WAYS:
@@ -142,8 +105,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{way:>15} paced={paced} {row['wall_s']:.2f} s", file=sys.stderr)
                     if repeat:
                         rows.append(row)
-    finally:
-        pair.close()
     jobs = ("send-to", "recv-from", "MainThread")
     summary = []
     for paced in (True, False):

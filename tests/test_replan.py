@@ -240,7 +240,7 @@ def test_a_prediction_charges_fault_tolerances_copies_where_devices_compute_for_
     from ecofl.pipeline.runtime import prediction
 
     per_byte = 1e-8  # this host's seconds a byte (measured once per host; fixed here)
-    monkeypatch.setattr(prediction, "host_byte_overhead_s", lambda cache_dir=None: per_byte)
+    monkeypatch.setattr(prediction, "host_copy_byte_s", lambda cache_dir=None: per_byte)
     monkeypatch.setattr(prediction, "runtime_overheads", lambda emulation, cache_dir=None: {})
     single = three_stage_plan()
     profile = random_profile(np.random.default_rng(5), 12)
@@ -307,7 +307,7 @@ def test_the_cli_predicts_a_fault_tolerant_run_with_its_copies(monkeypatch):
     from ecofl.pipeline.runtime import prediction
     from ecofl.pipeline.runtime.faults import FaultTolerance
 
-    monkeypatch.setattr(prediction, "host_byte_overhead_s", lambda cache_dir=None: 1e-8)
+    monkeypatch.setattr(prediction, "host_copy_byte_s", lambda cache_dir=None: 1e-8)
     monkeypatch.setattr(prediction, "runtime_overheads", lambda emulation, cache_dir=None: {})
     single, profile = three_stage_plan(), random_profile(np.random.default_rng(5), 12)
     pool = HomePool("x", tuple(DeviceSpec(f"d{i}", 0.1, (4 + i) * GB, 1e9) for i in range(3)))

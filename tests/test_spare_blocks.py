@@ -1,7 +1,9 @@
-"""The memory of dropped copies reused by the next copies of the same size (ecofl.pipeline.runtime.spare_blocks)."""
+"""The memory of dropped copies reused by the next copies of the same size (ecofl.pipeline.runtime.spare_blocks),
+and the time per copied byte the cost model charges for them (ecofl.pipeline.runtime.copy_cost)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -44,3 +46,14 @@ def test_a_worker_commits_and_receives_into_the_memory_of_the_copies_it_dropped(
     assert end_to_end(in_stream_order(committed)).data_ptr() == dropped_commit
     assert committed["0.weight"].untyped_storage().data_ptr() not in kept  # never the memory of a copy kept
     assert all(torch.equal(committed[k], state.tensors[k]) for k in committed if not k.startswith("momentum/"))
+
+
+def test_a_hosts_time_per_copied_byte_is_measured_on_the_copy_path_once_then_read_from_its_cache(tmp_path,
+                                                                                                   monkeypatch):
+    from ecofl.pipeline.runtime import copy_cost
+
+    measured = copy_cost.host_copy_byte_s(str(tmp_path))
+    assert 0 < measured < 1e-7  # CPU seconds a byte at one end: 100 ns would be 10 MB/s of a host core
+    assert copy_cost.record_path(str(tmp_path)).exists()
+    monkeypatch.setattr(copy_cost, "measure_copy_byte_s", lambda: pytest.fail("measured again"))
+    assert copy_cost.host_copy_byte_s(str(tmp_path)) == measured
