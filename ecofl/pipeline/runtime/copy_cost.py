@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ecofl.devices import host_cores
-from ecofl.net.links import POLL_S, REPLICA_TAG, PeerLink, Ticket
+from ecofl.net.links import POLL_S, REPLICA_TAG, AbortCheck, PeerLink, Ticket, never_aborted
 from ecofl.net.pacing import TokenBucket
 from ecofl.net.sealed import SealedSocket
 from ecofl.pipeline.profile import DEFAULT_CACHE_DIR
@@ -55,7 +55,7 @@ class LinkedPair:
              background: bool = False) -> Ticket:
         return self.links[dst].post(tensor, tag, bucket, background)
 
-    def recv(self, src: int, tag: int, timeout_s: float | None = None, abort=lambda: None,
+    def recv(self, src: int, tag: int, timeout_s: float | None = None, abort: AbortCheck = never_aborted,
              poll_s: float = POLL_S) -> torch.Tensor:
         return self.links[src].take(tag, timeout_s or self.timeout_s, abort, poll_s)
 
