@@ -322,7 +322,8 @@ def test_closing_a_link_fails_the_posts_still_queued():
 
 
 def test_replica_pieces_are_what_the_link_carries_in_a_moment():
-    assert piece_bytes(TokenBucket(12.5e6)) == 625_000  # 100 Mbps: 50 ms
+    assert piece_bytes(TokenBucket(12.5e6)) == 2_500_000  # 100 Mbps: 200 ms
+    assert piece_bytes(TokenBucket(12.5e6), piece_s=0.05) == 625_000
     assert piece_bytes(TokenBucket(1e5)) == MIN_PIECE_BYTES and piece_bytes(None) == MAX_PIECE_BYTES
     state = {"a": torch.randn(2, 50), "b": torch.zeros(3, dtype=torch.int64), "c": torch.zeros(0), "d": torch.ones(1)}
     cut = byte_pieces([state[k] for k in "abcd"], 160)
@@ -422,7 +423,7 @@ def test_a_replica_into_buffers_laid_end_to_end_arrives_whole_and_in_place():
         block = end_to_end(in_stream_order(buffers))
         assert len(opened_in_block) == len(sender.tickets) > 1  # every piece opened into the block, in order
         assert [room.data_ptr() - block.data_ptr() for room, _ in opened_in_block] == [
-            i * MIN_PIECE_BYTES for i in range(len(opened_in_block))]
+            i * piece_bytes(TokenBucket(1e6)) for i in range(len(opened_in_block))]
         assert [piece.data_ptr() for piece in taken] == [block.data_ptr()]  # the receiver woke once, for it all
     finally:
         close_all(listeners, [a, b])
@@ -436,10 +437,10 @@ def test_a_replica_is_cut_into_pieces_and_kept_only_once_all_of_it_arrived():
     kept: list[dict[str, torch.Tensor]] = []
     try:
         receiver = ReplicaExchange(b, [], [(0, {k: torch.empty_like(v) for k, v in state.items()})], {}, kept.append)
-        # paced at 1 MB/s: the state as one stream of bytes in pieces of 64 KiB (not a message per tensor); the
+        # paced at 1 MB/s: the state as one stream of bytes in pieces of 200 kB (not a message per tensor); the
         # receiver fills its buffers from pieces of whatever size comes, across the tensors' boundaries
         sender = ReplicaExchange(a, [(1, state)], [], {1: TokenBucket(1e6)}, kept.append)
-        assert len(sender.tickets) == -(-(400_000 + 60 + 8 + 3) // MIN_PIECE_BYTES)
+        assert len(sender.tickets) == -(-(400_000 + 60 + 8 + 3) // piece_bytes(TokenBucket(1e6))) == 3
         sender.finish(lambda: None)
         receiver.finish(lambda: None)
         [replica] = kept

@@ -239,8 +239,10 @@ def test_copy_bytes_count_what_each_device_seals_or_opens_for_fault_tolerance_a_
 def test_a_prediction_charges_fault_tolerances_copies_where_devices_compute_for_real(monkeypatch):
     from ecofl.pipeline.runtime import prediction
 
-    per_byte = 1e-8  # this host's seconds a byte (measured once per host; fixed here)
-    monkeypatch.setattr(prediction, "host_copy_byte_s", lambda cache_dir=None: per_byte)
+    per_byte = 1e-8  # this host's seconds a byte over a paced link (measured once per host; fixed here)
+    asked = []
+    monkeypatch.setattr(prediction, "host_copy_byte_s",
+                        lambda paced, cache_dir=None: asked.append(paced) or (per_byte if paced else per_byte / 2))
     monkeypatch.setattr(prediction, "runtime_overheads", lambda emulation, cache_dir=None: {})
     single = three_stage_plan()
     profile = random_profile(np.random.default_rng(5), 12)
@@ -252,6 +254,7 @@ def test_a_prediction_charges_fault_tolerances_copies_where_devices_compute_for_
     for emulation in ("cgroup", "none"):
         plain = predict_sync_round(single, profile, pool, emulation).sync_round_s
         assert predict_sync_round(single, profile, pool, emulation, copy_bytes=copies).sync_round_s > plain
+    assert asked == [True, True, False]  # emulated devices' links are paced; at host speed they are not
     sleeping = [predict_sync_round(single, profile, pool, "sleep", copy_bytes=c).sync_round_s for c in (None, copies)]
     assert sleeping[0] == sleeping[1]  # a sleeping device's copies run outside the time it sleeps
 
@@ -307,7 +310,7 @@ def test_the_cli_predicts_a_fault_tolerant_run_with_its_copies(monkeypatch):
     from ecofl.pipeline.runtime import prediction
     from ecofl.pipeline.runtime.faults import FaultTolerance
 
-    monkeypatch.setattr(prediction, "host_copy_byte_s", lambda cache_dir=None: 1e-8)
+    monkeypatch.setattr(prediction, "host_copy_byte_s", lambda paced, cache_dir=None: 1e-8)
     monkeypatch.setattr(prediction, "runtime_overheads", lambda emulation, cache_dir=None: {})
     single, profile = three_stage_plan(), random_profile(np.random.default_rng(5), 12)
     pool = HomePool("x", tuple(DeviceSpec(f"d{i}", 0.1, (4 + i) * GB, 1e9) for i in range(3)))

@@ -52,8 +52,10 @@ def test_a_hosts_time_per_copied_byte_is_measured_on_the_copy_path_once_then_rea
                                                                                                    monkeypatch):
     from ecofl.pipeline.runtime import copy_cost
 
-    measured = copy_cost.host_copy_byte_s(str(tmp_path))
-    assert 0 < measured < 1e-7  # CPU seconds a byte at one end: 100 ns would be 10 MB/s of a host core
+    paced = copy_cost.host_copy_byte_s(paced=True, cache_dir=str(tmp_path))
     assert copy_cost.record_path(str(tmp_path)).exists()
-    monkeypatch.setattr(copy_cost, "measure_copy_byte_s", lambda: pytest.fail("measured again"))
-    assert copy_cost.host_copy_byte_s(str(tmp_path)) == measured
+    monkeypatch.setattr(copy_cost, "measure_copy_byte_s", lambda **_: pytest.fail("measured again"))
+    unpaced = copy_cost.host_copy_byte_s(paced=False, cache_dir=str(tmp_path))
+    for measured in (paced, unpaced):
+        assert 0 < measured < 1e-7  # CPU seconds a byte at one end: 100 ns would be 10 MB/s of a host core
+    assert copy_cost.host_copy_byte_s(paced=True, cache_dir=str(tmp_path)) == paced

@@ -7,8 +7,8 @@ bytes do not explain, which a confined device pays out of the quota it
 computes with (0.1-0.2 CPU-s a sync-round at every stage for replicas, one
 run each). Here the tensors' bytes, in the order both ends list them, are
 cut into pieces of what the link carries in ``PIECE_S``
-(:func:`piece_bytes`: few messages, and on a link the kernel paces an
-activation waits behind one piece at most), and the receiver copies each
+(:func:`piece_bytes`: few messages, and an activation waits behind one
+piece at most), and the receiver copies each
 piece into its buffers wherever it falls
 (:class:`ByteSink`). Both ends agree on the tensors and their order (the
 plan says which layers, :func:`stream_keys` their order); the receiver checks every
@@ -32,9 +32,11 @@ from ecofl.net.links import POLL_S, AbortCheck, Ticket, never_aborted
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
 
-#: A piece is what its link carries in this long (where the kernel paces the link: how long an activation may wait
-#: behind one; on an emulated link a piece steps aside for it, :class:`ecofl.net.links.PeerLink`).
-PIECE_S = 0.05
+#: A piece is what its paced link carries in this long. While it is paced a piece steps aside for every activation
+#: (:class:`ecofl.net.links.PeerLink`); once paced it goes out whole, and each piece costs its ends a wake-up out of
+#: the pause before it besides its bytes: at 100 Mbps, 50 ms pieces cost 2.5 ns of host CPU a byte for both ends,
+#: 200 ms pieces 1.4 (a replica over TCP on loopback, 2026-12-03; ``benchmarks/copy_path.py``).
+PIECE_S = 0.2
 MIN_PIECE_BYTES, MAX_PIECE_BYTES = 64 << 10, 4 << 20  # 4 MiB: an unpaced link's (a real network's) pieces
 
 
@@ -50,11 +52,11 @@ def in_stream_order(state: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
     return [state[key] for key in stream_keys(state)]
 
 
-def piece_bytes(bucket: TokenBucket | None) -> int:
-    """The bytes of one piece on a link paced by ``bucket`` (None: not paced here)."""
+def piece_bytes(bucket: TokenBucket | None, piece_s: float = PIECE_S) -> int:
+    """The bytes of one piece on a link paced by ``bucket`` (None: not paced here): what it carries in ``piece_s``."""
     if bucket is None:
         return MAX_PIECE_BYTES
-    return int(min(MAX_PIECE_BYTES, max(MIN_PIECE_BYTES, bucket.rate * PIECE_S)))
+    return int(min(MAX_PIECE_BYTES, max(MIN_PIECE_BYTES, bucket.rate * piece_s)))
 
 
 def stream_buffers(likes: Mapping[str, torch.Tensor],
@@ -172,9 +174,10 @@ class ByteSink:
 
 
 def send_stream(mesh: EpochMesh, rank: int, tensors: Sequence[torch.Tensor], tag: int,
-                bucket: TokenBucket | None, background: bool = False) -> list[Ticket]:
+                bucket: TokenBucket | None, background: bool = False, piece_s: float = PIECE_S) -> list[Ticket]:
     """Post ``tensors``' bytes to ``rank`` under ``tag`` in pieces sized for ``bucket``'s link; their tickets."""
-    return [mesh.send(rank, piece, tag, bucket, background) for piece in byte_pieces(tensors, piece_bytes(bucket))]
+    pieces = byte_pieces(tensors, piece_bytes(bucket, piece_s))
+    return [mesh.send(rank, piece, tag, bucket, background) for piece in pieces]
 
 
 def receive_stream(mesh: EpochMesh, rank: int, tag: int, buffers: Sequence[torch.Tensor], what: str,

@@ -37,15 +37,16 @@ def predict_sync_round(plan: Plan, profile: ModelProfile, pool: HomePool, emulat
     on its devices as processes of this machine (``emulation`` none). An asynchronous 1F1B plan runs a call's
     ``rounds`` x M micro-batches as one pass: that pass is predicted. ``copy_bytes``: the bytes each device
     seals or opens for fault tolerance in a sync-round (:func:`ecofl.pipeline.replication.copy_bytes`), at
-    this host's time per byte of a copy (:mod:`.copy_cost`) and the device's speed, beside its passes; devices that
-    sleep to the cost model copy outside it (none charged)."""
+    this host's time per byte of a copy (:mod:`.copy_cost`: over paced links where devices are emulated, else
+    not paced) and the device's speed, beside its passes; devices that sleep to the cost model copy outside it
+    (none charged)."""
     per_pass = mode_of(plan).rounds_per_pass(rounds)
     plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * per_pass)
     emulation = Emulation.parse(emulation)
     overheads = runtime_overheads(emulation, cache_dir)
     devices = pool if emulation != Emulation.NONE else host_pool(pool)
     if copy_bytes and emulation != Emulation.SLEEP:
-        per_byte = host_copy_byte_s(cache_dir)
+        per_byte = host_copy_byte_s(paced=emulation != Emulation.NONE, cache_dir=cache_dir)
         overheads["background"] = {
             d: Background(carried * per_pass, per_byte * carried * per_pass / devices.devices[d].speed)
             for d, carried in copy_bytes.items()}
