@@ -4,23 +4,28 @@ A confined device pays for its replicas out of the quota it computes with
 (docs/pipeline.md, "What safety costs, in the cost model"), so every
 nanosecond a byte costs on the host is ten on a 0.1-core Jetson Nano. Here
 a whole MobileNetV2's weights and momentum (10 classes) travel as a replica
-does, in one process: one sealed link over a socket pair (AES-256-GCM both
+does, in one process: one sealed TCP link on loopback (AES-256-GCM both
 ways, :mod:`ecofl.net.sealed`), the byte stream's pieces posted in the
-background, paced at the testbed's 100 Mbps or not paced, three ways:
+background, paced at the testbed's 100 Mbps or not paced, these ways:
 
 - **copied**: a tensor of its own each at both ends, the sender's pieces
   across tensors gathered into new memory, every piece opened into new
   memory and copied into the receiver's tensors, the receiving thread
-  checking for a stop every 20 ms (the links' ``POLL_S``) while it waits:
-  the runtime before this benchmark;
-- **in place**: both ends' tensors laid end to end as the stream carries
-  them (:func:`~ecofl.pipeline.runtime.byte_stream.stream_buffers`, as a
-  committed copy and a replica's buffers are now), every piece a view of
+  checking for a stop every 20 ms (the links' ``POLL_S``) while it waits,
+  a paced piece what the link carries in 50 ms: the runtime before
+  2026-12-03;
+- **in place, 50 ms pieces**: both ends' tensors laid end to end as the
+  stream carries them (:func:`~ecofl.pipeline.runtime.byte_stream.stream_buffers`,
+  as a committed copy and a replica's buffers are), every piece a view of
   the sender's block, opened straight into the receiver's
-  (:func:`~ecofl.pipeline.runtime.byte_stream.opened_in_place`);
-- **in place, woken**: as in place, the receiving thread checking unwoken
-  once a second (``STOP_CHECK_S``: a stop wakes it), as a replica's
-  receiver does now.
+  (:func:`~ecofl.pipeline.runtime.byte_stream.opened_in_place`), the
+  receiving thread checking unwoken once a second (``STOP_CHECK_S``: a stop
+  wakes it): the runtime of 2026-12-03 01:58;
+- **in place**: as the last, a paced piece what the link carries in
+  ``PIECE_S`` (200 ms), as a replica travels now.
+
+Not paced, a piece is 4 MiB whatever ``PIECE_S`` says, so only the first
+and the last way are measured there.
 
 They take turns, fresh buffers each time as a sync-round allocates them,
 in a process that keeps its freed memory as the workers do
@@ -53,12 +58,15 @@ import torchvision  # noqa: E402
 from benchmarks.markdown_section import publish  # noqa: E402
 from ecofl.allocator import keep_freed_memory  # noqa: E402
 from ecofl.net.links import POLL_S  # noqa: E402
-from ecofl.pipeline.runtime.byte_stream import stream_buffers  # noqa: E402
+from ecofl.pipeline.runtime.byte_stream import PIECE_S, stream_buffers  # noqa: E402
 from ecofl.pipeline.runtime.copy_cost import LINK_BPS, LinkedPair, send_replica  # noqa: E402
 from ecofl.pipeline.runtime.replica import STOP_CHECK_S  # noqa: E402
 from ecofl.pipeline.runtime.thread_cpu import ThreadClock  # noqa: E402
 
-WAYS = ("copied", "in place", "in place, woken")
+#: way -> (opened in place, the receiver's poll, a paced piece's seconds)
+WAYS = {"copied": (False, POLL_S, 0.05), "in place, 50 ms pieces": (True, STOP_CHECK_S, 0.05),
+        "in place": (True, STOP_CHECK_S, PIECE_S)}
+NOT_PACED = ("copied", "in place")  # not paced, a piece is MAX_PIECE_BYTES either way
 
 
 def model_state() -> dict[str, torch.Tensor]:
@@ -71,7 +79,7 @@ def model_state() -> dict[str, torch.Tensor]:
 
 def transfer(pair: LinkedPair, state: dict[str, torch.Tensor], way: str, paced: bool) -> dict:
     """One replica from rank 0 to rank 1: CPU seconds by thread job, wall seconds; checks every byte arrived."""
-    in_place = way != "copied"
+    in_place, poll_s, piece_s = WAYS[way]
     if in_place:
         sent, received = stream_buffers(state), stream_buffers(state)
         for key, value in state.items():
@@ -79,8 +87,7 @@ def transfer(pair: LinkedPair, state: dict[str, torch.Tensor], way: str, paced: 
     else:
         sent, received = state, {key: torch.empty_like(value) for key, value in state.items()}
     clock, start = ThreadClock(), time.monotonic()  # the sender's copy above is the commit's, not the path's
-    send_replica(pair, sent, received, LINK_BPS if paced else None, in_place,
-                 STOP_CHECK_S if way == "in place, woken" else POLL_S)
+    send_replica(pair, sent, received, LINK_BPS if paced else None, in_place, poll_s, piece_s)
     wall, cpu = time.monotonic() - start, clock.by_job()
     if not all(torch.equal(state[key], received[key]) for key in state):
         raise RuntimeError("a replica arrived different from what was sent")
@@ -100,15 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     with LinkedPair() as pair:
         for repeat in range(args.repeats + 1):
             for paced in (True, False):
-                for way in WAYS:
+                for way in WAYS if paced else NOT_PACED:
                     row = transfer(pair, state, way, paced)
-                    print(f"{way:>15} paced={paced} {row['wall_s']:.2f} s", file=sys.stderr)
+                    print(f"{way:>22} paced={paced} {row['wall_s']:.2f} s", file=sys.stderr)
                     if repeat:
                         rows.append(row)
     jobs = ("send-to", "recv-from", "MainThread")
     summary = []
     for paced in (True, False):
-        for way in WAYS:
+        for way in WAYS if paced else NOT_PACED:
             mine = [r for r in rows if r["paced"] == paced and r["way"] == way]
             per_byte = {job: statistics.median(r["cpu_s_by_job"].get(job, 0.0) for r in mine) / nbytes * 1e9
                         for job in jobs}
@@ -123,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Measured with `{result['command']}` on {result['machine']}, {result['measured_at']} (load "
         f"{result['load_before']} before), host speed: MobileNetV2's weights and momentum ({nbytes / 1e6:.1f} MB) "
-        f"over one sealed link in one process, the three ways taking turns, {args.repeats} transfers "
+        f"over one sealed TCP link on loopback in one process, the ways taking turns, {args.repeats} transfers "
         "each (medians; host CPU ns a byte, by thread).",
         "",
         "| link | way | sender | reader | receiver | all threads | against copied | wall s |",
