@@ -152,7 +152,8 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         calibration = Path(work) / "calibration.json"
-        order = [(False, None), (False, None)] + [(True, None), (False, None)] * args.pairs + [(True, KILL)] * args.kills
+        # the first of two plain runs calibrates; then runs with fault tolerance, each between plain runs
+        order = [(False, None)] * 2 + [(True, None), (False, None)] * args.pairs + [(True, KILL)] * args.kills
         runs = []
         for i, (tolerant, inject) in enumerate(order):
             print(f"run {i + 1} of {len(order)}{' (fault tolerance)' if tolerant else ''} {inject or ''}...",
