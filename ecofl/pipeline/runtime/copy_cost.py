@@ -49,8 +49,10 @@ class LinkedPair:
     (:class:`ecofl.net.mesh.EpochMesh`'s ``send``, ``recv``, ``receive_into``, ``forget``; a context manager)."""
 
     def __init__(self) -> None:
-        with socket.create_server(("127.0.0.1", 0)) as server:  # a TCP connection, as between a home's devices
-            a = socket.create_connection(server.getsockname())
+        # a TCP connection on loopback, as between a home's devices; both ends in this process, no home to join
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            a = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            a.connect(server.getsockname())
             b, _ = server.accept()
         for end in (a, b):
             end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
