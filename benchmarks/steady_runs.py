@@ -58,8 +58,8 @@ COMMAND = ["home", "train", "--model", "mobilenet_v2", "--pool", "ecofl-3stage",
            "--emulate", "cgroup", "--json"]
 KILL = "kill:2@4"  # device 2 killed as sync-round 4 starts
 #: The first sync-round of a run's steady state: a backup maps the two replicas it holds of a stage in its first two
-#: rounds, and from the third on the copies a round drops give their memory to the next (:mod:`ecofl.pipeline.runtime
-#: .spare_blocks`).
+#: rounds, and from the third on the copies a round drops are meant to give their memory to the next
+#: (:mod:`ecofl.pipeline.runtime.spare_blocks`; 2026-12-03 03:40 a device still mapped 5-10 MiB more in round 3).
 STEADY_FROM = 2
 
 

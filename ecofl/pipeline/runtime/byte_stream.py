@@ -34,8 +34,9 @@ from ecofl.net.pacing import TokenBucket
 
 #: A piece is what its paced link carries in this long. While it is paced a piece steps aside for every activation
 #: (:class:`ecofl.net.links.PeerLink`); once paced it goes out whole, and each piece costs its ends a wake-up out of
-#: the pause before it besides its bytes: at 100 Mbps, 50 ms pieces cost 2.5 ns of host CPU a byte for both ends,
-#: 200 ms pieces 1.4 (a replica over TCP on loopback, 2026-12-03; ``benchmarks/copy_path.py``).
+#: the pause before it besides its bytes: at 100 Mbps, 50 ms pieces cost 2.07 ns of host CPU a byte for both ends,
+#: 200 ms pieces 1.33 (a replica over TCP on loopback in one process, 2026-12-03 03:50; ``benchmarks/copy_path.py``).
+#: Inside confined runs the reader's cost moved less (docs/pipeline.md, "A replica opened where it stays").
 PIECE_S = 0.2
 MIN_PIECE_BYTES, MAX_PIECE_BYTES = 64 << 10, 4 << 20  # 4 MiB: an unpaced link's (a real network's) pieces
 
