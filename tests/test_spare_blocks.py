@@ -12,19 +12,30 @@ from ecofl.pipeline.runtime.spare_blocks import SpareBlocks
 from ecofl.pipeline.runtime.stage_state import StageState
 
 
-def test_a_dropped_block_is_taken_again_by_size_unless_something_kept_shares_it():
+def test_a_dropped_copy_is_taken_again_whole_by_layout_unless_something_kept_shares_it():
     spares = SpareBlocks()
     state = {"w": torch.randn(4, 4), "b": torch.randn(4)}
     old, shared = stream_buffers(state), stream_buffers(state)
-    spares.release([*old.values(), *shared.values()], in_use=[shared["b"]])  # a kept copy still uses `shared`
+    spares.release([*old.items(), *shared.items()], in_use=[shared["b"]])  # a kept copy still uses `shared`
     assert spares.spare_bytes == 80
-    again = stream_buffers(state, spares.take)
-    block = end_to_end(in_stream_order(again))  # the old block, laid out anew
-    assert block.data_ptr() == end_to_end(in_stream_order(old)).data_ptr()
-    assert spares.take(80) is None and spares.spare_bytes == 0  # `shared` was never offered
-    spares.release(again.values(), in_use=[])
+    assert spares.take({"w": state["w"], "c": state["b"]}) is None  # same bytes, another layout
+    assert spares.take({"w": state["w"], "b": state["b"].double()}) is None
+    again = spares.take(state)
+    assert again is not None and all(again[k] is old[k] for k in state)  # the old copy's own views
+    assert spares.take(state) is None and spares.spare_bytes == 0  # `shared` was never offered
+    spares.release(again.items(), in_use=[])
     spares.release([], in_use=[])  # offered, not taken before the next release: let go
-    assert spares.take(80) is None
+    assert spares.take(state) is None
+
+
+def test_only_whole_blocks_are_offered_not_part_of_one():
+    spares = SpareBlocks()
+    state = {"w": torch.randn(4, 4), "b": torch.randn(4)}
+    laid = stream_buffers(state)
+    spares.release([("w", laid["w"]), ("own", torch.randn(4))], in_use=[])  # "b" of the block not dropped
+    assert spares.spare_bytes == 16 and spares.take({"w": state["w"]}) is None  # only the tensor with its own
+    spares.release(laid.items(), in_use=[])
+    assert spares.spare_bytes == 80
 
 
 def test_a_worker_commits_and_receives_into_the_memory_of_the_copies_it_dropped():

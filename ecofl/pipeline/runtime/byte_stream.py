@@ -24,7 +24,7 @@ after (host CPU a byte, both ends: :mod:`benchmarks.copy_path`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
@@ -60,11 +60,10 @@ def piece_bytes(bucket: TokenBucket | None, piece_s: float = PIECE_S) -> int:
     return int(min(MAX_PIECE_BYTES, max(MIN_PIECE_BYTES, bucket.rate * piece_s)))
 
 
-def stream_buffers(likes: Mapping[str, torch.Tensor],
-                   reuse: Callable[[int], torch.Tensor | None] = lambda nbytes: None) -> dict[str, torch.Tensor]:
-    """Empty tensors shaped like ``likes`` (by key), laid end to end in one block in the order a stream carries
-    them (:func:`in_stream_order`), the block ``reuse(its bytes)`` where that gives one; each in memory of its
-    own on its device where they are not all on the host."""
+def stream_buffers(likes: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Empty tensors shaped like ``likes`` (by key), laid end to end in one new block in the order a stream
+    carries them (:func:`in_stream_order`); each in memory of its own on its device where they are not all on
+    the host."""
     if any(like.device.type != "cpu" for like in likes.values()):
         return {key: torch.empty_like(like.detach()) for key, like in likes.items()}
     keys = stream_keys(likes)
@@ -72,9 +71,7 @@ def stream_buffers(likes: Mapping[str, torch.Tensor],
     for key in keys:
         starts.append(end)
         end += likes[key].numel() * likes[key].element_size()
-    block = reuse(end)
-    if block is None:
-        block = torch.empty(end, dtype=torch.uint8)
+    block = torch.empty(end, dtype=torch.uint8)
     return {key: block[start:start + likes[key].numel() * likes[key].element_size()].view(likes[key].dtype)
             .view(likes[key].shape) for key, start in zip(keys, starts)}
 

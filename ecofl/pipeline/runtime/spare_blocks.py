@@ -1,4 +1,4 @@
-"""The memory of dropped copies, reused by the next copy of the same size: a round that copies maps nothing new.
+"""Dropped copies reused whole by the next copy of the same layout: a round that copies maps and lays out nothing.
 
 With fault tolerance a worker commits a copy of its stage every sync-round,
 receives its neighbours' replicas into new blocks
@@ -9,45 +9,60 @@ confined testbed the device backing the last stage up still mapped the last
 stage's replica anew, 13 MiB, in almost every round (``first_touched_mib_by_round``,
 ``benchmarks/steady_runs.py``, 2026-12-03 01:02), and a confined device pays
 for every new page out of its quota (3-5 ns of host CPU a byte, the
-calibration's ``first_touch_s_per_byte``). Here the storages of the copies a
-round drops wait for the blocks the same round asks for, by size: a replica
-of the same layers, the next commit of the same stage.
+calibration's ``first_touch_s_per_byte``). Laying a block out costs too:
+three tensor views a tensor, 2.5 ms of host CPU for a stage of 256 tensors
+(2026-12-03), and a commit and each replica received laid one out every
+round. Here a copy the round drops waits, as the views it was laid out in,
+for the copy the same round asks for with the same keys, dtypes and shapes:
+a replica of the same layers, the next commit of the same stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 
+from ecofl.pipeline.runtime.byte_stream import end_to_end, in_stream_order, stream_keys
+
+#: What a laid-out copy must match to be reused: each tensor's key, dtype, shape and device, in stream order.
+Layout = tuple[tuple[str, torch.dtype, tuple[int, ...], torch.device], ...]
+
+
+def layout_of(state: Mapping[str, torch.Tensor]) -> Layout:
+    """The layout of a state (or of the tensors a copy of it is shaped like)."""
+    return tuple((key, state[key].dtype, tuple(state[key].shape), state[key].device) for key in stream_keys(state))
+
 
 class SpareBlocks:
-    """Host storages of dropped copies, by size, until the next release."""
+    """Dropped copies, each still laid out on its block, by layout, until the next release."""
 
     def __init__(self) -> None:
-        self._spare: dict[int, list[torch.UntypedStorage]] = {}
+        self._spare: dict[Layout, list[dict[str, torch.Tensor]]] = {}
 
-    def release(self, dropped: Iterable[torch.Tensor], in_use: Iterable[torch.Tensor]) -> None:
-        """Offer the storages of ``dropped`` tensors for reuse, except any that a tensor ``in_use`` shares; what
-        the last release offered and nobody took is let go (a new plan's copies have other sizes)."""
+    def release(self, dropped: Iterable[tuple[str, torch.Tensor]], in_use: Iterable[torch.Tensor]) -> None:
+        """Offer the copies among ``dropped`` (key, tensor) for reuse: the tensors of one host block, where they
+        fill it end to end (as :func:`~.byte_stream.stream_buffers` laid them) and no tensor ``in_use`` shares
+        it. What the last release offered and nobody took is let go (a new plan's copies have other layouts)."""
         used = {tensor.untyped_storage().data_ptr() for tensor in in_use}
-        storages = {}
-        for tensor in dropped:
+        blocks: dict[int, dict[str, torch.Tensor]] = {}
+        for key, tensor in dropped:
             storage = tensor.untyped_storage()
             if tensor.device.type == "cpu" and storage.nbytes() and storage.data_ptr() not in used:
-                storages[storage.data_ptr()] = storage
+                blocks.setdefault(storage.data_ptr(), {})[key] = tensor
         self._spare = {}
-        for storage in storages.values():
-            self._spare.setdefault(storage.nbytes(), []).append(storage)
+        for state in blocks.values():
+            block = end_to_end(in_stream_order(state))
+            if block is not None and block.storage_offset() == 0 and block.numel() == block.untyped_storage().nbytes():
+                self._spare.setdefault(layout_of(state), []).append(state)
 
-    def take(self, nbytes: int) -> torch.Tensor | None:
-        """A flat ``uint8`` block of exactly ``nbytes`` on the memory of a dropped copy (None: none that size)."""
-        storages = self._spare.get(nbytes)
-        if not storages:
-            return None
-        return torch.empty(0, dtype=torch.uint8).set_(storages.pop(), 0, (nbytes,))
+    def take(self, likes: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """A dropped copy laid out as a copy of ``likes`` would be, its contents stale (None: none)."""
+        states = self._spare.get(layout_of(likes))
+        return states.pop() if states else None
 
     @property
     def spare_bytes(self) -> int:
         """The bytes offered and not taken yet."""
-        return sum(nbytes * len(storages) for nbytes, storages in self._spare.items())
+        return sum(next(iter(state.values())).untyped_storage().nbytes()
+                   for states in self._spare.values() for state in states)

@@ -66,7 +66,7 @@ class StageState:
             sources[key] = self.tensors[key].detach()
             if with_momentum and key in self.parameter_keys:
                 sources[MOMENTUM + key] = momentum.get(key)
-        state = stream_buffers({key: self.tensors[key.removeprefix(MOMENTUM)] for key in sources}, self.spares.take)
+        state = self._laid_out({key: self.tensors[key.removeprefix(MOMENTUM)] for key in sources})
         with torch.no_grad():
             for key, source in sources.items():
                 state[key].copy_(source) if source is not None else state[key].zero_()
@@ -95,7 +95,7 @@ class StageState:
     def keep(self, versions: set[int]) -> None:
         """Drop the copies of every other version; their memory waits for the next copies of their sizes
         (:mod:`.spare_blocks`), unless a copy kept or the model's own tensors share it."""
-        dropped = [tensor for version in set(self.copies) - versions for tensor in self.copies.pop(version).values()]
+        dropped = [item for version in set(self.copies) - versions for item in self.copies.pop(version).items()]
         in_use = [tensor for held in self.copies.values() for tensor in held.values()]
         self.spares.release(dropped, in_use + list(self.tensors.values()))
 
@@ -116,7 +116,12 @@ class StageState:
             likes[key] = self.tensors[key]
             if with_momentum and key in self.parameter_keys:
                 likes[MOMENTUM + key] = self.tensors[key]
-        return stream_buffers(likes, self.spares.take)
+        return self._laid_out(likes)
+
+    def _laid_out(self, likes: Mapping[str, torch.Tensor]) -> State:
+        """Empty host tensors shaped like ``likes``, laid out as a stream carries them: a dropped copy of that
+        layout where one waits (:mod:`.spare_blocks`), else a new block (:func:`~.byte_stream.stream_buffers`)."""
+        return self.spares.take(likes) or stream_buffers(likes)
 
     def held_bytes(self, own: Iterable[str]) -> int:
         """Bytes held beside the live stage: the copies of layers other than ``own`` keys (the replicas a backup

@@ -37,7 +37,7 @@ import time
 import numpy as np
 import torch
 
-from ecofl.accelerator import host_array, peak_memory_bytes, reset_peak_memory, resolve_device
+from ecofl.accelerator import host_array, resolve_device
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.confinement import worker_threads
 from ecofl.pipeline.runtime.control_messages import (
@@ -69,15 +69,15 @@ from ecofl.net.links import MIGRATION_TAG, PeerLost, RoundAborted
 from ecofl.net.mesh import DataListener, EpochMesh
 from ecofl.pipeline.runtime.migration_io import exchange_layer_states, paced
 from ecofl.pipeline.runtime.model_spec import spec_from_json, stage_module
-from ecofl.pipeline.runtime.process_memory import mapped_since, peak_rss_bytes, reset_peak, resident_from_now
+from ecofl.pipeline.runtime.process_memory import peak_rss_bytes, reset_peak
 from ecofl.pipeline.runtime.round_copies import RoundCopies
+from ecofl.pipeline.runtime.round_meter import RoundMeter
 from ecofl.net.sealed import SealedSocket
 from ecofl.pipeline.runtime.stage import Optimization, ShareExecutor
 from ecofl.pipeline.runtime.stage_state import State as Tensors, StageState, as_arrays, from_arrays, with_momentum_of
 from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.stream_stage import StreamExecutor
 from ecofl.pipeline.runtime.topology import WorkerRole
-from ecofl.pipeline.runtime.thread_cpu import ThreadClock
 from ecofl.pipeline.runtime.traps import Trap, Traps
 from ecofl.net.wire import recv_message
 from ecofl.pipeline.runtime.worker_channel import WorkerChannel
@@ -112,6 +112,7 @@ class Worker:
         beat = config.heartbeat  # the portal's monitor (host, port, period), with fault tolerance on
         self.heartbeat = HeartbeatSender(tuple(beat[:2]), secret, device, beat[2]) if beat is not None else None
         self.mesh: EpochMesh | None = None
+        self.meter: RoundMeter | None = None  # started at a round's commit, for the next round (.round_meter)
 
     # -- epochs ----------------------------------------------------------------------
 
@@ -173,6 +174,8 @@ class Worker:
         while True:
             header, arrays = recv_message(self.channel.sock)
             request = REQUESTS.decode(header)
+            if not isinstance(request, TrainPass):
+                self.meter = None  # a meter started at a commit measures the next sync-round only
             if isinstance(request, Stop):
                 return
             handlers[type(request)](request, arrays)
@@ -225,9 +228,8 @@ class Worker:
         executor.slowdown = request.slowdown
         inputs = torch.from_numpy(arrays["inputs"]).to(self.accelerator) if "inputs" in arrays else None
         labels = torch.from_numpy(arrays["labels"]).to(self.accelerator) if "labels" in arrays else None
-        resident = resident_from_now()  # and the round's peak resident set from it
-        reset_peak_memory(self.accelerator)
-        self.clean, cpu = False, ThreadClock()
+        meter, self.meter = self.meter or RoundMeter(self.accelerator), None  # started at the last commit
+        self.clean = False
         copies = RoundCopies(request, self.state, self.stage_layers, self._with_momentum(), self.mesh,
                              executor.links, self.channel.reply, self.traps)
         executor.reserved_bytes = self.state.held_bytes(self.stage_keys) + copies.received_bytes
@@ -241,16 +243,15 @@ class Worker:
             return
         finally:
             copies.stop()
-        self._commit(version + 1)
         self.channel.reply(Done(
             events=stats.events, loss_sum=float(stats.loss_sum), peak_resident=stats.peak_resident,
             peak_activation_bytes=stats.peak_activation_bytes, fixed_bytes=stats.fixed_bytes,
-            peak_rss_bytes=peak_rss_bytes(),  # measured: the process's peak during this sync-round
             baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions,
-            peak_accelerator_bytes=peak_memory_bytes(self.accelerator), replica_after_s=copies.replica_after_s,
-            cpu_s=cpu.process_s(), cpu_s_by_job=cpu.by_job(copies.ended_cpu_s()),
-            global_copy_after_s=copies.global_copy_after_s, first_touched_bytes=mapped_since(resident),
+            replica_after_s=copies.replica_after_s, global_copy_after_s=copies.global_copy_after_s,
+            **meter.figures(copies.ended_cpu_s()),
         ))
+        self.meter = RoundMeter(self.accelerator)  # the commit counts in the next round (.round_meter)
+        self._commit(version + 1)  # replied first: the next request is served once the copy is taken
 
     def _infer(self, request: Infer, arrays: Arrays) -> None:
         """Stream the call's micro-batches through my stage (pipelined inference)."""
