@@ -189,6 +189,19 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
     )
 
 
+def busiest_device_s(plan: Plan, profile: ModelProfile, pool: HomePool, operation_overhead_s: float = 0.0,
+                     byte_overhead_s: float = 0.0) -> float:
+    """A floor under :func:`simulate`'s sync-round of ``plan`` with these overheads, whatever its ``cores`` and
+    ``background``: the busiest device's forwards and backwards back to back (a device runs its passes one at
+    a time, each at least as long as its work). No event is simulated, so a search over plans can skip a plan
+    whose floor already loses (:func:`ecofl.pipeline.runtime.prediction.fastest_plan`)."""
+    require_training(plan)
+    workers = [_stage_workers(s, stage, profile, pool, plan, operation_overhead_s)
+               for s, stage in enumerate(plan.stages)]
+    _connect(plan, profile, pool, workers, byte_overhead_s)
+    return max(plan.num_micro_batches * (w.forward_s + w.backward_s) for ws in workers for w in ws)
+
+
 def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: HomePool, plan: Plan,
                    overhead_s: float) -> list[Worker]:
     """The devices of a stage with a non-empty share, each with its sample range and times (asynchronous

@@ -15,10 +15,10 @@ simulation's pipeline homes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ecofl.devices import HomePool, host_cores, host_pool
-from ecofl.pipeline.cost import Background, SyncRoundCost, simulate
+from ecofl.pipeline.cost import Background, SyncRoundCost, busiest_device_s, simulate
 from ecofl.pipeline.first_touch import switching_s
 from ecofl.pipeline.migration import Holders
 from ecofl.pipeline.modes import mode_of
@@ -41,10 +41,8 @@ def predict_sync_round(plan: Plan, profile: ModelProfile, pool: HomePool, emulat
     not paced) and the device's speed, beside its passes; devices that sleep to the cost model copy outside it
     (none charged)."""
     per_pass = mode_of(plan).rounds_per_pass(rounds)
-    plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * per_pass)
+    plan, devices, overheads = _as_run(plan, pool, emulation, rounds, cache_dir)
     emulation = Emulation.parse(emulation)
-    overheads = runtime_overheads(emulation, cache_dir)
-    devices = pool if emulation != Emulation.NONE else host_pool(pool)
     if copy_bytes and emulation != Emulation.SLEEP:
         per_byte = host_copy_byte_s(paced=emulation != Emulation.NONE, cache_dir=cache_dir)
         overheads["background"] = {
@@ -55,18 +53,58 @@ def predict_sync_round(plan: Plan, profile: ModelProfile, pool: HomePool, emulat
     return simulate(plan, profile, devices, cores=host_cores(), **overheads)
 
 
+#: A floor is lowered by this fraction, so that a simulation adding the same times in another order never
+#: falls below it by a rounding.
+FLOOR_SLACK = 1e-9
+
+
+def sync_round_floor(plan: Plan, profile: ModelProfile, pool: HomePool, emulation: Emulation | bool | str,
+                     cache_dir: str | None = None) -> float:
+    """A floor under :func:`predict_sync_round`'s sync-round of ``plan`` (without copies: they only add), from
+    its busiest device alone (:func:`ecofl.pipeline.cost.busiest_device_s`), without simulating a round."""
+    plan, devices, overheads = _as_run(plan, pool, emulation, 1, cache_dir)
+    return busiest_device_s(plan, profile, devices, **overheads) * (1 - FLOOR_SLACK)
+
+
+def _as_run(plan: Plan, pool: HomePool, emulation: Emulation | bool | str, rounds: int, cache_dir: str | None
+            ) -> tuple[Plan, HomePool, dict]:
+    """What :func:`predict_sync_round` simulates: the plan with a pass's micro-batches, the devices (the
+    pool's, or at host speed this machine's processes) and the runtime's overheads in ``emulation``."""
+    per_pass = mode_of(plan).rounds_per_pass(rounds)
+    plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * per_pass)
+    emulation = Emulation.parse(emulation)
+    devices = pool if emulation != Emulation.NONE else host_pool(pool)
+    return plan, devices, dict(runtime_overheads(emulation, cache_dir))
+
+
+def least(count: int, score: Callable[[int], float], floor: Callable[[int], float]) -> tuple[int, float]:
+    """Branch and bound: of items ``0..count-1`` (at least one), the index of the least ``score`` and that score
+    (ties: the lowest index), as scoring every item would give, where ``floor(i) <= score(i)`` for every item:
+    items are scored in order of their floors, and the search stops at the first whose floor cannot win."""
+    if count < 1:
+        raise ValueError("no plan to choose from")
+    floors = sorted((floor(i), i) for i in range(count))
+    best: tuple[float, int] = (float("inf"), count)
+    for bound, i in floors:
+        if (bound, i) > best:
+            break
+        best = min(best, (score(i), i))
+    return best[1], best[0]
+
+
 def fastest_plan(plans: Sequence[Plan], profile: ModelProfile, pool: HomePool, emulation: Emulation | bool | str,
                  cache_dir: str | None = None) -> tuple[Plan, float]:
     """Of ``plans`` (at least one), the one whose sync-round :func:`predict_sync_round` predicts shortest, and
-    that sync-round. The runtime's per-operation work makes a plan of many small micro-batches cost more than
-    a planner's estimate says: on the mixed home's presets (MobileNetV2, mini-batch 64; this 2-core host's
-    0.76 ms an operation, 2026-12-01) the Eco-FL planner's 16 x 4 is 2.52 s a sync-round by its own model
-    and 3.65 s confined, its 8 x 8 2.94 and 3.19 s."""
+    that sync-round; a plan whose floor (:func:`sync_round_floor`) already loses is not simulated. The
+    runtime's per-operation work makes a plan of many small micro-batches cost more than a planner's estimate
+    says: on the mixed home's presets (MobileNetV2, mini-batch 64; this 2-core host's 0.76 ms an operation,
+    2026-12-01) the Eco-FL planner's 16 x 4 is 2.52 s a sync-round by its own model and 3.65 s confined, its
+    8 x 8 2.94 and 3.19 s."""
     if not plans:
         raise ValueError("no plan to choose from")
-    scored = [(predict_sync_round(plan, profile, pool, emulation, cache_dir=cache_dir).sync_round_s, i)
-              for i, plan in enumerate(plans)]
-    seconds, best = min(scored)
+    best, seconds = least(
+        len(plans), lambda i: predict_sync_round(plans[i], profile, pool, emulation, cache_dir=cache_dir).sync_round_s,
+        lambda i: sync_round_floor(plans[i], profile, pool, emulation, cache_dir))
     return plans[best], seconds
 
 
@@ -78,13 +116,17 @@ def quickest_to_finish(plans: Sequence[Plan], before: Plan, holders: Holders, ro
     memory its devices map anew in its first round: :func:`ecofl.pipeline.first_touch.switching_s`) plus
     ``rounds_left`` of its sync-rounds as :func:`predict_sync_round` predicts them. A recovery weighs what
     it moves now against how fast it trains after: with few rounds left, a plan that moves less wins; with
-    many, the faster one."""
+    many, the faster one. A plan whose floor (:func:`sync_round_floor`) already loses is not simulated: on
+    Asteroid's Env D (MobileNetV2, 32 micro-batches) a lightweight recovery's 39-48 candidates took 38-48 ms
+    of the portal's CPU, and 3-7 of them need simulating (2026-12-03)."""
     if not plans:
         raise ValueError("no plan to choose from")
-    scored = [(switching_s(plan, before, holders, profile, pool)
-               + rounds_left * predict_sync_round(plan, profile, pool, emulation, cache_dir=cache_dir).sync_round_s, i)
-              for i, plan in enumerate(plans)]
-    seconds, best = min(scored)
+    switching = [switching_s(plan, before, holders, profile, pool) for plan in plans]
+    best, seconds = least(
+        len(plans),
+        lambda i: switching[i] + rounds_left * predict_sync_round(
+            plans[i], profile, pool, emulation, cache_dir=cache_dir).sync_round_s,
+        lambda i: switching[i] + rounds_left * sync_round_floor(plans[i], profile, pool, emulation, cache_dir))
     return plans[best], seconds
 
 

@@ -228,8 +228,7 @@ class Worker:
         executor.slowdown = request.slowdown
         inputs = torch.from_numpy(arrays["inputs"]).to(self.accelerator) if "inputs" in arrays else None
         labels = torch.from_numpy(arrays["labels"]).to(self.accelerator) if "labels" in arrays else None
-        meter, self.meter = self.meter or RoundMeter(self.accelerator), None  # started at the last commit
-        self.clean = False
+        meter, self.meter, self.clean = self.meter or RoundMeter(self.accelerator), None, False  # since my commit
         copies = RoundCopies(request, self.state, self.stage_layers, self._with_momentum(), self.mesh,
                              executor.links, self.channel.reply, self.traps)
         executor.reserved_bytes = self.state.held_bytes(self.stage_keys) + copies.received_bytes

@@ -1,0 +1,89 @@
+"""A search over plans skips the plans that cannot win, and still chooses what scoring every plan chooses
+(ecofl.pipeline.runtime.prediction: ``least``, ``sync_round_floor``, ``fastest_plan``, ``quickest_to_finish``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ecofl.pipeline.migration import layer_owners
+from ecofl.pipeline.planners import make_plan, plans_by_micro_batch
+from ecofl.pipeline.replan import lightweight_replans, shifted_replans
+from ecofl.pipeline.runtime import prediction
+from ecofl.pipeline.first_touch import switching_s
+from ecofl.pipeline.schedule import ScheduleKind
+from ecofl.pools import load_pool
+from pipeline_kit import random_profile
+
+TRAINING = [kind for kind in ScheduleKind if kind != ScheduleKind.STREAM]
+
+
+@pytest.fixture
+def measured_overheads(monkeypatch):
+    """The runtime's overheads this host would measure, fixed: a millisecond an operation, a nanosecond a byte."""
+    def overheads(emulation, cache_dir=None):
+        return {} if str(emulation) == "sleep" else {"operation_overhead_s": 1e-3, "byte_overhead_s": 1e-9}
+    monkeypatch.setattr(prediction, "runtime_overheads", overheads)
+
+
+def test_least_is_the_exhaustive_minimum_ties_to_the_lowest_index_and_scores_fewer():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        scores = rng.choice([1.0, 2.0, 2.5, 3.0], size=n)  # many ties
+        floors = scores - rng.uniform(0.0, 1.5, size=n) * rng.integers(0, 2, size=n)  # some floors exact
+        index, score = prediction.least(n, lambda i: scores[i], lambda i: floors[i])
+        assert (score, index) == min((scores[i], i) for i in range(n))
+    scored = []
+    exact = [5.0, 4.0, 3.0, 2.0, 1.0]
+    assert prediction.least(5, lambda i: scored.append(i) or exact[i], lambda i: exact[i]) == (4, 1.0)
+    assert scored == [4]  # every other floor already loses
+    with pytest.raises(ValueError, match="no plan"):
+        prediction.least(0, lambda i: 0.0, lambda i: 0.0)
+
+
+@pytest.mark.parametrize("emulation", ["sleep", "cgroup", "none"])
+def test_a_floor_is_under_the_predicted_sync_round_of_every_schedule(emulation, measured_overheads):
+    rng = np.random.default_rng(3)
+    profile = random_profile(rng, 14)
+    checked = dict.fromkeys(TRAINING, 0)
+    for pool_name in ("asteroid-d", "ecofl-3stage", "mixed-rpi"):
+        pool = load_pool(pool_name)
+        for planner in ("ecofl", "hpp"):
+            for planned in plans_by_micro_batch(planner, profile, pool, 32):
+                for kind in TRAINING:
+                    try:
+                        plan = dataclasses.replace(planned, schedule=kind)
+                    except ValueError:  # asynchronous 1F1B has no data-parallel stage
+                        continue
+                    floor = prediction.sync_round_floor(plan, profile, pool, emulation)
+                    predicted = prediction.predict_sync_round(plan, profile, pool, emulation).sync_round_s
+                    assert 0 < floor <= predicted
+                    checked[kind] += 1
+    assert all(checked.values()), checked
+
+
+def test_a_recovery_chooses_as_if_it_had_simulated_every_candidate_and_simulates_few(measured_overheads,
+                                                                                      monkeypatch):
+    profile = random_profile(np.random.default_rng(7), 22)
+    pool = load_pool("asteroid-d")
+    plan = make_plan("ecofl", profile, pool, 32)
+    simulated = []
+    predict = prediction.predict_sync_round
+    monkeypatch.setattr(prediction, "predict_sync_round", lambda *a, **k: simulated.append(a[0]) or predict(*a, **k))
+    for lost in range(len(pool.devices)):
+        holders = {layer: [d for d in owners if d != lost] or [(lost + 1) % len(pool.devices)]
+                   for layer, owners in layer_owners(plan).items()}
+        best = prediction.fastest_plan(lightweight_replans(plan, profile, pool, lost={lost}), profile, pool, "cgroup")[0]
+        candidates = [best, *shifted_replans(best, profile, pool)]
+        for rounds_left in (1, 4, 100):
+            simulated.clear()
+            chosen, seconds = prediction.quickest_to_finish(candidates, plan, holders, rounds_left, profile, pool,
+                                                            "cgroup")
+            assert len(simulated) < len(candidates)
+            every = [(switching_s(c, plan, holders, profile, pool)
+                      + rounds_left * predict(c, profile, pool, "cgroup").sync_round_s, i)
+                     for i, c in enumerate(candidates)]
+            assert (seconds, candidates.index(chosen)) == min(every)
