@@ -66,9 +66,13 @@ def test_fedprox_survives_two_re_plans_exactly():
 
 
 def test_a_lost_replica_of_a_hybrid_stage_is_restored_from_its_peer():
+    """Device 1's layers come back from device 0, its stage peer, with nothing sent. Which cut points follow is
+    the re-plan's choice (the rounds left differ with when the kill finds the replicas complete)."""
     result, final_plan = train_exactly(HYBRID, ["kill:1@3"])
-    assert final_plan.stages[0].devices == (0,) and final_plan.stages[0].shares == (4,)
-    assert result.events[0]["bytes_moved"] == 0  # the peer already holds the stage
+    [record] = result.events
+    assert record["bytes_moved"] == 0  # the peer already holds the stage
+    assert {(run["source"], run["device"]) for run in record["restored_from"]} == {("peer", 0)}
+    assert layer_owners(final_plan)[0] == layer_owners(final_plan)[1] == (0,)
 
 
 def test_a_device_and_its_backup_lost_together_restore_from_the_global_copy():
