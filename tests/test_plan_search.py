@@ -76,7 +76,8 @@ def test_a_recovery_chooses_as_if_it_had_simulated_every_candidate_and_simulates
     for lost in range(len(pool.devices)):
         holders = {layer: [d for d in owners if d != lost] or [(lost + 1) % len(pool.devices)]
                    for layer, owners in layer_owners(plan).items()}
-        best = prediction.fastest_plan(lightweight_replans(plan, profile, pool, lost={lost}), profile, pool, "cgroup")[0]
+        proportional = lightweight_replans(plan, profile, pool, lost={lost})
+        best = prediction.fastest_plan(proportional, profile, pool, "cgroup")[0]
         candidates = [best, *shifted_replans(best, profile, pool)]
         for rounds_left in (1, 4, 100):
             simulated.clear()

@@ -93,8 +93,8 @@ class StageState:
         return momentum
 
     def keep(self, versions: set[int]) -> None:
-        """Drop the copies of every other version; their memory waits for the next copies of their sizes
-        (:mod:`.spare_blocks`), unless a copy kept or the model's own tensors share it."""
+        """Drop the copies of every other version; each waits, laid out, for the next copy of its layout
+        (:mod:`.spare_blocks`), unless a copy kept or the model's own tensors share its memory."""
         dropped = [item for version in set(self.copies) - versions for item in self.copies.pop(version).items()]
         in_use = [tensor for held in self.copies.values() for tensor in held.values()]
         self.spares.release(dropped, in_use + list(self.tensors.values()))

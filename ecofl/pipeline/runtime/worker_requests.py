@@ -211,7 +211,7 @@ class Worker:
         self.channel.reply(Ok())
 
     def _round(self, request: TrainPass, arrays: Arrays) -> None:
-        """Sync-round ``version``: from the committed state of that version; commits ``version + 1``.
+        """Sync-round ``version``, from the committed state of that version; commits ``version + 1`` after replying.
 
         ``keep``: the versions the portal may still restore from; copies of
         others are dropped. ``replicate``: the replicas of ``version`` that
