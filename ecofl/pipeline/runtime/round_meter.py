@@ -19,7 +19,8 @@ from ecofl.pipeline.runtime.thread_cpu import ThreadClock
 
 
 class RoundMeter:
-    """Started now: a worker's CPU, resident set and accelerator memory from here on."""
+    """Started now: a worker's CPU, resident set and accelerator memory from here on. Starting one resets the
+    process's peak resident set, so a worker reads one meter before it starts the next."""
 
     def __init__(self, accelerator: Any):
         self.accelerator = accelerator
