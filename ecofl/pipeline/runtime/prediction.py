@@ -25,7 +25,6 @@ from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import make_plan, plans_by_micro_batch
 from ecofl.pipeline.profile import ModelProfile
-from ecofl.pipeline.replan import shifted_replans
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.copy_cost import host_copy_byte_s
 from ecofl.pipeline.runtime.host_overhead import runtime_overheads
@@ -134,14 +133,9 @@ def quickest_to_finish(plans: Sequence[Plan], before: Plan, holders: Holders, ro
 def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int,
                 emulation: Emulation | bool | str, cache_dir: str | None = None, **options: object) -> Plan:
     """``planner``'s plan for ``pool``; where devices compute for real and ``options`` fix no micro-batch, of its
-    plans at each micro-batch size the one predicted fastest with the runtime's overheads (:func:`fastest_plan`),
-    and then of that plan and its neighbours (its cut points moved by up to three layers,
-    :func:`~ecofl.pipeline.replan.shifted_replans`: the planner's stages, devices, shares and micro-batch) the
-    one predicted fastest; ties keep the planner's. A planner's own estimate leaves out the runtime's work
-    per byte and per operation at each device's speed, so its cut points need not be the fastest as run.
+    plans at each micro-batch size the one predicted fastest with the runtime's overheads (:func:`fastest_plan`).
     The CLI and the confined benchmark plan so."""
     if "micro_batch" in options or Emulation.parse(emulation) == Emulation.SLEEP:
         return make_plan(planner, profile, pool, batch_size, **options)
     plans = plans_by_micro_batch(planner, profile, pool, batch_size, **options)
-    best = fastest_plan(plans, profile, pool, emulation, cache_dir)[0]
-    return fastest_plan([best, *shifted_replans(best, profile, pool)], profile, pool, emulation, cache_dir)[0]
+    return fastest_plan(plans, profile, pool, emulation, cache_dir)[0]
