@@ -104,7 +104,9 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     confined, plan = plan_on_measured_speeds(lambda devices: plan_as_run(planner, profile, devices, args.batch,
                                                                          "cgroup", cache_dir),
                                              profile, presets,
-                                             lambda work: confine_pool(spec, SHAPE, profile, presets, work), calibrated)
+                                             lambda work: confine_pool(spec, SHAPE, profile, presets, work,
+                                                                       cache_dir=cache_dir),
+                                             calibrated)
     whole = next(c for w, c in calibrated.items() if all(work.layers is None for _, work in w))
     run = run_plan(spec, confined.pool, plan, profile, emulate="cgroup", limits=confined.limits, rounds=args.rounds,
                    timeout_s=args.timeout, cache_dir=cache_dir)

@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             def speeds_on(workload: Workload) -> ConfinedPool:
                 if workload not in calibrated:
                     calibrated[workload] = confine_pool(ZooModel(model, SHAPE, CLASSES, granularity), SHAPE,
-                                                        profile, presets, workload, objective="inference")
+                                                        profile, presets, workload, objective="inference",
+                                                        cache_dir=args.cache_dir)
                 return calibrated[workload]
 
             def planned(name: str) -> tuple[Plan, HomePool]:

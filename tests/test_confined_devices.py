@@ -257,6 +257,27 @@ def test_devices_time_the_whole_model_then_their_own_stages_and_the_plan_is_pred
     assert measured == [whole, cut_1, cut_0] and plan == two_stages(1) and confined.workload == cut_1
 
 
+def test_at_its_measured_speed_the_cost_model_predicts_a_step_as_measured_per_operation_overhead_included():
+    """The cost model charges each forward and backward the runtime's overhead at the device's speed
+    (ecofl.pipeline.cost). A speed of the layers alone over the measured step charged the step's per-call costs
+    twice, the second time at a speed they had lowered: a stage of small layers on a small quota (here 0.24 ms of
+    layers measured at 50 ms a step) was predicted at a multiple of what it measured."""
+    from ecofl.pipeline.cost import stage_compute_s
+
+    profile = synthetic_profile(4)
+    profile = dataclasses.replace(profile, forward_s=profile.forward_s / 1000, backward_s=profile.backward_s / 1000)
+    forward, backward = profile.layer_times(4)
+    layers_s = float(forward[2:4].sum() + backward[2:4].sum())
+    overhead_s, measured_s = 0.5e-3, 0.05
+    for objective, operations in (("training", 2), ("inference", 1)):
+        speed = speed_from_step(profile, Work(4, (2, 3)), measured_s, objective, overhead_s)
+        f, b = stage_compute_s(profile, DeviceSpec("rpi", speed, GB, 1e9), (2, 3), 4)
+        predicted = f + (b if objective == "training" else 0.0) + operations * overhead_s / speed
+        assert predicted == pytest.approx(measured_s)
+    alone = speed_from_step(profile, Work(4, (2, 3)), measured_s)  # the layers alone: the overhead counted twice
+    assert layers_s / alone + 2 * overhead_s / alone > 1.5 * measured_s
+
+
 def test_a_device_that_will_stream_times_eval_mode_forwards_and_its_speed_counts_forwards_only():
     """PipeEdge's devices only run forwards: calibrated on them (eval mode, no autograd), a device's speed is the
     profile's forwards over its measured step, so the stream model's forwards add up to what it measured."""

@@ -24,7 +24,7 @@ from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.runtime.calibration import ConfinedPool, plan_workload
 from ecofl.pipeline.runtime.confinement import pool_limits
 
-VERSION = 1
+VERSION = 2  # 2: speeds over the step as the cost model counts it, per-operation overhead included (2026-12-03)
 
 
 def save_calibration(path: Path, settings: dict, confined: ConfinedPool, plan: Plan) -> None:

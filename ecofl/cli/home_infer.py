@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         presets = pool
         confined, plan = plan_on_measured_speeds(
             lambda devices: make_plan(args.planner, profile, devices, args.batch, objective="inference", **options),
-            profile, presets, lambda work: confine_pool(spec, shape, profile, presets, work, objective="inference"))
+            profile, presets, lambda work: confine_pool(spec, shape, profile, presets, work, objective="inference",
+                                                            cache_dir=args.cache_dir))
         pool, limits = confined.pool, confined.limits
     x, y = data.test.x[: args.samples], data.test.y[: args.samples]
     count = -(-len(x) // plan.micro_batch)

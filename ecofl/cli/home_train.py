@@ -145,7 +145,7 @@ def _calibrate(args: argparse.Namespace, spec: ZooModel, shape: tuple, profile, 
         print(f"each device times {args.model} in its cgroup ...", file=sys.stderr, flush=True)
     confined, plan = plan_on_measured_speeds(
         lambda devices: _plan(args, profile, devices, Emulation.CGROUP), profile, presets,
-        lambda work: confine_pool(spec, shape, profile, presets, work))
+        lambda work: confine_pool(spec, shape, profile, presets, work, cache_dir=args.cache_dir))
     if kept is not None:
         save_calibration(kept, settings, confined, plan)
     return confined, plan

@@ -7,9 +7,10 @@ loss or the gradient from the next stage, and backward of one micro-batch,
 then what its links seal and open for it, :mod:`.link_work`) in its own
 cgroup, at its own quota, for at least ``min_seconds``: many CFS periods,
 so the burst of quota an idle device starts with does not flatter it. Its
-speed for the planner is the host profile's time for the same layers over
-the measured time (:func:`speed_from_step`); the cost model then predicts
-the device's time for those layers as what it measured.
+speed for the planner is the host's time for the same step as the cost
+model counts it (the profile's layers and the runtime's overhead per
+operation) over the measured time (:func:`speed_from_step`); the cost model
+then predicts the device's step on those layers as what it measured.
 
 What a device times is a :class:`Work`: first the whole model, at the
 samples per call the plan on the presets gives it; then the layers and the
@@ -52,6 +53,8 @@ from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import with_speeds
 from ecofl.cgroups import DeviceLimits
 from ecofl.pipeline.runtime.confinement import Confinement, pool_limits
+from ecofl.pipeline.runtime.emulation import Emulation
+from ecofl.pipeline.runtime.host_overhead import runtime_overheads
 from ecofl.pipeline.runtime.worker_environment import worker_environment
 from ecofl.pipeline.runtime.model_spec import ModelSpec
 from ecofl.net.schema import MalformedMessage
@@ -108,22 +111,35 @@ def host_step_s(profile: ModelProfile, work: Work | int, objective: str = "train
     return float(forward[layers].sum() + (backward[layers].sum() if objective == "training" else 0.0))
 
 
-def speed_from_step(profile: ModelProfile, work: Work | int, measured_s: float, objective: str = "training"
-                    ) -> float:
-    """A device's speed (host cores) given its measured seconds per step of ``work``.
+def speed_from_step(profile: ModelProfile, work: Work | int, measured_s: float, objective: str = "training",
+                    operation_overhead_s: float = 0.0) -> float:
+    """A device's speed (host cores) given its measured seconds per step of ``work``: the host's seconds for the
+    step as the cost model counts them, over the measured ones.
+
+    The cost model counts a step's layers (the profile) and the runtime's ``operation_overhead_s`` for each of
+    its operations (a forward and a backward; a forward streaming), both at the device's speed
+    (:mod:`ecofl.pipeline.cost`), so at this speed it predicts the step as measured. With the layers alone
+    over the measured step, the per-call costs inside the step were charged twice, the second time at a speed
+    they had lowered: on a stage of small layers and a small quota, many times its compute. The mixed home's
+    Raspberry Pi (a quota of 0.025 cores) measured 0.138 s a step on MobileNetV2's last three layers at 4
+    samples, a speed of 0.0042 by the layers alone, and a plan on it was predicted to give that device 6.58 s
+    of compute a sync-round where it computed 1.06 s (``benchmarks/confined.py``, 2026-12-03 09:51).
 
     The profile's forwards are timed in training mode; an inference step (eval mode, no autograd) is cheaper.
     Measured as inference, the speed makes the cost model's forwards sum to what the device measured for its
     layers, split across them in the training profile's proportions."""
-    return host_step_s(profile, work, objective) / measured_s
+    operations = 2 if objective == "training" else 1
+    return (host_step_s(profile, work, objective) + operations * operation_overhead_s) / measured_s
 
 
 def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile, pool: HomePool,
                    confinement: Confinement, workload: Workload | int, min_seconds: float = CALIBRATION_S,
-                   timeout_s: float = 300.0, objective: str = "training") -> tuple[HomePool, dict]:
+                   timeout_s: float = 300.0, objective: str = "training", operation_overhead_s: float = 0.0
+                   ) -> tuple[HomePool, dict]:
     """``pool`` with each confined device's speed as measured in its cgroup on ``objective``'s steps (training:
     forward, loss or a gradient, and backward; inference: an eval-mode forward without autograd) of its work
-    (``workload``; a number: the whole model at that many samples), and what each measured."""
+    (``workload``; a number: the whole model at that many samples), and what each measured.
+    ``operation_overhead_s``: what the cost model adds to each operation (:func:`speed_from_step`)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     devices = sorted(confinement.limits)
@@ -175,7 +191,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
                 confinement.release(device)
     step_s = shared_by_identical(measured, confinement.limits, work)
     first_touch = shared_by_kind(first_touch, confinement.limits)
-    speeds = {d: speed_from_step(profile, work[d], s, objective) for d, s in step_s.items()}
+    speeds = {d: speed_from_step(profile, work[d], s, objective, operation_overhead_s) for d, s in step_s.items()}
     cores = {d: confinement.limits[d].cores for d in devices}
     report = {d: {"quota_cores": cores[d], "objective": objective,
                   "micro_batch": work[d].samples, "layers": work[d].layers, "step_s": step_s[d],
@@ -245,15 +261,17 @@ class ConfinedPool:
 
 
 def confine_pool(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile, presets: HomePool,
-                 workload: Workload | int, min_seconds: float = CALIBRATION_S, objective: str = "training"
-                 ) -> ConfinedPool:
+                 workload: Workload | int, min_seconds: float = CALIBRATION_S, objective: str = "training",
+                 cache_dir: str | None = None) -> ConfinedPool:
     """Each device of ``presets`` confined to its speed in cores and its budget, its speed measured there on
-    ``objective``'s steps of its work (:func:`measure_speeds`)."""
+    ``objective``'s steps of its work (:func:`measure_speeds`), against this host's per-operation overhead as
+    the confined predictions count it (:func:`.host_overhead.runtime_overheads`, cached in ``cache_dir``)."""
     limits = pool_limits(presets)
     if isinstance(workload, int):
         workload = whole_model(limits, workload)
+    overhead_s = runtime_overheads(Emulation.CGROUP, cache_dir)["operation_overhead_s"]
     pool, measured = measure_speeds(model, input_shape, profile, presets, Confinement(limits), workload,
-                                    min_seconds, objective=objective)
+                                    min_seconds, objective=objective, operation_overhead_s=overhead_s)
     return ConfinedPool(pool, limits, measured, workload)
 
 
