@@ -26,6 +26,11 @@ synthetic data) and pool:
 4. Beside it, the same planner on the presets with every device sleeping to
    the cost model (``--emulate sleep``): the model's figure, where measured
    equals predicted by construction.
+5. The host's own speed before calibrating, before the run and after it
+   (``host_reference_s``, :mod:`benchmarks.steady_runs`: the CPU seconds
+   of one fixed piece of work): on a shared virtual machine it moves by
+   itself, and a run on a slower host than its calibration's misses its
+   prediction for that reason alone.
 
 Pools: Eco-FL's 3-stage testbed (``ecofl``), Asteroid's Env B (``hpp``;
 its five boards need 1.64 cores, so its speeds are scaled by 0.9 to fit
@@ -66,6 +71,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 
 from benchmarks.home_runs import describe_plan, run_plan  # noqa: E402
 from benchmarks.markdown_section import cell, replace_section  # noqa: E402
+from benchmarks.steady_runs import host_reference_s  # noqa: E402
 from ecofl.cgroups import find_hierarchy  # noqa: E402
 from ecofl.devices import HomePool, host_cores  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
@@ -100,6 +106,7 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     presets = scaled(load_pool(pool_name), factor)
     preset_plan = make_plan(planner, profile, presets, args.batch)
     print(f"{model} on {presets.name}: each device times the model in its cgroup ...", file=sys.stderr, flush=True)
+    reference = {"before_calibration": host_reference_s()}
     calibrated: dict[Workload, ConfinedPool] = {}
     confined, plan = plan_on_measured_speeds(lambda devices: plan_as_run(planner, profile, devices, args.batch,
                                                                          "cgroup", cache_dir),
@@ -108,9 +115,11 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
                                                                        cache_dir=cache_dir),
                                              calibrated)
     whole = next(c for w, c in calibrated.items() if all(work.layers is None for _, work in w))
+    reference["before_run"] = host_reference_s()
     run = run_plan(spec, confined.pool, plan, profile, emulate="cgroup", limits=confined.limits, rounds=args.rounds,
                    timeout_s=args.timeout, cache_dir=cache_dir)
     alone = sum(m["micro_batch"] / m["step_s"] for m in whole.measured.values())  # the whole model, each alone
+    reference["after_run"] = host_reference_s()
     print(f"  confined: {run['sync_round_s']:.3f} s measured, {run['predicted_sync_round_s']:.3f} s predicted "
           f"({100 * run['planner_error']:.1f}%), efficiency {run['throughput'] / alone:.2f}", file=sys.stderr)
     sleep = run_plan(spec, presets, preset_plan, profile, emulate="sleep", rounds=args.rounds,
@@ -124,6 +133,7 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
         "predicted_of_bound": predicted_of_bound(run, alone),
         "confined": {**run, "plan_text": describe_plan(plan, confined.pool)},
         "sleep": {**sleep, "plan_text": describe_plan(preset_plan, presets)},
+        "host_reference_s": {moment: round(seconds, 4) for moment, seconds in reference.items()},
     }
 
 

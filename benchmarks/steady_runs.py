@@ -65,19 +65,23 @@ STEADY_FROM = 2
 
 def host_reference_s(repeats: int = 5) -> float:
     """The host's speed now: the median CPU seconds of one fixed convolution workload on one thread (the same
-    work every time; on this 2-core VM it took 0.17-0.43 s over an hour)."""
+    work every time; on this 2-core VM it took 0.17-0.43 s over an hour). The caller's torch threads are kept."""
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    generator = torch.Generator().manual_seed(0)
-    x, conv = torch.randn(16, 32, 56, 56, generator=generator), torch.nn.Conv2d(32, 32, 3, padding=1)
-    times = []
-    for _ in range(repeats):
-        start = time.thread_time()
-        with torch.no_grad():
-            for _ in range(4):
-                conv(x)
-        times.append(time.thread_time() - start)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        x, conv = torch.randn(16, 32, 56, 56, generator=generator), torch.nn.Conv2d(32, 32, 3, padding=1)
+        times = []
+        for _ in range(repeats):
+            start = time.thread_time()
+            with torch.no_grad():
+                for _ in range(4):
+                    conv(x)
+            times.append(time.thread_time() - start)
+    finally:
+        torch.set_num_threads(threads)
     return sorted(times)[len(times) // 2]
 
 
