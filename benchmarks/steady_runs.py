@@ -65,7 +65,8 @@ STEADY_FROM = 2
 
 def host_reference_s(repeats: int = 5) -> float:
     """The host's speed now: the median CPU seconds of one fixed convolution workload on one thread (the same
-    work every time; on this 2-core VM it took 0.17-0.43 s over an hour). The caller's torch threads are kept."""
+    work every time; on this 2-core VM it took 0.17-0.43 s over an hour once, and 0.045-0.141 s on 2026-12-03).
+    The caller's torch threads are kept."""
     import torch
 
     threads = torch.get_num_threads()
