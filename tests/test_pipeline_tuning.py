@@ -10,18 +10,21 @@ tolerance.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
-from ecofl.pipeline.cost import simulate
+from ecofl.pipeline.cost import SyncRoundCost, simulate
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.runtime import HomePipeline
 from ecofl.pipeline.runtime.control_messages import Done
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.pipeline_tuning import decide, measured_pass_s, modelled_pass_s
+from ecofl.pipeline.runtime.host_overhead import record_path
+from ecofl.pipeline.runtime.pipeline_tuning import decide, measured_pass_s, modelled_pass_s, pipeline_speeds
+from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.schedule import PASSES
 from pipeline_kit import PROFILE, WITHOUT_BATCH_NORM, assert_gone, assert_same, data, single_process
@@ -36,10 +39,12 @@ HOLDERS = {layer: [stage.devices[0]] for stage in LOPSIDED.stages for layer in r
                                                                                       stage.layers[1] + 1)}
 
 
-def replies_as_modelled(plan: Plan, pool: HomePool, slower: dict[int, float]) -> dict[int, Done]:
-    """The workers' replies of a round that ran as the cost model says, device d's passes ``slower[d]`` x longer."""
+def replies_as_modelled(plan: Plan, pool: HomePool, slower: dict[int, float],
+                        cost: SyncRoundCost | None = None) -> dict[int, Done]:
+    """The workers' replies of a round that ran as the cost model says (``cost``, by default the model without
+    overheads), device d's passes ``slower[d]`` x longer."""
     events: dict[int, list] = {d: [] for stage in plan.stages for d in stage.devices}
-    for event in simulate(plan, QUICK, pool).timeline:
+    for event in (cost or simulate(plan, QUICK, pool)).timeline:
         if event.kind in PASSES:
             length = (event.end - event.start) * slower.get(event.device, 1.0)
             events[event.device].append((str(event.kind), event.micro_batch, event.start, event.start + length))
@@ -58,6 +63,22 @@ def test_a_device_slower_in_the_pipeline_than_calibrated_gets_its_speed_divided_
     assert decision.switched and decision.best_s < decision.current_s
     last = next(s for s in decision.plan.stages if 2 in s.devices)
     assert last.layers[1] - last.layers[0] < 2
+
+
+def test_confined_speeds_count_the_runtimes_overhead_once(tmp_path):
+    """A confined device that computed exactly what the cost model predicts for it, the runtime's per-operation
+    overhead included, keeps its speed; one twice as slow gets half. Set against its layers alone (the slow-down
+    re-estimate did so before), the overhead it computed would read as slowness: here each operation's overhead
+    is as long as the mean layer's, and device 0 (one short layer) would have come out at about two thirds
+    of its speed."""
+    overhead_s = float(QUICK.forward_s.mean())
+    record_path(str(tmp_path)).write_text(json.dumps({"operation_overhead_s": overhead_s, "byte_overhead_s": 0.0}))
+    modelled = predict_sync_round(LOPSIDED, QUICK, HOSTS, Emulation.CGROUP, cache_dir=str(tmp_path))
+    replies = replies_as_modelled(LOPSIDED, HOSTS, {2: 2.0}, modelled)
+    speeds = pipeline_speeds(LOPSIDED, QUICK, HOSTS, Emulation.CGROUP, measured_pass_s([replies]), str(tmp_path))
+    assert speeds == pytest.approx({0: 1.0, 1: 1.0, 2: 0.5})
+    layers_only = modelled_pass_s(simulate(LOPSIDED, QUICK, HOSTS))
+    assert layers_only[0] < 0.75 * measured_pass_s([replies])[0]  # what the layers-only reference would misread
 
 
 def test_the_plan_is_kept_when_the_gain_is_within_the_margin_or_does_not_pay_for_the_migration():

@@ -7,14 +7,14 @@ import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
-from ecofl.pipeline.cost import Background, simulate, stage_compute_s
+from ecofl.pipeline.cost import Background, simulate
 from ecofl.pipeline.first_touch import first_round_extra_s
 from ecofl.pipeline.migration import (GLOBAL_COPY, PORTAL_DEVICE, bytes_moved, heavy_moves, layer_moves, layer_owners,
                                      migration_s)
 from ecofl.pipeline.plan import Plan, StagePlan, plan_schedule
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.replan import (MAX_SHIFTED_PLANS, full_replan, lightweight_replan, lightweight_replans,
-                                  measured_speeds, shifted_replans, with_speeds)
+                                  shifted_replans, with_speeds)
 from ecofl.pipeline.runtime.prediction import predict_sync_round, quickest_to_finish
 from ecofl.pipeline.replication import (backup_bytes, backup_targets, copy_bytes, restore_source,
                                        stage_state_bytes)
@@ -43,19 +43,6 @@ def flops_share(plan: Plan, profile, stage: int) -> float:
 
 def assert_runnable(plan: Plan) -> None:
     validate(plan_schedule(plan), plan.num_micro_batches, [s.in_flight for s in plan.stages])
-
-
-def test_measured_speeds_follow_ftpipehd_capacity():
-    profile = random_profile(np.random.default_rng(0), 12)
-    pool = pool_of(0.5, 0.5, 0.5)
-    plan = three_stage_plan()
-    predicted = {d: sum(stage_compute_s(profile, pool.devices[d], st.layers, 4))
-                 for d, st in zip((0, 1, 2), plan.stages)}
-    measured = {0: predicted[0], 1: 4 * predicted[1]}  # device 1 four times slower; device 2 unmeasured
-    speeds = measured_speeds(plan, profile, pool, measured)
-    assert speeds[0] == pytest.approx(0.5)
-    assert speeds[1] == pytest.approx(0.125)
-    assert speeds[2] == 0.5
 
 
 def test_lightweight_replan_drops_a_lost_stage_and_cuts_by_capacity():

@@ -21,9 +21,11 @@ Three ways, as the papers compare them:
 
 Device speeds come from measurement, FTPipeHD §III-D eqs. 1-3: the capacity
 of a worker is the ratio of its measured execution time to the reference
-time of the same layers (here the cost model's prediction for the device's
-planned speed), C = T_measured / T_predicted, and its new speed is
-speed / C (eq. 3 scales every layer's time by C).
+time of the same work (here the cost model's passes for the device at its
+planned speed, the runtime's overheads included:
+:func:`ecofl.pipeline.runtime.pipeline_tuning.pipeline_speeds`),
+C = T_measured / T_predicted, and its new speed is speed / C (eq. 3 scales
+every layer's time by C); :func:`with_speeds` puts them into a pool.
 
 Every plan returned keeps device indices of the *original* pool, so the
 runtime can keep talking to the same workers; devices that are gone are in
@@ -41,7 +43,6 @@ import numpy as np
 from ecofl import names
 from ecofl.devices import HomePool
 from ecofl.errors import UserError
-from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.memory_model import stage_memory_bytes
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.planners import make_plan, plans_by_micro_batch
@@ -51,28 +52,6 @@ from ecofl.pipeline.replication import backup_bytes
 from ecofl.pipeline.schedule import target_in_flight
 
 REPLAN_KINDS = names.REPLAN_KINDS
-
-
-def measured_speeds(
-    plan: Plan, profile: ModelProfile, pool: HomePool, measured_s: Mapping[int, float],
-) -> dict[int, float]:
-    """Each measured device's current speed (FTPipeHD eqs. 1-3).
-
-    ``measured_s[d]``: device d's measured forward + backward seconds of one
-    micro-batch (its share of it) on its stage's layers. C_d = measured /
-    predicted at the device's planned speed; the new speed is speed_d / C_d.
-    Devices without a measurement (or with a zero share) keep their speed.
-    """
-    speeds = {d: spec.speed for d, spec in enumerate(pool.devices)}
-    for stage in plan.stages:
-        for device, share in zip(stage.devices, stage.shares):
-            seconds = measured_s.get(device)
-            if share == 0 or seconds is None or not seconds > 0:
-                continue
-            forward, backward = stage_compute_s(profile, pool.devices[device], stage.layers, share)
-            capacity = seconds / (forward + backward)  # eq. 1: C = T_measured / T_reference
-            speeds[device] = pool.devices[device].speed / capacity  # eq. 3
-    return speeds
 
 
 def with_speeds(pool: HomePool, speeds: Mapping[int, float],

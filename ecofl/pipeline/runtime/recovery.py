@@ -43,7 +43,7 @@ import numpy as np
 from ecofl.errors import UserError
 from ecofl.pipeline.migration import Holders, restore_point
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.replan import full_replans, lightweight_replans, measured_speeds, shifted_replans, with_speeds
+from ecofl.pipeline.replan import full_replans, lightweight_replans, shifted_replans, with_speeds
 from ecofl.pipeline.runtime.control_messages import Config, Done, GlobalCopy, Replicate
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.copies import Copies
@@ -53,7 +53,7 @@ from ecofl.pipeline.runtime.fault_log import FaultLog
 from ecofl.pipeline.runtime.faults import FaultEvent, FaultTolerance, Injection
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.pipeline_tuning import decide
+from ecofl.pipeline.runtime.pipeline_tuning import decide, measured_pass_s, pipeline_speeds
 from ecofl.pipeline.runtime.prediction import fastest_plan, quickest_to_finish
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.reconfiguration import reconfigure, restored_from
@@ -135,9 +135,9 @@ class Recovery:
             self.copies.round_completed(r)
         confined = self.control.devices.confinement is not None
         if self.ft is not None and self.ft.adapt and (self.layout.sleeps or confined):
-            slow, measured = self.watch.slow_devices(self.layout, self.speeds, replies, self.epoch)
+            slow = self.watch.slow_devices(self.layout, self.speeds, replies, self.epoch)
             if slow:
-                self._adapt(slow, measured, r)
+                self._adapt(slow, replies, r)
                 return
         self._tune(r, replies)
 
@@ -160,14 +160,14 @@ class Recovery:
         moved = self._reconfigure(decision.plan, r + 1, self._plan_holders()) if decision.switched else 0
         self.tuned = {**decision.to_dict(), "seconds": time.time() - started, "bytes_moved": moved}
 
-    def _adapt(self, slow: list[int], measured: dict[int, float], r: int) -> None:
-        """Eco-FL §4.4: re-plan on the devices' re-estimated speeds, between sync-rounds, no replay. Each device
-        found slow, or re-estimated ``slowdown_ratio`` times slower (its slow-down taken into this re-plan
-        before it was found on its own), has its event: the injected one, or a new one."""
+    def _adapt(self, slow: list[int], replies: dict[int, Done], r: int) -> None:
+        """Eco-FL §4.4: re-plan between sync-rounds on speeds re-estimated from round ``r``, overheads counted once
+        (:func:`.pipeline_speeds`). Each device found slow, or ``slowdown_ratio`` times slower, has its event."""
         layout = self.layout
         started = time.time()
         planned = with_speeds(layout.pool, self.speeds)
-        self.speeds.update(measured_speeds(layout.plan, layout.profile, planned, measured))
+        self.speeds.update(pipeline_speeds(layout.plan, layout.profile, planned, self.emulation,
+                                           measured_pass_s([replies])))
         slowed = set(slow) | {d for d, speed in self.speeds.items()
                               if speed * self.ft.slowdown_ratio < planned.devices[d].speed}
         kind = self.ft.adapt_replan

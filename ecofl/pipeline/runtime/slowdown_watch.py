@@ -23,9 +23,8 @@ class SlowdownWatch:
         self._pace_epoch = 0
 
     def slow_devices(self, layout: PipelineLayout, speeds: dict[int, float], replies: dict[int, Done],
-                     epoch: int) -> tuple[list[int], dict[int, float]]:
-        """The devices slow for long enough after a sync-round's ``replies`` (then the count starts afresh),
-        and every device's measured seconds per micro-batch.
+                     epoch: int) -> list[int]:
+        """The devices slow for long enough after a sync-round's ``replies`` (then the count starts afresh).
 
         A device deviates when its seconds per micro-batch exceed ``slowdown_ratio`` times the larger of the
         cost model's and its own best pace in the current plan (``epoch``): the model alone would flag a
@@ -34,7 +33,6 @@ class SlowdownWatch:
         if self._pace_epoch != epoch:
             self._pace, self._pace_epoch = {}, epoch
         pool = with_speeds(layout.pool, speeds)
-        measured: dict[int, float] = {}
         slow = []
         for role in layout.roles:
             times = [end - start for kind, _, start, end in replies[role.device].events
@@ -43,7 +41,6 @@ class SlowdownWatch:
                 continue
             per_micro_batch = 2 * float(np.mean(times))  # one forward and one backward
             expected = sum(stage_compute_s(layout.profile, pool.devices[role.device], role.layers, role.samples))
-            measured[role.device] = per_micro_batch
             pace = self._pace[role.device] = min(self._pace.get(role.device, per_micro_batch), per_micro_batch)
             if per_micro_batch > self.ft.slowdown_ratio * max(expected, pace):
                 self._slow[role.device] = self._slow.get(role.device, 0) + 1
@@ -53,4 +50,4 @@ class SlowdownWatch:
                 self._slow.pop(role.device, None)
         if slow:
             self._slow.clear()
-        return slow, measured
+        return slow
