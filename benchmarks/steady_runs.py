@@ -30,9 +30,19 @@ faster than the plain runs after it. Reported:
 - the host's own speed before each run (:func:`host_reference_s`: the CPU
   seconds of one fixed piece of work): on a shared virtual machine it moves
   by itself, and a run that is slower than its neighbours on a slower host
-  says nothing about the runtime.
+  says nothing about the runtime;
+- each run's seconds a sync-round per CPU-second of the busiest device's
+  stage thread (:func:`round_per_stage_cpu`), and fault tolerance's cost
+  in it. A device's quota is CPU time, so on a host that is slower during
+  a run (each operation costing more CPU) the same plan's rounds last
+  longer; the stage thread does the same work in every run of the plan, so
+  its CPU a round gauges the host during the run itself, where the
+  reference is taken before it. Both figures are measured; the per-CPU
+  cost leaves out what fault tolerance would add to the stage thread's own
+  CPU (it would be counted as a slower host), so it is given beside the
+  plain cost, not instead of it.
 
-``python benchmarks/steady_runs.py [--pairs 3] [--kills 2] [--rounds 6]``
+``python benchmarks/steady_runs.py [--pairs 3] [--kills 2] [--rounds 6]`` (``--table-from JSON``: only the table)
 writes ``benchmarks/results/steady_runs.json`` and a table in
 ``docs/pipeline.md``. Run it with the machine otherwise idle: the load is given.
 """
@@ -122,6 +132,32 @@ def _not_the_stages_thread(run: dict) -> list[float | None]:
             for cpu, jobs in zip(run["cpu_s_per_round"], run["cpu_s_per_round_by_job"])]
 
 
+def round_per_stage_cpu(run: dict) -> float:
+    """A run's mean sync-round over the CPU seconds a round of its stage thread (``MainThread``) on the device its
+    plan is predicted to keep busiest."""
+    busiest = max(range(len(run["predicted_busy_fraction"])), key=run["predicted_busy_fraction"].__getitem__)
+    return run["mean_round_s"] / run["cpu_s_per_round_by_job"][busiest]["MainThread"]
+
+
+def summary(runs: list[dict], pairs: int) -> dict:
+    """The plain runs' spread (the first run calibrated and is not compared) and each fault-tolerant run's cost
+    against the plain runs either side (runs 2, 4, ... of the ``pairs`` alternating with plain runs 1, 3, ...):
+    of its mean of all rounds, of its rounds from :data:`STEADY_FROM` on, and per stage-thread CPU-second."""
+    plain = [r["sync_round_s"] for r in runs[1:] if not r["fault_tolerance"]]
+
+    def costs_by(figure) -> list[float]:
+        return [figure(runs[i]) / ((figure(runs[i - 1]) + figure(runs[i + 1])) / 2) - 1
+                for i in range(2, 2 * pairs + 2, 2)]
+
+    costs = {"": costs_by(lambda r: r["mean_round_s"]), "_steady": costs_by(lambda r: r["steady_mean_round_s"]),
+             "_per_stage_cpu": costs_by(round_per_stage_cpu)}
+    result = {"plain_spread": max(plain) / min(plain) - 1}
+    for suffix, values in costs.items():
+        result[f"fault_tolerance{suffix}_costs"] = values
+        result[f"fault_tolerance{suffix}_cost"] = sum(values) / len(values) if values else None
+    return result
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -154,60 +190,72 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=3, help="runs with fault tolerance, each between plain runs")
     parser.add_argument("--kills", type=int, default=2, help="runs with --inject kill:2@4 (at least 6 rounds)")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--table-from", type=Path, metavar="JSON",
+                        help="run nothing: the summary and table of a results file this script wrote before "
+                             "(its summary is written again, its runs kept)")
     args = parser.parse_args()
+    if args.table_from is not None:
+        path = args.table_from
+        result = json.loads(path.read_text())
+        result.update(summary(result["runs"], len(result["fault_tolerance_costs"])))
+    else:
+        path = ROOT / "benchmarks" / "results" / "steady_runs.json"
+        result = measure(args.pairs, args.kills, args.rounds)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    table = render(result)
+    if not replace_section(ROOT / "docs" / "pipeline.md", table, "steady_runs"):
+        print("docs/pipeline.md has no steady_runs section: the table is not written there", file=sys.stderr)
+    print(table)
+    return 0
+
+
+def measure(pairs: int, kills: int, rounds: int) -> dict:
+    """Two plain runs (the first calibrates), ``pairs`` fault-tolerant runs each followed by a plain one, then
+    ``kills`` runs with :data:`KILL`; the results file's content."""
     with tempfile.TemporaryDirectory() as work:
         calibration = Path(work) / "calibration.json"
-        # the first of two plain runs calibrates; then runs with fault tolerance, each between plain runs
-        order = [(False, None)] * 2 + [(True, None), (False, None)] * args.pairs + [(True, KILL)] * args.kills
+        order = [(False, None)] * 2 + [(True, None), (False, None)] * pairs + [(True, KILL)] * kills
         runs = []
         for i, (tolerant, inject) in enumerate(order):
             print(f"run {i + 1} of {len(order)}{' (fault tolerance)' if tolerant else ''} {inject or ''}...",
                   flush=True)
-            runs.append(train(max(args.rounds, 8) if inject else args.rounds, calibration, tolerant, inject))
+            runs.append(train(max(rounds, 8) if inject else rounds, calibration, tolerant, inject))
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "events"}), flush=True)
-    plain = [r["sync_round_s"] for r in runs[1:] if not r["fault_tolerance"]]  # the first run calibrated
-
-    def costs_by(mean: str) -> list[float]:
-        """Each fault-tolerant run's ``mean`` sync-round against the plain runs' either side, less one."""
-        return [runs[i][mean] / ((runs[i - 1][mean] + runs[i + 1][mean]) / 2) - 1
-                for i in range(2, 2 * args.pairs + 2, 2)]
-
-    costs, steady_costs = costs_by("mean_round_s"), costs_by("steady_mean_round_s")
-    kills = [kill_figures(r) for r in runs if r["inject"]]
-    result = {
-        "command": f"python benchmarks/steady_runs.py --pairs {args.pairs} --kills {args.kills} --rounds {args.rounds}",
-        "runs_of": "ecofl " + " ".join(COMMAND) + f" --rounds {args.rounds} --calibration FILE",
+    return {
+        "command": f"python benchmarks/steady_runs.py --pairs {pairs} --kills {kills} --rounds {rounds}",
+        "runs_of": "ecofl " + " ".join(COMMAND) + f" --rounds {rounds} --calibration FILE",
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "measured_at": time.strftime("%Y-%m-%d %H:%M"),
         "runs": runs,
-        "plain_spread": max(plain) / min(plain) - 1,
-        "fault_tolerance_costs": costs,
-        "fault_tolerance_cost": sum(costs) / len(costs) if costs else None,
-        "fault_tolerance_steady_costs": steady_costs,
-        "fault_tolerance_steady_cost": sum(steady_costs) / len(steady_costs) if steady_costs else None,
-        "kills": kills,
+        **summary(runs, pairs),
+        "kills": [kill_figures(r) for r in runs if r["inject"]],
     }
-    (ROOT / "benchmarks" / "results" / "steady_runs.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def render(result: dict) -> str:
+    """The Markdown of a results file: every run, the spread and costs, and the kills."""
+    runs, kills = result["runs"], result["kills"]
+    costs, steady_costs = result["fault_tolerance_costs"], result["fault_tolerance_steady_costs"]
+    per_cpu = result["fault_tolerance_per_stage_cpu_costs"]
     lines = [
         f"Measured with `{result['command']}` on {result['machine']}, {result['measured_at']}: each run is "
         f"`{result['runs_of']}` (`--fault-tolerance`, `--inject {KILL}` where said), all on one calibration "
         "(run 1 measures and writes it, and is not compared: its workers start warm from calibrating).",
         "",
         "| run | fault tolerance | sync-round s (median) | predicted s | error | mean of all rounds s | mean from "
-        f"round {STEADY_FROM + 1} s | CPU s a sync-round (stages) | of it not the stage's thread | host reference s "
-        "| load before |",
-        "|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|",
+        f"round {STEADY_FROM + 1} s | CPU s a sync-round (stages) | of it not the stage's thread | s a round per "
+        "stage-thread CPU-s (busiest) | host reference s | load before |",
+        "|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
         *(f"| {i + 1} | {'on' if r['fault_tolerance'] else 'off'}{', ' + r['inject'] if r['inject'] else ''} | "
           f"{r['sync_round_s']:.2f} | {r['predicted_sync_round_s']:.2f} | {r['error']:+.1%} | "
           f"{r['mean_round_s']:.2f} | {r['steady_mean_round_s']:.2f} | "
-          f"{_stages(r['cpu_s_per_round'])} | {_stages(_not_the_stages_thread(r))} | {r['host_reference_s']:.3f} | "
-          f"{r['load_before']} |" for i, r in enumerate(runs)),
+          f"{_stages(r['cpu_s_per_round'])} | {_stages(_not_the_stages_thread(r))} | {round_per_stage_cpu(r):.2f} | "
+          f"{r['host_reference_s']:.3f} | {r['load_before']} |" for i, r in enumerate(runs)),
         "",
         f"Plain runs' medians (runs 2 on) within {result['plain_spread']:.1%} of each other."
         + (f" Fault tolerance, each run's mean of all rounds against the plain runs' either side: "
-           f"{', '.join(f'{c:+.1%}' for c in costs)} (mean {result['fault_tolerance_cost']:+.1%}); of its rounds "
-           f"from round {STEADY_FROM + 1} on: {', '.join(f'{c:+.1%}' for c in steady_costs)} "
-           f"(mean {result['fault_tolerance_steady_cost']:+.1%})." if costs else ""),
+           f"{_costs(costs)}; of its rounds from round {STEADY_FROM + 1} on: {_costs(steady_costs)}; "
+           f"per CPU-second of the busiest device's stage thread: {_costs(per_cpu)}." if costs else ""),
     ]
     if kills:
         lines += ["", "| kill run | detected s | survivors stopped s | re-scheduling s | resumed s | first round "
@@ -221,11 +269,11 @@ def main() -> int:
                   f"({k['predicted_sync_round_s']:.2f}) | "
                   f"{', '.join(f'{m:.0f}' for m in k['first_touched_mib'] if m is not None)} | {k['lost_rounds']} | "
                   f"{k['bytes_moved']} |" for i, k in enumerate(kills)]
-    table = "\n".join(lines)
-    if not replace_section(ROOT / "docs" / "pipeline.md", table, "steady_runs"):
-        print("docs/pipeline.md has no steady_runs section: the table is not written there", file=sys.stderr)
-    print(table)
-    return 0
+    return "\n".join(lines)
+
+
+def _costs(values: list[float]) -> str:
+    return f"{', '.join(f'{c:+.1%}' for c in values)} (mean {sum(values) / len(values):+.1%})"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""benchmarks/steady_runs.py's summary: fault tolerance's cost against the plain runs either side, raw and per
+CPU-second of the busiest device's stage thread, on made-up runs (nothing is trained here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.steady_runs import render, round_per_stage_cpu, summary  # noqa: E402
+
+
+def run(round_s: float, stage_cpu_s: float, fault_tolerance: bool) -> dict:
+    """A run of a two-stage plan whose second device is predicted busiest; its stage thread spent
+    ``stage_cpu_s`` a round, the first device's a fixed 0.1 s."""
+    return {"fault_tolerance": fault_tolerance, "inject": None, "sync_round_s": round_s, "mean_round_s": round_s,
+            "steady_mean_round_s": round_s, "predicted_sync_round_s": 5.0, "error": round_s / 5.0 - 1,
+            "predicted_busy_fraction": [0.5, 0.9], "cpu_s_per_round": [0.11, stage_cpu_s + 0.01],
+            "cpu_s_per_round_by_job": [{"MainThread": 0.1}, {"MainThread": stage_cpu_s}],
+            "host_reference_s": 0.1, "load_before": 1.0}
+
+
+def test_a_slower_host_moves_the_raw_cost_and_not_the_cost_per_stage_cpu_second():
+    """Plain runs at 5 s on 1 CPU-s and, on a host a fifth slower, 6 s on 1.2 CPU-s; a fault-tolerant run
+    between them at 5.5 s on 1.0 CPU-s costs 0% raw (against their 5.5 s mean) and +10% per CPU-second."""
+    runs = [run(5.0, 1.0, False), run(5.0, 1.0, False), run(5.5, 1.0, True), run(6.0, 1.2, False)]
+    assert round_per_stage_cpu(runs[3]) == pytest.approx(5.0)  # the busiest device's stage thread, not the first's
+    figures = summary(runs, pairs=1)
+    assert figures["fault_tolerance_costs"] == pytest.approx([0.0])
+    assert figures["fault_tolerance_per_stage_cpu_costs"] == pytest.approx([0.1])
+    assert figures["plain_spread"] == pytest.approx(0.2)
+    table = render({"command": "c", "runs_of": "r", "machine": "m", "measured_at": "t", "runs": runs,
+                    "kills": [], **figures})
+    assert "per CPU-second of the busiest device's stage thread: +10.0% (mean +10.0%)" in table
