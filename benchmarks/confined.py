@@ -166,6 +166,14 @@ def breakdown_cells(breakdown: dict | None) -> str:
             f"| {p['handoffs_waited']}: {p['handoff_wait_s']:.2f} s")
 
 
+def cpu_cell(calibrated: dict, stage: dict, micro_batches: int) -> str:
+    """A device's process CPU a step in its calibration (the cores that gave it) and a micro-batch in the run."""
+    cpu_s = calibrated.get("own_cpu_s_per_step")
+    calibration = "-" if cpu_s is None else f"{cpu_s:.3f} ({cpu_s / calibrated['own_step_s']:.2f})"
+    run = f"{stage['cpu_s_per_round'] / micro_batches:.3f}" if len(stage["devices"]) == 1 else "-"
+    return f"{calibration} / {run}"
+
+
 def markdown(results: dict) -> str:
     lines = [
         f"Measured on {results['machine']}, {results['cores']} cores ({results['date']}; 1-minute load "
@@ -204,11 +212,14 @@ def markdown(results: dict) -> str:
               "between its first and last operation, and the hand-offs it waited for (a neighbour's activations or "
               "gradient, from the end of the operation that produced it to the start of the one that used it): how "
               "many, and their seconds in all; the rest of its idle time is the schedule's fill and drain and the "
-              "runtime's time between operations.", "",
+              "runtime's time between operations. `CPU s a micro-batch`: the device's process (every thread) in "
+              "its calibration's steps on its own stage, with the cores that gave it (CPU over the steps' time), "
+              "then in the run (a sync-round's over its micro-batches; `-` where a stage has several devices): "
+              "a pass slower than its calibration on as much CPU got fewer cores than it did.", "",
               "| model | pool | device | quota cores | speed, whole model | speed, own stage | limit MiB "
               "| cgroup peak MiB | RSS peak MiB | compute s measured / predicted | idle s measured / predicted "
-              "| hand-off waits measured | predicted |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| hand-off waits measured | predicted | CPU s a micro-batch: calibration (cores) / run |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in results["rows"]:
         c = row["confined"]
         for st in c["stages"]:
@@ -220,7 +231,8 @@ def markdown(results: dict) -> str:
                              f"| {'-' if whole is None else f'{whole:.3f}'} | {speed:.3f} "
                              f"| {box.get('memory_limit_bytes', 0) / MIB:.0f} "
                              f"| {'-' if peak is None else f'{peak / MIB:.0f}'} | {st['peak_rss_bytes'] / MIB:.0f} "
-                             f"| {breakdown_cells((c.get('breakdown') or {}).get(str(d)))} |")
+                             f"| {breakdown_cells((c.get('breakdown') or {}).get(str(d)))} "
+                             f"| {cpu_cell(row['measured_speeds'][str(d)], st, c['num_micro_batches'])} |")
     worst = max(row["confined"]["planner_error"] for row in results["rows"])
     least = min(row["efficiency"] for row in results["rows"])
     nearest = min(row["efficiency"] / schedule_bound(row["confined"]) for row in results["rows"])

@@ -357,6 +357,8 @@ def test_ecofl_home_train_confined_reports_quota_limit_and_real_memory_and_leave
         assert device["memory_limit_bytes"] > device["memory_budget_bytes"]  # the budget on top of the runtime
         assert device["peak_rss_bytes"] > 0 and device["measured_speed"] > 0
         assert device["first_touch_s_per_byte"] is None or device["first_touch_s_per_byte"] >= 0  # calibrated
+        # its calibration's CPU a step, all its threads: within what its quota allows over the step's time
+        assert 0 < device["own_cpu_s_per_step"] <= 1.5 * device["cpu_quota"] * device["own_step_s"]
     first = report["predicted_first_round_s"]  # None only where a device's first step mapped nothing
     assert (first is None) == any(d["first_touch_s_per_byte"] is None for d in used)
     assert first is None or first >= report["predicted_sync_round_s"]

@@ -170,16 +170,16 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
         bar.set_postfix_str("timing", refresh=False)
         for process in processes.values():
             write_line(process.stdin, Go())
-        measured = {}
+        measured, cpu_s = {}, {}
         for device, process in processes.items():
             said = _line(process, timeout_s)
             if not said:
                 why = "out of memory" if confinement.out_of_memory(device) else f"exit code {process.wait()}"
                 raise RuntimeError(f"device {device} could not calibrate: {why}")
-            timed = _timed(device, said).seconds_per_step
-            if timed is None:
+            timed = _timed(device, said)
+            if timed.seconds_per_step is None:
                 raise RuntimeError(f"device {device} could not calibrate: it said it was ready twice")
-            measured[device] = timed
+            measured[device], cpu_s[device] = timed.seconds_per_step, timed.cpu_s_per_step
             bar.update()
     finally:
         bar.close()
@@ -195,7 +195,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
     cores = {d: confinement.limits[d].cores for d in devices}
     report = {d: {"quota_cores": cores[d], "objective": objective,
                   "micro_batch": work[d].samples, "layers": work[d].layers, "step_s": step_s[d],
-                  "own_step_s": measured[d], "measured_speed": speeds[d],
+                  "own_step_s": measured[d], "own_cpu_s_per_step": cpu_s[d], "measured_speed": speeds[d],
                   # at its quota: the kernel maps a new page out of the device's own CPU time
                   "first_touch_s_per_byte": None if first_touch[d] is None else first_touch[d] / cores[d]}
               for d in devices}

@@ -39,11 +39,17 @@ CALIBRATION_S = 5.0
 
 def seconds_per_call(step: Callable[[], object], min_seconds: float, min_calls: int = 3) -> float:
     """Mean seconds of ``step`` over at least ``min_calls`` calls lasting at least ``min_seconds`` in all."""
-    calls, start = 0, time.perf_counter()
+    return timed_calls(step, min_seconds, min_calls)[0]
+
+
+def timed_calls(step: Callable[[], object], min_seconds: float, min_calls: int = 3) -> tuple[float, float]:
+    """Mean seconds and mean CPU seconds of this process (all its threads) of ``step``, over at least
+    ``min_calls`` calls lasting at least ``min_seconds`` in all."""
+    calls, start, cpu = 0, time.perf_counter(), time.process_time()
     while calls < min_calls or time.perf_counter() - start < min_seconds:
         step()
         calls += 1
-    return (time.perf_counter() - start) / calls
+    return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls
 
 
 def main() -> int:
@@ -106,7 +112,8 @@ def main() -> int:
             pace.call(step)
             links.carry(carried)
 
-        write_line(sys.stdout, Timed(seconds_per_call(step_and_links, args.seconds)))
+        seconds, cpu_s = timed_calls(step_and_links, args.seconds)
+        write_line(sys.stdout, Timed(seconds, cpu_s_per_step=cpu_s))
     return 0
 
 

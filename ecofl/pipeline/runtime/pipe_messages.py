@@ -62,6 +62,8 @@ class Timed:
     seconds_per_step: float | None  # None: ready to time (its work built, its first step run)
     # ready: the first step's CPU beyond a later step's, per byte it mapped for the first time (None: nothing mapped)
     first_touch_cpu_s_per_byte: float | None = None
+    # timed: the process's CPU seconds a step (every thread: the step's, torch's, the links'); None: not measured
+    cpu_s_per_step: float | None = None
 
 
 FORK_REQUESTS, FORK_REPLIES = MessageSet(Fork), MessageSet(Forked, ForkFailed, Exited)
