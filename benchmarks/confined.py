@@ -170,7 +170,13 @@ def cpu_cell(calibrated: dict, stage: dict, micro_batches: int) -> str:
     """A device's process CPU a step in its calibration (the cores that gave it) and a micro-batch in the run."""
     cpu_s = calibrated.get("own_cpu_s_per_step")
     calibration = "-" if cpu_s is None else f"{cpu_s:.3f} ({cpu_s / calibrated['own_step_s']:.2f})"
-    run = f"{stage['cpu_s_per_round'] / micro_batches:.3f}" if len(stage["devices"]) == 1 else "-"
+    if len(stage["devices"]) != 1:
+        return f"{calibration} / -"
+    passes = stage.get("pass_cpu_s_per_round")
+    thread = stage["cpu_s_per_round_by_job"].get("MainThread")
+    run = (f"{stage['cpu_s_per_round'] / micro_batches:.3f}"
+           + ("" if thread is None else f", stage thread {thread / micro_batches:.3f}")
+           + ("" if passes is None else f", its passes {passes / micro_batches:.3f}"))
     return f"{calibration} / {run}"
 
 
@@ -215,7 +221,7 @@ def markdown(results: dict) -> str:
               "runtime's time between operations. `CPU s a micro-batch`: the device's process (every thread) in "
               "its calibration's steps on its own stage, with the cores that gave it (CPU over the steps' time), "
               "then in the run (a sync-round's over its micro-batches; `-` where a stage has several devices): "
-              "a pass slower than its calibration on as much CPU got fewer cores than it did.", "",
+              "the process, its stage thread, and that thread in its forwards and backwards.", "",
               "| model | pool | device | quota cores | speed, whole model | speed, own stage | limit MiB "
               "| cgroup peak MiB | RSS peak MiB | compute s measured / predicted | idle s measured / predicted "
               "| hand-off waits measured | predicted | CPU s a micro-batch: calibration (cores) / run |",

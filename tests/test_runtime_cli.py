@@ -70,6 +70,7 @@ def test_home_train_at_host_speed_reports_real_memory_and_a_host_prediction(tmp_
         by_job = stage["cpu_s_per_round_by_job"]  # the same CPU time, by what its threads did
         assert by_job["MainThread"] > 0 and any(job.startswith("recv-from") for job in by_job), by_job
         assert sum(by_job.values()) == pytest.approx(stage["cpu_s_per_round"], rel=0.2, abs=0.05), by_job
+        assert 0 < stage["pass_cpu_s_per_round"] <= by_job["MainThread"] + 1e-3  # its passes: part of its thread's
     first, *later = report["first_touched_mib_by_round"]  # a stage maps its stash, gradients and momentum once
     assert first > 1 and first > 2 * max(later), report["first_touched_mib_by_round"]
     # The prediction is the host's: the devices as processes sharing its cores, each operation costing the

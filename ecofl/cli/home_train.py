@@ -247,6 +247,7 @@ def describe(plan: Plan, pool, predicted: SyncRoundCost, result: PipelineResult,
             "predicted_busy_fraction": predicted.busy_fraction[s],
             "cpu_s_per_round": result.cpu_s[s],  # measured: CPU seconds of the busiest worker process a round
             "cpu_s_per_round_by_job": result.cpu_s_by_job[s],  # the same by what its threads do
+            "pass_cpu_s_per_round": result.pass_cpu_s[s],  # its stage thread's in its forwards and backwards
             "peak_memory_bytes": result.peak_memory_bytes[s],
             "predicted_memory_bytes": predicted.stage_memory_bytes[s],
             "peak_rss_bytes": result.peak_rss_bytes[s],

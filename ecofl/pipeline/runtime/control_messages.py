@@ -190,6 +190,7 @@ class Done:
     cpu_s_by_job: dict[str, float] | None = None  # measured: the same by what each thread does (:mod:`.thread_cpu`)
     global_copy_after_s: float | None = None  # when my stage's global copy was sent, from the round's start
     first_touched_bytes: int | None = None  # measured: memory the process touched for the first time in the round
+    pass_cpu_s: float | None = None  # measured: the stage thread's CPU seconds in its forwards and backwards
 
 
 @message("copy_piece")

@@ -69,6 +69,7 @@ class RoundStats:
     peak_activation_bytes: int = 0
     fixed_bytes: int = 0  # weights + gradients + optimizer state
     weight_versions: list[tuple[int, int, int]] = field(default_factory=list)  # asynchronous: (m, used, current)
+    pass_cpu_s: float = 0.0  # measured: this thread's CPU seconds in its forwards and backwards
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,7 @@ class ShareExecutor:
                 r.stats.loss_sum += summed.item()
                 out = summed / r.batch_size
         end = self._end(started, role.forward_s)
+        r.stats.pass_cpu_s += time.thread_time() - started[1]
         r.stats.events.append((ActionKind.FORWARD, m, started[0], end))
         r.ledger.forward(m, nbytes[0])
         r.stash[m] = (x, out)
@@ -229,6 +231,7 @@ class ShareExecutor:
         if self.versions is not None:  # at the version the forward used, for this micro-batch's own step
             r.step_grads[m] = self.versions.gradients(m)
         end = self._end(started, self.role.backward_s)
+        r.stats.pass_cpu_s += time.thread_time() - started[1]
         r.stats.events.append((ActionKind.BACKWARD, m, started[0], end))
         r.ledger.backward(m)
         r.input_grads[m] = x.grad

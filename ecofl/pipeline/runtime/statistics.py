@@ -33,6 +33,8 @@ class PipelineResult:
     cpu_s: tuple[float | None, ...]
     # measured: the same worker's CPU seconds a sync-round by what its threads do (:mod:`.thread_cpu`; {}: none)
     cpu_s_by_job: tuple[dict[str, float], ...]
+    # measured: that worker's stage thread's CPU seconds a sync-round in its forwards and backwards (None: not reported)
+    pass_cpu_s: tuple[float | None, ...]
     peak_resident: tuple[int, ...]  # most micro-batches whose activations a device held at once
     peak_activation_bytes: tuple[int, ...]
     peak_memory_bytes: tuple[int, ...]  # accounted: weights + gradients + optimizer state + peak activations
@@ -93,6 +95,7 @@ def pipeline_result(
     busy = [[0.0] * len(rounds) for _ in range(num_stages)]
     cpu: list[dict[int, float]] = [{} for _ in range(num_stages)]  # round -> its busiest worker's CPU seconds
     cpu_jobs: list[dict[int, dict[str, float]]] = [{} for _ in range(num_stages)]  # round -> that worker's by job
+    cpu_passes: list[dict[int, float | None]] = [{} for _ in range(num_stages)]  # round -> that worker's in passes
     resident, act, memory = [0] * num_stages, [0] * num_stages, [0] * num_stages
     rss: list[int | None] = [None] * num_stages
     training_rss: list[int | None] = [None] * num_stages
@@ -121,6 +124,7 @@ def pipeline_result(
             busy[s][r] = max(busy[s][r], compute / round_s[r])
             if reply.get("cpu_s") is not None and reply["cpu_s"] >= cpu[s].get(r, 0.0):
                 cpu[s][r], cpu_jobs[s][r] = reply["cpu_s"], reply.get("cpu_s_by_job") or {}
+                cpu_passes[s][r] = reply.get("pass_cpu_s")
             resident[s] = max(resident[s], reply["peak_resident"])
             act[s] = max(act[s], reply["peak_activation_bytes"])
             memory[s] = max(memory[s], reply["fixed_bytes"] + reply["peak_activation_bytes"])
@@ -141,6 +145,7 @@ def pipeline_result(
         busy_fraction=tuple(float(np.mean(b)) for b in busy),
         cpu_s=tuple(float(np.mean(list(c.values()))) if c else None for c in cpu),
         cpu_s_by_job=tuple(_mean_by_job(list(jobs.values())) for jobs in cpu_jobs),
+        pass_cpu_s=tuple(_mean_reported(list(c.values())) for c in cpu_passes),
         peak_resident=tuple(resident),
         peak_activation_bytes=tuple(act),
         peak_memory_bytes=tuple(memory),
@@ -155,6 +160,12 @@ def pipeline_result(
         tuning=tuning,
         first_touched_bytes=tuple(_first_touched(replies) for replies in rounds),
     )
+
+
+def _mean_reported(values: list[float | None]) -> float | None:
+    """The mean of the values reported (None: none was)."""
+    reported = [v for v in values if v is not None]
+    return float(np.mean(reported)) if reported else None
 
 
 def _first_touched(replies: dict[int, dict[str, Any]]) -> int | None:

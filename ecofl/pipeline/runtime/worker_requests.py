@@ -245,7 +245,7 @@ class Worker:
         self.channel.reply(Done(
             events=stats.events, loss_sum=float(stats.loss_sum), peak_resident=stats.peak_resident,
             peak_activation_bytes=stats.peak_activation_bytes, fixed_bytes=stats.fixed_bytes,
-            baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions,
+            baseline_rss_bytes=self.baseline_rss, weight_versions=stats.weight_versions, pass_cpu_s=stats.pass_cpu_s,
             replica_after_s=copies.replica_after_s, global_copy_after_s=copies.global_copy_after_s,
             **meter.figures(copies.ended_cpu_s()),
         ))
