@@ -62,7 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.markdown_section import replace_section  # noqa: E402
+from benchmarks.markdown_section import publish  # noqa: E402
 
 COMMAND = ["home", "train", "--model", "mobilenet_v2", "--pool", "ecofl-3stage", "--dataset", "fashion_mnist",
            "--emulate", "cgroup", "--json"]
@@ -201,11 +201,7 @@ def main() -> int:
     else:
         path = ROOT / "benchmarks" / "results" / "steady_runs.json"
         result = measure(args.pairs, args.kills, args.rounds)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    table = render(result)
-    if not replace_section(ROOT / "docs" / "pipeline.md", table, "steady_runs"):
-        print("docs/pipeline.md has no steady_runs section: the table is not written there", file=sys.stderr)
-    print(table)
+    publish(result, path, render(result), ROOT / "docs" / "pipeline.md", "steady_runs")
     return 0
 
 
