@@ -85,7 +85,7 @@ class Recovery:
         self.log = FaultLog()
         self.injector = FaultInjector(control, self.log, inject)
         self.copies = Copies(control, layout, ft, optimization.momentum > 0, start) if ft is not None else None
-        self.watch = SlowdownWatch(ft) if ft is not None else None
+        self.watch = SlowdownWatch(ft, emulation) if ft is not None else None
         self.speeds = {d: spec.speed for d, spec in enumerate(layout.pool.devices)}
         self.epoch = 0
         self.lost_rounds = 0

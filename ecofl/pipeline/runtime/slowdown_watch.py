@@ -8,16 +8,19 @@ import numpy as np
 from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.runtime.control_messages import Done
+from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.faults import FaultTolerance
+from ecofl.pipeline.runtime.host_overhead import runtime_overheads
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.schedule import PASSES, ActionKind
 
 
 class SlowdownWatch:
-    """Each device's pace in the current plan and how many sync-rounds in a row it has been slow."""
+    """Each device's pace in the current plan and how many sync-rounds in a row it has been slow (its devices
+    run in ``emulation``, whose runtime overhead per operation the model's pass counts)."""
 
-    def __init__(self, ft: FaultTolerance):
-        self.ft = ft
+    def __init__(self, ft: FaultTolerance, emulation: Emulation = Emulation.NONE):
+        self.ft, self.emulation = ft, emulation
         self._slow: dict[int, int] = {}
         self._pace: dict[int, float] = {}  # each device's best seconds per micro-batch in the current plan
         self._pace_epoch = 0
@@ -28,11 +31,13 @@ class SlowdownWatch:
 
         A device deviates when its seconds per micro-batch exceed ``slowdown_ratio`` times the larger of the
         cost model's and its own best pace in the current plan (``epoch``): the model alone would flag a
-        device the model underestimates (the runtime's overhead on a stage of next to no compute, a confined
-        device's measured speed a little off) as slow from its first round."""
+        device the model underestimates (a confined device's measured speed a little off, a loaded host) as
+        slow from its first round. The model's pass is its layers and the runtime's overhead per forward and
+        backward, at the device's speed, as the speeds are measured (:func:`.calibration.speed_from_step`)."""
         if self._pace_epoch != epoch:
             self._pace, self._pace_epoch = {}, epoch
         pool = with_speeds(layout.pool, speeds)
+        overhead_s = runtime_overheads(self.emulation).get("operation_overhead_s", 0.0)
         slow = []
         for role in layout.roles:
             times = [end - start for kind, _, start, end in replies[role.device].events
@@ -40,7 +45,9 @@ class SlowdownWatch:
             if not times or role.samples == 0:
                 continue
             per_micro_batch = 2 * float(np.mean(times))  # one forward and one backward
-            expected = sum(stage_compute_s(layout.profile, pool.devices[role.device], role.layers, role.samples))
+            spec = pool.devices[role.device]
+            expected = sum(stage_compute_s(layout.profile, spec, role.layers, role.samples)) \
+                + 2 * overhead_s / spec.speed
             pace = self._pace[role.device] = min(self._pace.get(role.device, per_micro_batch), per_micro_batch)
             if per_micro_batch > self.ft.slowdown_ratio * max(expected, pace):
                 self._slow[role.device] = self._slow.get(role.device, 0) + 1
