@@ -3,6 +3,8 @@ expected of it for ``slowdown_rounds`` sync-rounds is slow, and its speed is re-
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 from ecofl.pipeline.cost import stage_compute_s
@@ -17,10 +19,11 @@ from ecofl.pipeline.schedule import PASSES, ActionKind
 
 class SlowdownWatch:
     """Each device's pace in the current plan and how many sync-rounds in a row it has been slow (its devices
-    run in ``emulation``, whose runtime overhead per operation the model's pass counts)."""
+    run in ``emulation``, whose runtime overhead per operation the model's pass counts: this host's, read once
+    from ``cache_dir``)."""
 
-    def __init__(self, ft: FaultTolerance, emulation: Emulation = Emulation.NONE):
-        self.ft, self.emulation = ft, emulation
+    def __init__(self, ft: FaultTolerance, emulation: Emulation = Emulation.NONE, cache_dir: str | None = None):
+        self.ft, self.emulation, self.cache_dir = ft, emulation, cache_dir
         self._slow: dict[int, int] = {}
         self._pace: dict[int, float] = {}  # each device's best seconds per micro-batch in the current plan
         self._pace_epoch = 0
@@ -37,7 +40,6 @@ class SlowdownWatch:
         if self._pace_epoch != epoch:
             self._pace, self._pace_epoch = {}, epoch
         pool = with_speeds(layout.pool, speeds)
-        overhead_s = runtime_overheads(self.emulation).get("operation_overhead_s", 0.0)
         slow = []
         for role in layout.roles:
             times = [end - start for kind, _, start, end in replies[role.device].events
@@ -47,7 +49,7 @@ class SlowdownWatch:
             per_micro_batch = 2 * float(np.mean(times))  # one forward and one backward
             spec = pool.devices[role.device]
             expected = sum(stage_compute_s(layout.profile, spec, role.layers, role.samples)) \
-                + 2 * overhead_s / spec.speed
+                + 2 * self.operation_overhead_s / spec.speed
             pace = self._pace[role.device] = min(self._pace.get(role.device, per_micro_batch), per_micro_batch)
             if per_micro_batch > self.ft.slowdown_ratio * max(expected, pace):
                 self._slow[role.device] = self._slow.get(role.device, 0) + 1
@@ -58,3 +60,8 @@ class SlowdownWatch:
         if slow:
             self._slow.clear()
         return slow
+
+    @cached_property
+    def operation_overhead_s(self) -> float:
+        """The runtime's seconds per forward or backward on this host in the watched emulation (0: sleeping)."""
+        return runtime_overheads(self.emulation, self.cache_dir).get("operation_overhead_s", 0.0)
