@@ -194,3 +194,31 @@ def test_the_global_copy_travels_in_its_sync_round_and_the_final_weights_after_a
     carried = 0.9 * 2 * weights / 1e5  # 0.9: the link's first burst goes at once
     assert all(seconds > carried for seconds in result.sync_round_s[1:])  # version 0 is the portal's already
     assert outside_rounds > 0.9 * weights / 1e5
+
+
+def test_recovery_predicts_with_the_runtimes_overheads_recorded_in_the_pipelines_cache_directory(tmp_path,
+                                                                                                 monkeypatch):
+    """A pipeline given a cache directory re-plans after a kill with the host's record kept there: the default
+    cache (empty here) is never read and nothing is measured."""
+    import json
+
+    from ecofl.pipeline.runtime import host_overhead
+    from pipeline_kit import single_process
+
+    def measured(**_):
+        raise AssertionError("measured the runtime's overheads: the record in the cache directory was not read")
+
+    monkeypatch.setattr(host_overhead, "DEFAULT_CACHE_DIR", tmp_path / "default")
+    monkeypatch.setattr(host_overhead, "measure_operation_overhead", measured)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    host_overhead.record_path(str(kept)).write_text(json.dumps({"operation_overhead_s": 5e-4, "byte_overhead_s": 1e-9}))
+    x, y = data()
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), THREE_STAGES, profile=PROFILE, emulate="none", timeout_s=120,
+                      fault_tolerance=FaultTolerance(heartbeat=FAST_HEARTBEAT), cache_dir=str(kept)) as home:
+        start = home.weights
+        result = home.train(None, x, y, 5, lr=0.1, inject=[Injection.parse("kill:2@2")])
+    [event] = result.events
+    assert event["kind"] == "kill" and event["replan"] == "lightweight"
+    assert_same(single_process(WITHOUT_BATCH_NORM, start, x, y, THREE_STAGES, 5, lr=0.1), result.weights)
+    assert not (tmp_path / "default").exists()

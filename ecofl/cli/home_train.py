@@ -66,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--rounds and --batch must be positive, got {args.rounds} and {args.batch}")
     tuning = None
     if args.tune_after:
-        tuning = Tuning(after_rounds=args.tune_after, planner=args.planner, micro_batch=args.micro_batch,
-                        cache_dir=args.cache_dir)
+        tuning = Tuning(after_rounds=args.tune_after, planner=args.planner, micro_batch=args.micro_batch)
         if args.tune_after >= args.rounds:
             raise UserError(f"--tune-after {args.tune_after} leaves none of the {args.rounds} sync-rounds to the "
                             "re-tuned plan: train more --rounds")
@@ -99,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     predicted = _predict(plan, profile, pool, mode, args, tolerance)
     try:
         with HomePipeline(spec, pool, plan, profile=profile, emulate=mode, limits=limits, timeout_s=args.timeout,
-                          fault_tolerance=tolerance, aggregate_every=args.aggregate_every, tuning=tuning) as home:
+                          fault_tolerance=tolerance, aggregate_every=args.aggregate_every, tuning=tuning,
+                          cache_dir=args.cache_dir) as home:
             result = home.train(None, x, y, args.rounds, lr=args.lr, momentum=args.momentum,
                                 progress=None if args.json else _progress(args.rounds), inject=events)
             final_plan, confined = home.plan, home.confinement_report()

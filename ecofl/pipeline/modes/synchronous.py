@@ -29,7 +29,8 @@ class SynchronousMode(Mode):
 
         return train_sync_rounds(pipeline.control, pipeline.layout, pipeline.fault_tolerance,
                                  pipeline.worker_config, start, ref, x, y, sync_rounds, optimization, progress,
-                                 inject, tuning=pipeline.tuning, emulation=pipeline.emulation)
+                                 inject, tuning=pipeline.tuning, emulation=pipeline.emulation,
+                                 cache_dir=pipeline.cache_dir)
 
 
 def resident_bound(program: Program) -> int:

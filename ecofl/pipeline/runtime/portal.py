@@ -75,7 +75,8 @@ class HomePipeline:
     known to have left (a home service's registry), so joining fails fast. ``join_timeout_s``:
     how long the remote devices may take to join once the local ones have (default: ``timeout_s``
     in all). ``tuning`` (needs a ``profile``; synchronous schedules) re-plans once on the speeds the devices
-    show in the first sync-rounds of a ``train`` call (:mod:`.pipeline_tuning`).
+    show in the first sync-rounds of a ``train`` call (:mod:`.pipeline_tuning`). Re-plans predict with the
+    runtime's overheads recorded in ``cache_dir`` (the profiles' cache; None: the default one).
     """
 
     def __init__(
@@ -100,13 +101,14 @@ class HomePipeline:
         aggregate_every: int = 1,
         join_timeout_s: float | None = None,
         tuning: Tuning | None = None,
+        cache_dir: str | None = None,
     ):
         if (fault_tolerance is not None or tuning is not None) and profile is None:
             raise ValueError("fault tolerance and tuning re-plan from the model's profile: pass profile=")
         if tuning is not None:
             check_planner(tuning.planner or plan.planner)  # a hand-made plan's re-tune needs a planner named
         self.model, self.timeout_s, self.fault_tolerance, self.tuning = model, timeout_s, fault_tolerance, tuning
-        self.invite, self.join_timeout_s = invite, join_timeout_s
+        self.invite, self.join_timeout_s, self.cache_dir = invite, join_timeout_s, cache_dir
         self.emulation = Emulation.parse(emulate)
         full_model, layers = model.build()
         pace = self.emulation != Emulation.NONE and (network is None if pace_links is None else pace_links)

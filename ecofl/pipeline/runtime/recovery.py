@@ -68,16 +68,17 @@ class Recovery:
     and :class:`~.layout.PipelineLayout` (the plan, which a re-plan replaces);
     ``config`` is what a joining worker is told, ``start`` the weights of
     version 0 (the portal's first global copy); ``tuning`` re-tunes the plan
-    once in a call of ``sync_rounds`` sync-rounds, predicted in ``emulation``.
+    once in a call of ``sync_rounds`` sync-rounds, predicted in ``emulation`` (the runtime's overheads as
+    recorded in ``cache_dir``, the profiles' cache; None: the default one).
     """
 
     def __init__(self, control: ControlPlane, layout: PipelineLayout, ft: FaultTolerance | None,
                  config: Callable[[int], Config],
                  start: dict[str, np.ndarray], reference: dict[str, np.ndarray], inject: Sequence[Injection],
                  optimization: Optimization, tuning: Tuning | None = None, emulation: Emulation = Emulation.NONE,
-                 sync_rounds: int = 0):
+                 sync_rounds: int = 0, cache_dir: str | None = None):
         self.control, self.layout, self.ft, self.config = control, layout, ft, config
-        self.tuning, self.emulation, self.sync_rounds = tuning, emulation, sync_rounds
+        self.tuning, self.emulation, self.sync_rounds, self.cache_dir = tuning, emulation, sync_rounds, cache_dir
         self.tuned: dict | None = None  # the re-tune's decision (TuningDecision.to_dict), its seconds and bytes
         self._measured: list[dict[int, Done]] = []  # the current epoch's rounds after its first, for tuning
         self._measured_epoch = 0
@@ -85,11 +86,9 @@ class Recovery:
         self.log = FaultLog()
         self.injector = FaultInjector(control, self.log, inject)
         self.copies = Copies(control, layout, ft, optimization.momentum > 0, start) if ft is not None else None
-        self.watch = SlowdownWatch(ft, emulation) if ft is not None else None
+        self.watch = SlowdownWatch(ft, emulation, cache_dir) if ft is not None else None
         self.speeds = {d: spec.speed for d, spec in enumerate(layout.pool.devices)}
-        self.epoch = 0
-        self.lost_rounds = 0
-        self._token = 0
+        self.epoch = self.lost_rounds = self._token = 0
         self.referenced: dict[int, set[str]] = {}  # the FedProx reference keys each worker holds
 
     def stages_set_up(self) -> None:
@@ -155,7 +154,7 @@ class Recovery:
         started = time.time()
         decision = decide(self.tuning, layout.plan, layout.profile, with_speeds(layout.pool, self.speeds),
                           self.emulation, self._measured[1:], r, self._plan_holders(), set(self.control.connections),
-                          self.sync_rounds - (r + 1), self.tuning.cache_dir)
+                          self.sync_rounds - (r + 1), self.cache_dir)
         self.speeds.update(decision.speeds)
         moved = self._reconfigure(decision.plan, r + 1, self._plan_holders()) if decision.switched else 0
         self.tuned = {**decision.to_dict(), "seconds": time.time() - started, "bytes_moved": moved}
@@ -167,7 +166,7 @@ class Recovery:
         started = time.time()
         planned = with_speeds(layout.pool, self.speeds)
         self.speeds.update(pipeline_speeds(layout.plan, layout.profile, planned, self.emulation,
-                                           measured_pass_s([replies])))
+                                           measured_pass_s([replies]), self.cache_dir))
         slowed = set(slow) | {d for d, speed in self.speeds.items()
                               if speed * self.ft.slowdown_ratio < planned.devices[d].speed}
         kind = self.ft.adapt_replan
@@ -280,12 +279,13 @@ class Recovery:
         if kind == "lightweight":
             try:
                 return lightweight_recovery_plan(layout, self.speeds, alive, holders,
-                                                 max(1, self.sync_rounds - version), self.emulation)
+                                                 max(1, self.sync_rounds - version), self.emulation, self.cache_dir)
             except UserError:
                 pass  # the shifted partition does not fit: plan afresh
         candidates = full_replans(self.ft.planner, layout.profile, layout.pool, alive, layout.plan.batch_size,
                                   speeds=self.speeds)
-        return fastest_plan(candidates, layout.profile, with_speeds(layout.pool, self.speeds), self.emulation)[0]
+        return fastest_plan(candidates, layout.profile, with_speeds(layout.pool, self.speeds), self.emulation,
+                            self.cache_dir)[0]
 
     def _plan_holders(self) -> Holders:
         """Between sync-rounds every device holds its stage at the current version."""
@@ -314,16 +314,16 @@ class Recovery:
 
 
 def lightweight_recovery_plan(layout: PipelineLayout, speeds: dict[int, float], alive: set[int], holders: Holders,
-                              rounds_left: int, emulation: Emulation) -> Plan:
+                              rounds_left: int, emulation: Emulation, cache_dir: str | None = None) -> Plan:
     """The current plan's cut points moved in proportion to capacity (Asteroid §3.4) at the micro-batch size
     predicted fastest, or one of its neighbours (:func:`~ecofl.pipeline.replan.shifted_replans`): the one that
     finishes ``rounds_left`` sync-rounds first, what switching to it costs included: its layer moves from
     ``holders`` and the memory its first round maps (:func:`.prediction.quickest_to_finish`). A UserError where
-    the proportional partition does not fit."""
+    the proportional partition does not fit. Predicted with the runtime's overheads recorded in ``cache_dir``."""
     plan, profile = layout.plan, layout.profile
     pool = with_speeds(layout.pool, speeds)
     lost = {d for stage in plan.stages for d in stage.devices} - alive
     proportional = lightweight_replans(plan, profile, layout.pool, lost=lost, speeds=speeds)
-    best = fastest_plan(proportional, profile, pool, emulation)[0]
+    best = fastest_plan(proportional, profile, pool, emulation, cache_dir)[0]
     candidates = [best, *shifted_replans(best, profile, pool)]
-    return quickest_to_finish(candidates, plan, holders, rounds_left, profile, pool, emulation)[0]
+    return quickest_to_finish(candidates, plan, holders, rounds_left, profile, pool, emulation, cache_dir)[0]

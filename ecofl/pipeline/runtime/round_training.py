@@ -114,7 +114,7 @@ def train_round(open_pipeline: OpenPipeline, weights: Weights, x: torch.Tensor, 
         finished = time.perf_counter()
         main = pipes[segments[0][0]]
         predicted = None if main.profile is None else predict_sync_round(
-            main.plan, main.profile, main.layout.pool, main.emulation).sync_round_s
+            main.plan, main.profile, main.layout.pool, main.emulation, cache_dir=main.cache_dir).sync_round_s
     return PipelineTraining(
         weights=current, loss=loss_sum / seen, num_samples=n, steps=len(round_s), pool=pool_name,
         start_s=trained - started, train_s=finished - trained, sync_round_s=round_s,

@@ -79,13 +79,13 @@ def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTo
                       start: State, ref: State, x: torch.Tensor, y: torch.Tensor, sync_rounds: int,
                       optimization: Optimization, progress: Callable[[int, float], None] | None,
                       inject: Sequence[Injection], tuning: Tuning | None = None,
-                      emulation: Emulation = Emulation.NONE) -> PipelineResult:
+                      emulation: Emulation = Emulation.NONE, cache_dir: str | None = None) -> PipelineResult:
     """Sync-rounds 0 .. sync_rounds - 1, then the weights; a device lost at any moment of it (setting up, a
     round, replication, the global copy, a re-plan, collecting) is recovered from, and the rounds since the
     version restored are replayed. ``tuning`` re-tunes the plan once on the speeds of its first rounds
-    (:mod:`.pipeline_tuning`, predicted in ``emulation``)."""
+    (:mod:`.pipeline_tuning`, predicted in ``emulation`` with the runtime's overheads recorded in ``cache_dir``)."""
     recovery = Recovery(control, layout, ft, config, start, ref if optimization.mu > 0 else {}, inject, optimization,
-                        tuning, emulation, sync_rounds)
+                        tuning, emulation, sync_rounds, cache_dir)
     try:
         set_up_stages(control, layout, start, ref, optimization)
         recovery.stages_set_up()

@@ -13,14 +13,12 @@ class Tuning:
     """Re-tune the plan once, after ``after_rounds`` sync-rounds (at least 2: the first is a warm-up).
 
     ``planner``: the one that re-plans (None: the plan's own); ``micro_batch``: keep this size (None: let the
-    candidates differ in it); ``margin``: the predicted gain below which the plan is kept; ``cache_dir``: where
-    this host's record of the runtime's overheads is (the profiles' cache; None: the default one)."""
+    candidates differ in it); ``margin``: the predicted gain below which the plan is kept."""
 
     after_rounds: int = 2
     margin: float = 0.05
     planner: str | None = None
     micro_batch: int | None = None
-    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.after_rounds < 2:
