@@ -16,9 +16,12 @@ synthetic data) and pool:
 3. the planner plans on the measured speeds (of its plans at each
    micro-batch size, the one the cost model predicts fastest with the
    runtime's overheads, :func:`ecofl.pipeline.runtime.prediction.plan_as_run`,
-   as the CLI plans), the cost model predicts the sync-round, and the plan runs confined: one warm-up and ``--rounds``
+   as the CLI plans), the cost model predicts the sync-round, and the plan runs confined: two warm-ups and ``--rounds``
    measured sync-rounds. **Planner error** = |predicted - measured| / measured
-   (target: at most 10% on every row). **Pipeline efficiency** = measured
+   (target: at most 10% on every row). Beside it, the error of the cost
+   model re-learned in the pipeline (:func:`benchmarks.home_runs.in_pipeline_prediction`:
+   each device's speed from its passes in the second warm-up, as a re-tune
+   re-learns it), predicting rounds it did not see. **Pipeline efficiency** = measured
    throughput / the sum of every device's own training throughput of the
    whole model in its cgroup (its micro-batch over its measured step time;
    target: at least 0.85). Each device's quota, memory limit, cgroup peak
@@ -117,11 +120,13 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     whole = next(c for w, c in calibrated.items() if all(work.layers is None for _, work in w))
     reference["before_run"] = host_reference_s()
     run = run_plan(spec, confined.pool, plan, profile, emulate="cgroup", limits=confined.limits, rounds=args.rounds,
-                   timeout_s=args.timeout, cache_dir=cache_dir)
+                   timeout_s=args.timeout, cache_dir=cache_dir, relearn=True)
     alone = sum(m["micro_batch"] / m["step_s"] for m in whole.measured.values())  # the whole model, each alone
     reference["after_run"] = host_reference_s()
     print(f"  confined: {run['sync_round_s']:.3f} s measured, {run['predicted_sync_round_s']:.3f} s predicted "
-          f"({100 * run['planner_error']:.1f}%), efficiency {run['throughput'] / alone:.2f}", file=sys.stderr)
+          f"({100 * run['planner_error']:.1f}%; re-learned in the pipeline "
+          f"{run['in_pipeline']['predicted_sync_round_s']:.3f} s, {100 * run['in_pipeline']['planner_error']:.1f}%), "
+          f"efficiency {run['throughput'] / alone:.2f}", file=sys.stderr)
     sleep = run_plan(spec, presets, preset_plan, profile, emulate="sleep", rounds=args.rounds,
                      timeout_s=args.timeout, cache_dir=cache_dir)
     return {
@@ -166,6 +171,13 @@ def breakdown_cells(breakdown: dict | None) -> str:
             f"| {p['handoffs_waited']}: {p['handoff_wait_s']:.2f} s")
 
 
+def relearned_cell(relearned: dict | None) -> str:
+    """The prediction re-learned in the pipeline and its error (``-``: a run that did not re-learn)."""
+    if relearned is None:
+        return "-"
+    return f"{relearned['predicted_sync_round_s']:.3f} ({100 * relearned['planner_error']:.1f}%)"
+
+
 def cpu_cell(calibrated: dict, stage: dict, micro_batches: int) -> str:
     """A device's process CPU a step in its calibration (the cores that gave it) and a micro-batch in the run."""
     cpu_s = calibrated.get("own_cpu_s_per_step")
@@ -184,7 +196,7 @@ def markdown(results: dict) -> str:
     lines = [
         f"Measured on {results['machine']}, {results['cores']} cores ({results['date']}; 1-minute load "
         f"{results['load_before']:.2f} before), {results['hierarchy']}; batch {results['batch']}, "
-        f"{results['rounds']} measured sync-rounds after one warm-up, "
+        f"{results['rounds']} measured sync-rounds after {results.get('warm_ups', 1)} warm-up(s), "
         f"`{results.get('command', 'python benchmarks/confined.py')}`. **Confined**: every device a worker in a "
         "cgroup of its own at its preset's speed in cores and its memory budget, planned from the speeds the "
         "devices measured in their cgroups; nothing sleeps to the cost model, so measured and predicted are free "
@@ -196,18 +208,21 @@ def markdown(results: dict) -> str:
         "of M micro-batches over S stages could reach, "
         "M / (M + S - 1) (fill and drain idle, perfect balance, free communication). `of bound`: efficiency / "
         "bound, measured (the cost model's prediction of the same plan): what the prediction misses is the "
-        "runtime's or the host's, what it already predicts is the plan's.",
+        "runtime's or the host's, what it already predicts is the plan's. `re-learned`: the cost model with "
+        "each device's speed re-learned from its passes in the last warm-up round (as a re-tune re-learns it), "
+        "predicting the measured rounds, which it did not see (its error in brackets).",
         "",
         "| model | pool | planner | plan (confined, measured speeds) | sync-round s measured | predicted | "
-        "error | efficiency | bound | of bound (pred.) | samples/s | sleep: plan on presets | sleep: sync-round s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "error | re-learned (error) | efficiency | bound | of bound (pred.) | samples/s | sleep: plan on presets "
+        "| sleep: sync-round s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
         c, s = row["confined"], row["sleep"]
         lines.append(
             f"| {model_cell(row)} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} "
             f"| {c['sync_round_s']:.3f} | {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% "
-            f"| {row['efficiency']:.2f} "
+            f"| {relearned_cell(c.get('in_pipeline'))} | {row['efficiency']:.2f} "
             f"| {schedule_bound(c):.2f} | {row['efficiency'] / schedule_bound(c):.2f} "
             f"({predicted_of_bound(c, row['devices_alone_throughput']):.2f}) "
             f"| {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")
@@ -240,10 +255,14 @@ def markdown(results: dict) -> str:
                              f"| {breakdown_cells((c.get('breakdown') or {}).get(str(d)))} "
                              f"| {cpu_cell(row['measured_speeds'][str(d)], st, c['num_micro_batches'])} |")
     worst = max(row["confined"]["planner_error"] for row in results["rows"])
+    relearned = [row["confined"]["in_pipeline"]["planner_error"] for row in results["rows"]
+                 if "in_pipeline" in row["confined"]]
     least = min(row["efficiency"] for row in results["rows"])
     nearest = min(row["efficiency"] / schedule_bound(row["confined"]) for row in results["rows"])
     planned = min(predicted_of_bound(row["confined"], row["devices_alone_throughput"]) for row in results["rows"])
-    lines += ["", f"Largest planner error: {100 * worst:.1f}% (target <= 10%); lowest efficiency {least:.2f} "
+    largest_relearned = f"{100 * max(relearned):.1f}%" if relearned else "not measured"
+    lines += ["", f"Largest planner error: {100 * worst:.1f}% (target <= 10%), re-learned in the pipeline "
+              f"{largest_relearned}; lowest efficiency {least:.2f} "
               f"(target >= 0.85); lowest fraction of the bound {nearest:.2f} measured, {planned:.2f} predicted "
               "(target >= 0.95).", ""]
     return "\n".join(lines)
@@ -251,7 +270,7 @@ def markdown(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="measured sync-rounds per run (after one warm-up)")
+    parser.add_argument("--rounds", type=int, default=3, help="measured sync-rounds per run (after two warm-ups)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--pools", default=",".join(f"{p}:{planner}:{f:g}" for p, planner, f in CASES),
@@ -271,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(p, planner, float(f)) for p, planner, f in (item.split(":") for item in args.pools.split(","))]
     with tempfile.TemporaryDirectory() as cache_dir:
         results = {"machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "cores": host_cores(),
-                   "hierarchy": hierarchy.name, "load_before": os.getloadavg()[0], "rounds": args.rounds,
+                   "hierarchy": hierarchy.name, "load_before": os.getloadavg()[0], "rounds": args.rounds, "warm_ups": 2,
                    "batch": args.batch, "overhead": operation_overhead_record(cache_dir), "rows": [],
                    "command": " ".join(["python benchmarks/confined.py", *(sys.argv[1:] if argv is None else argv)])}
         for model in args.models.split(","):

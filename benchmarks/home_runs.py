@@ -19,6 +19,10 @@ devices that sleep to the model (``sleep``) the emulated pool's (measured
 equals predicted by construction but for communication and scheduling), the
 host pool's with the devices sharing this machine's cores at host speed
 (``none``).
+
+With ``relearn``, a second prediction beside it: the cost model re-learned
+in the pipeline (:func:`in_pipeline_prediction`), from a second warm-up
+sync-round's passes, which the measured rounds that follow are not part of.
 """
 
 from __future__ import annotations
@@ -35,8 +39,11 @@ from ecofl.devices import HomePool
 from ecofl.net.netns import HomeNetwork
 from ecofl.pipeline.plan import Plan, ScheduleKind
 from ecofl.pipeline.profile import ModelProfile
+from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.round_breakdown import DeviceBreakdown, round_breakdown
-from ecofl.pipeline.runtime import HomePipeline, ZooModel
+from ecofl.pipeline.runtime import HomePipeline, PipelineResult, ZooModel
+from ecofl.pipeline.runtime.emulation import Emulation
+from ecofl.pipeline.runtime.pipeline_tuning import pipeline_speeds
 from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.schedule import PASSES, ActionKind
 from ecofl.pipeline.timeline import TimelineEvent
@@ -71,7 +78,7 @@ def describe_plan(plan: Plan, pool: HomePool) -> str:
 
 def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, *, emulate: bool | str, rounds: int,
              timeout_s: float, network: HomeNetwork | None = None, cache_dir: str | None = None,
-             limits: dict[int, DeviceLimits] | None = None) -> dict:
+             limits: dict[int, DeviceLimits] | None = None, relearn: bool = False) -> dict:
     """Train one warm-up and ``rounds`` measured sync-rounds of ``plan``; measured against predicted.
 
     Adds to :func:`ecofl.cli.home_train.describe`'s report: ``plan_text``,
@@ -82,13 +89,14 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
     ``load_average`` (1 min, before and after), the
     timeline's compute time per device (``compute_s``) and, per device, the
     last measured round's compute, idle time and hand-off waits beside the
-    prediction's (``breakdown``: synchronous schedules whose plan did not change).
+    prediction's (``breakdown``: synchronous schedules whose plan did not change); with ``relearn``, the
+    prediction re-learned in the pipeline and its error (``in_pipeline``).
     """
     x, y = synthetic_batch(spec, plan.batch_size)
     load_before = os.getloadavg()[0]
     with HomePipeline(spec, pool, plan, profile=profile, emulate=emulate, limits=limits, timeout_s=timeout_s,
                       network=network) as home:
-        home.train(None, x, y, 1, lr=LR, momentum=MOMENTUM)
+        warm = home.train(None, x, y, 2 if relearn else 1, lr=LR, momentum=MOMENTUM)
         pids = [*home.worker_pids.values(), os.getpid()]
         cpu_before, started = sum(map(cpu_seconds, pids)), time.time()
         result = home.train(None, x, y, rounds, lr=LR, momentum=MOMENTUM)
@@ -113,7 +121,24 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
         breakdown=breakdowns(result.timeline, predicted.timeline, rounds)
         if plan.schedule != ScheduleKind.ASYNC_ONE_F_ONE_B and not result.events else None,
     )
+    if relearn:
+        relearned = in_pipeline_prediction(warm, plan, profile, pool, emulate, cache_dir)
+        error = abs(relearned["predicted_sync_round_s"] - report["sync_round_s"]) / report["sync_round_s"]
+        report["in_pipeline"] = {**relearned, "planner_error": error}
     return report
+
+
+def in_pipeline_prediction(warm: PipelineResult, plan: Plan, profile: ModelProfile, pool: HomePool,
+                           emulate: bool | str, cache_dir: str | None) -> dict:
+    """The cost model re-learned in the pipeline, as a re-tune re-learns it (FTPipeHD eqs. 1-3,
+    :func:`~ecofl.pipeline.runtime.pipeline_tuning.pipeline_speeds`): each device's speed from its forwards and
+    backwards in ``warm``'s last sync-round (not its first: that one maps the stage's memory), and ``plan``'s
+    sync-round predicted at those speeds."""
+    passes = {d: b.compute_s for d, b in round_breakdown(warm.timeline, len(warm.sync_round_s)).items()}
+    speeds = pipeline_speeds(plan, profile, pool, Emulation.parse(emulate), passes, cache_dir)
+    predicted = predict_sync_round(plan, profile, with_speeds(pool, speeds), emulate, cache_dir=cache_dir)
+    return {"speeds": {str(d): speed for d, speed in sorted(speeds.items())},
+            "predicted_sync_round_s": predicted.sync_round_s}
 
 
 def breakdowns(measured: tuple[TimelineEvent, ...], predicted: tuple[TimelineEvent, ...], rounds: int

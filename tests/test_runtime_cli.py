@@ -139,6 +139,15 @@ def test_home_train_re_tunes_on_request_and_reports_what_it_found(tmp_path, caps
     assert code == 0
     out = capsys.readouterr().out
     assert "re-tuned after sync-round 1: speeds in the pipeline 0: " in out and "1 rounds left" in out
+    assert "predicted at the re-learned speeds" in out or "no sync-round after it" in out
+    assert main(["home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",
+                 "--batch", "16", "--rounds", "5", "--cache-dir", str(tmp_path), "--emulate", "sleep",
+                 "--tune-after", "2", "--json"]) == 0
+    tuning = json.loads(capsys.readouterr().out)["tuning"]
+    after = tuning["after"]  # rounds 2-4, less the new plan's first where it switched
+    assert after["rounds"] == (2 if tuning["switched"] else 3) and after["sync_round_s"] > 0
+    assert after["predicted_sync_round_s"] > 0
+    assert after["error"] == abs(after["predicted_sync_round_s"] - after["sync_round_s"]) / after["sync_round_s"]
     for bad, why in ((["--tune-after", "3"], "leaves none of the 3 sync-rounds"),
                      (["--tune-after", "1"], "after_rounds >= 2"),
                      (["--tune-after", "2", "--schedule", "async-1f1b"], "no sync-rounds to re-tune"),

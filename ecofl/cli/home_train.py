@@ -50,6 +50,7 @@ from ecofl.pipeline.first_touch import first_round_extra_s
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import check_planner
+from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.replication import copy_bytes
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
@@ -111,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     report["predicted_first_round_s"] = _first_round(report, final_plan, plan, profile, pool)
     report["devices"] = device_report(final_plan, pool, result, calibration, confined)
     if result.tuning is not None:
-        report["tuning"] = result.tuning
+        report["tuning"] = {**result.tuning, "after": _after_tuning(result, final_plan, profile, pool, mode, args,
+                                                                    tolerance)}
     if args.timeline:
         write_timeline(args.timeline, result.timeline, f"measured: {args.model} on {pool.name} ({plan.planner})", pool)
     print(json.dumps(report) if args.json else table(report))
@@ -127,6 +129,19 @@ def _predict(plan: Plan, profile: ModelProfile, pool: HomePool, mode: Emulation,
         memory = {d: spec.memory_bytes for d, spec in enumerate(pool.devices)}
         copies = copy_bytes(plan, profile, tolerance.replicate_every, tolerance.global_copy_every, memory)
     return predict_sync_round(plan, profile, pool, mode, args.rounds, args.cache_dir, copies)
+
+
+def _after_tuning(result: PipelineResult, plan: Plan, profile: ModelProfile, pool: HomePool, mode: Emulation,
+                  args: argparse.Namespace, tolerance: FaultTolerance | None) -> dict:
+    """The sync-rounds after the re-tune (not the new plan's first, which maps its memory) against ``plan``
+    predicted at the speeds the pipeline re-learned: the cost model tried on rounds it did not learn from."""
+    tuning = result.tuning
+    rounds = result.sync_round_s[tuning["after_round"] + (2 if tuning["switched"] else 1):]
+    relearned = with_speeds(pool, {int(d): speed for d, speed in tuning["speeds"].items()})
+    predicted = _predict(plan, profile, relearned, mode, args, tolerance).sync_round_s
+    measured = statistics.median(rounds) if rounds else None
+    return {"rounds": len(rounds), "sync_round_s": measured, "predicted_sync_round_s": predicted,
+            "error": None if measured is None else abs(predicted - measured) / measured}
 
 
 def _calibrate(args: argparse.Namespace, spec: ZooModel, shape: tuple, profile, presets) -> tuple[ConfinedPool, Plan]:
@@ -210,7 +225,15 @@ def _tuning_line(tuning: dict) -> str:
             f"{tuning['current_sync_round_s']:.3f} s, best re-plan {tuning['best_sync_round_s']:.3f} s (migration "
             f"{tuning['migration_s']:.2f} s, first-round mapping {tuning['first_round_s']:.2f} s, "
             f"{tuning['rounds_left']} rounds left): {outcome} (took "
-            f"{tuning['seconds']:.2f} s, {tuning['bytes_moved'] / 2**20:.2f} MiB moved)")
+            f"{tuning['seconds']:.2f} s, {tuning['bytes_moved'] / 2**20:.2f} MiB moved)" + _after_line(tuning["after"]))
+
+
+def _after_line(after: dict) -> str:
+    if after["sync_round_s"] is None:
+        return "; no sync-round after it to measure"
+    return (f"; after it {after['sync_round_s']:.3f} s measured ({after['rounds']} rounds), "
+            f"{after['predicted_sync_round_s']:.3f} s predicted at the re-learned speeds "
+            f"({100 * after['error']:.1f}% off)")
 
 
 def _progress(total: int):
