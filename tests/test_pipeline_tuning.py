@@ -200,3 +200,19 @@ def test_a_device_killed_in_the_middle_of_the_re_tunes_migration_is_recovered_ex
     [event] = result.events
     assert (event["kind"], event["device"], event["phase"]) == ("kill", 1, "migrate")
     assert 1 not in {d for stage in final_plan.stages for d in stage.devices} and result.rounds_completed == 6
+
+
+def test_memory_a_device_maps_anew_in_a_measured_round_is_not_read_as_slowness():
+    """Device 2 mapped 10 MiB in the round at its calibrated 40 ns a byte: its passes, 0.42 s longer than
+    modelled, give it its modelled speed back once the mapping is taken off; a device with no measurement of
+    its own per-byte cost keeps its passes as they are."""
+    mapped = 10 * 2**20
+    pool = with_speeds(HOSTS, {}, {2: 4e-8})
+    replies = replies_as_modelled(LOPSIDED, HOSTS, {})
+    modelled = measured_pass_s([replies])
+    slowed = {d: dataclasses.replace(r, events=[*r.events, ("F", 99, 0.0, mapped * 4e-8)] if d == 2
+                                     else r.events, first_touched_bytes=mapped) for d, r in replies.items()}
+    assert measured_pass_s([slowed])[2] == pytest.approx(modelled[2] + mapped * 4e-8)
+    assert measured_pass_s([slowed], pool) == pytest.approx(modelled)
+    assert decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, pool, Emulation.SLEEP, [slowed], 1, HOLDERS, {0, 1, 2},
+                  rounds_left=10).speeds[2] == pytest.approx(1.0)

@@ -11,7 +11,9 @@ layers it runs during training and re-partitions; a :class:`Tuning` does that
 once, early, for every device:
 
 1. **Speeds from the pipeline.** Over the sync-rounds after the first
-   (warm-up), each device's forward and backward seconds a round are set
+   (warm-up), each device's forward and backward seconds a round, less
+   the memory it mapped anew in them (charged to a stage's first round
+   apart, :mod:`ecofl.pipeline.first_touch`), are set
    against the cost model's for the same plan: its layers plus the runtime's
    per-operation and per-byte work, all at its speed (:mod:`.prediction`).
    C_d = measured / modelled and the device's speed becomes speed_d / C_d
@@ -82,14 +84,26 @@ def _keyed(speeds: Mapping[int, float]) -> dict[str, float]:
     return {str(d): float(v) for d, v in sorted(speeds.items())}
 
 
-def measured_pass_s(rounds: Sequence[Mapping[int, Done]]) -> dict[int, float]:
-    """Each device's forward and backward seconds per sync-round, the mean over ``rounds`` (workers' replies)."""
+def measured_pass_s(rounds: Sequence[Mapping[int, Done]], pool: HomePool | None = None) -> dict[int, float]:
+    """Each device's forward and backward seconds per sync-round, the mean over ``rounds`` (workers' replies).
+
+    With a ``pool``, less the time a device spent mapping memory it touched for the first time in a round (its
+    reported bytes at its calibrated ``first_touch_s_per_byte``): the cost model charges that mapping to a new
+    stage's first round apart (:mod:`ecofl.pipeline.first_touch`), and a stage still maps some in its second
+    and third (a fresh optimizer's momentum; on the mixed home's Raspberry Pi, 10.4 MiB in round 1, about
+    0.4 s, measured 2026-12-03), which read as slowness would lower the device's speed for every round after."""
     totals: dict[int, float] = {}
     for replies in rounds:
         for device, reply in replies.items():
             seconds = sum(end - start for kind, _, start, end in reply.events if ActionKind.from_str(kind) in PASSES)
-            totals[device] = totals.get(device, 0.0) + seconds
+            totals[device] = totals.get(device, 0.0) + seconds - _mapping_s(reply, device, pool)
     return {d: total / len(rounds) for d, total in totals.items()}
+
+
+def _mapping_s(reply: Done, device: int, pool: HomePool | None) -> float:
+    """The seconds device ``device`` spent in its reply's round mapping memory anew (0: not measured)."""
+    per_byte = None if pool is None else pool.devices[device].first_touch_s_per_byte
+    return 0.0 if per_byte is None or not reply.first_touched_bytes else reply.first_touched_bytes * per_byte
 
 
 def modelled_pass_s(cost: SyncRoundCost) -> dict[int, float]:
@@ -129,7 +143,7 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     """Re-estimate the speeds from ``rounds`` (the workers' replies of the measured ones, warm-up excluded;
     the last is sync-round ``after_round``), re-plan, and choose (see the module docstring). ``pool`` carries
     the speeds ``plan`` was made on; ``holders``: who holds each layer."""
-    speeds = pipeline_speeds(plan, profile, pool, emulation, measured_pass_s(rounds), cache_dir)
+    speeds = pipeline_speeds(plan, profile, pool, emulation, measured_pass_s(rounds, pool), cache_dir)
     tuned = with_speeds(pool, speeds)
     current_s = predict_sync_round(plan, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
     candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive) if c != plan]

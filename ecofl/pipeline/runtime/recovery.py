@@ -166,7 +166,7 @@ class Recovery:
         started = time.time()
         planned = with_speeds(layout.pool, self.speeds)
         self.speeds.update(pipeline_speeds(layout.plan, layout.profile, planned, self.emulation,
-                                           measured_pass_s([replies]), self.cache_dir))
+                                           measured_pass_s([replies], planned), self.cache_dir))
         slowed = set(slow) | {d for d, speed in self.speeds.items()
                               if speed * self.ft.slowdown_ratio < planned.devices[d].speed}
         kind = self.ft.adapt_replan
