@@ -43,7 +43,7 @@ from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.round_breakdown import DeviceBreakdown, round_breakdown
 from ecofl.pipeline.runtime import HomePipeline, PipelineResult, ZooModel
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.pipeline_tuning import pipeline_speeds
+from ecofl.pipeline.runtime.pipeline_tuning import mapping_s, pipeline_speeds
 from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.schedule import PASSES, ActionKind
 from ecofl.pipeline.timeline import TimelineEvent
@@ -132,9 +132,11 @@ def in_pipeline_prediction(warm: PipelineResult, plan: Plan, profile: ModelProfi
                            emulate: bool | str, cache_dir: str | None) -> dict:
     """The cost model re-learned in the pipeline, as a re-tune re-learns it (FTPipeHD eqs. 1-3,
     :func:`~ecofl.pipeline.runtime.pipeline_tuning.pipeline_speeds`): each device's speed from its forwards and
-    backwards in ``warm``'s last sync-round (not its first: that one maps the stage's memory), and ``plan``'s
-    sync-round predicted at those speeds."""
-    passes = {d: b.compute_s for d, b in round_breakdown(warm.timeline, len(warm.sync_round_s)).items()}
+    backwards in ``warm``'s last sync-round (not its first: that one maps the stage's memory), less what it still
+    mapped anew in it, and ``plan``'s sync-round predicted at those speeds."""
+    mapped = warm.first_touched_by_device[-1] if warm.first_touched_by_device else {}
+    passes = {d: b.compute_s - mapping_s(mapped.get(d), pool.devices[d])
+              for d, b in round_breakdown(warm.timeline, len(warm.sync_round_s)).items()}
     speeds = pipeline_speeds(plan, profile, pool, Emulation.parse(emulate), passes, cache_dir)
     predicted = predict_sync_round(plan, profile, with_speeds(pool, speeds), emulate, cache_dir=cache_dir)
     return {"speeds": {str(d): speed for d, speed in sorted(speeds.items())},

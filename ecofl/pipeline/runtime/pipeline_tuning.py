@@ -40,7 +40,7 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from ecofl.devices import HomePool
+from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pipeline.cost import SyncRoundCost
 from ecofl.pipeline.first_touch import estimated_first_round_extra_s
 from ecofl.pipeline.migration import Holders, migration_s
@@ -96,14 +96,16 @@ def measured_pass_s(rounds: Sequence[Mapping[int, Done]], pool: HomePool | None 
     for replies in rounds:
         for device, reply in replies.items():
             seconds = sum(end - start for kind, _, start, end in reply.events if ActionKind.from_str(kind) in PASSES)
-            totals[device] = totals.get(device, 0.0) + seconds - _mapping_s(reply, device, pool)
+            spec = None if pool is None else pool.devices[device]
+            totals[device] = totals.get(device, 0.0) + seconds - mapping_s(reply.first_touched_bytes, spec)
     return {d: total / len(rounds) for d, total in totals.items()}
 
 
-def _mapping_s(reply: Done, device: int, pool: HomePool | None) -> float:
-    """The seconds device ``device`` spent in its reply's round mapping memory anew (0: not measured)."""
-    per_byte = None if pool is None else pool.devices[device].first_touch_s_per_byte
-    return 0.0 if per_byte is None or not reply.first_touched_bytes else reply.first_touched_bytes * per_byte
+def mapping_s(touched_bytes: int | None, spec: DeviceSpec | None) -> float:
+    """The seconds a device spent mapping ``touched_bytes`` anew, at its calibrated seconds per byte (0: either
+    not measured)."""
+    per_byte = None if spec is None else spec.first_touch_s_per_byte
+    return 0.0 if per_byte is None or not touched_bytes else touched_bytes * per_byte
 
 
 def modelled_pass_s(cost: SyncRoundCost) -> dict[int, float]:

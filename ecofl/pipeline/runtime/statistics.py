@@ -50,14 +50,19 @@ class PipelineResult:
     weight_versions: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     # the re-tune on the pipeline's own speeds (TuningDecision.to_dict, with its seconds and bytes moved); None: none
     tuning: dict | None = None
-    # measured, per sync-round: the most bytes one device's process touched for the first time (a stage's first
-    # round maps its stash, docs/pipeline.md); None: no device reported
-    first_touched_bytes: tuple[int | None, ...] = ()
+    # measured, per sync-round: the bytes each reporting device's process touched for the first time (a stage's
+    # first round maps its stash, docs/pipeline.md)
+    first_touched_by_device: tuple[dict[int, int], ...] = ()
 
     @property
     def throughput(self) -> float:
         """Samples per second over all sync-rounds."""
         return self.batch_size * len(self.sync_round_s) / sum(self.sync_round_s)
+
+    @property
+    def first_touched_bytes(self) -> tuple[int | None, ...]:
+        """Per sync-round, the most bytes one device's process touched for the first time (None: none reported)."""
+        return tuple(max(touched.values(), default=None) for touched in self.first_touched_by_device)
 
     @property
     def final_plan_round_s(self) -> tuple[float, ...]:
@@ -158,7 +163,8 @@ def pipeline_result(
         round_epochs=tuple(round_epochs),
         weight_versions={d: tuple(v) for d, v in versions.items() if v},
         tuning=tuning,
-        first_touched_bytes=tuple(_first_touched(replies) for replies in rounds),
+        first_touched_by_device=tuple({d: reply["first_touched_bytes"] for d, reply in replies.items()
+                                       if reply.get("first_touched_bytes") is not None} for replies in rounds),
     )
 
 
@@ -166,12 +172,6 @@ def _mean_reported(values: list[float | None]) -> float | None:
     """The mean of the values reported (None: none was)."""
     reported = [v for v in values if v is not None]
     return float(np.mean(reported)) if reported else None
-
-
-def _first_touched(replies: dict[int, dict[str, Any]]) -> int | None:
-    """The most bytes one device's process touched for the first time in a round (None: none reported)."""
-    touched = [reply.get("first_touched_bytes") for reply in replies.values()]
-    return max((b for b in touched if b is not None), default=None)
 
 
 @dataclass(frozen=True)
