@@ -79,7 +79,8 @@ def describe_plan(plan: Plan, pool: HomePool) -> str:
 def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, *, emulate: bool | str, rounds: int,
              timeout_s: float, network: HomeNetwork | None = None, cache_dir: str | None = None,
              limits: dict[int, DeviceLimits] | None = None, relearn: bool = False) -> dict:
-    """Train one warm-up and ``rounds`` measured sync-rounds of ``plan``; measured against predicted.
+    """Train one warm-up (two with ``relearn``) and ``rounds`` measured sync-rounds of ``plan``; measured against
+    predicted.
 
     Adds to :func:`ecofl.cli.home_train.describe`'s report: ``plan_text``,
     ``planner_error`` (|predicted - measured| / measured, median round),

@@ -90,8 +90,8 @@ def measured_pass_s(rounds: Sequence[Mapping[int, Done]], pool: HomePool | None 
     With a ``pool``, less the time a device spent mapping memory it touched for the first time in a round (its
     reported bytes at its calibrated ``first_touch_s_per_byte``): the cost model charges that mapping to a new
     stage's first round apart (:mod:`ecofl.pipeline.first_touch`), and a stage still maps some in its second
-    and third (a fresh optimizer's momentum; on the mixed home's Raspberry Pi, 10.4 MiB in round 1, about
-    0.4 s, measured 2026-12-03), which read as slowness would lower the device's speed for every round after."""
+    and third (on the mixed home, 2026-12-03, up to 10.4 MiB on one device in round 1: 0.4 s at the Raspberry
+    Pi's 38 ns a byte), which read as slowness would lower the device's speed for every round after."""
     totals: dict[int, float] = {}
     for replies in rounds:
         for device, reply in replies.items():
