@@ -129,14 +129,17 @@ class Background:
 
 
 def stage_compute_s(
-    profile: ModelProfile, device: DeviceSpec, layers: tuple[int, int], samples: int
+    profile: ModelProfile, device: DeviceSpec, layers: tuple[int, int], samples: int,
+    operation_overhead_s: float = 0.0,
 ) -> tuple[float, float]:
-    """Forward and backward seconds of layers[0]..layers[1] on ``device`` for ``samples`` samples."""
+    """Forward and backward seconds of layers[0]..layers[1] on ``device`` for ``samples`` samples, each with the
+    runtime's ``operation_overhead_s`` (host seconds) at the device's speed (see the module docstring)."""
     if samples == 0:
         return 0.0, 0.0
     forward, backward = device_times(profile, device, samples)
     first, last = layers
-    return float(forward[first : last + 1].sum()), float(backward[first : last + 1].sum())
+    overhead = operation_overhead_s / device.speed
+    return float(forward[first : last + 1].sum()) + overhead, float(backward[first : last + 1].sum()) + overhead
 
 
 def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | None = None,
@@ -208,9 +211,8 @@ def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: Ho
     1F1B: with its optimizer step after every backward)."""
     workers = []
     for device, lo, hi in sample_ranges(stage):
-        f, b = stage_compute_s(profile, pool.devices[device], stage.layers, hi - lo)
-        overhead = overhead_s / pool.devices[device].speed
-        worker = Worker(device, index, len(workers), lo, hi, f + overhead, b + overhead, plan.num_micro_batches)
+        f, b = stage_compute_s(profile, pool.devices[device], stage.layers, hi - lo, overhead_s)
+        worker = Worker(device, index, len(workers), lo, hi, f, b, plan.num_micro_batches)
         if mode_of(plan).steps_after_every_backward:
             worker.step_s = _step_s(profile, stage.layers) / pool.devices[device].speed
         workers.append(worker)

@@ -196,8 +196,8 @@ def _workers(plan: Plan, profile: ModelProfile, pool: HomePool, count: int, oper
             spec = pool.devices[device]
             received = x_in if s > 0 or device != 0 else 0.0  # the portal holds the inputs
             sent = x_out if s < last or device != 0 else 0.0  # ... and wants the results
-            overhead = (operation_overhead_s + byte_overhead_s * (received + sent) * (hi - lo)) / spec.speed
-            forward = stage_compute_s(profile, spec, stage.layers, hi - lo)[0] + overhead
+            forward = stage_compute_s(profile, spec, stage.layers, hi - lo, operation_overhead_s)[0] \
+                + byte_overhead_s * (received + sent) * (hi - lo) / spec.speed
             worker = Worker(device, s, len(workers), lo, hi, forward, 0.0, count)
             worker.hold = stage.in_flight
             if s == 0:

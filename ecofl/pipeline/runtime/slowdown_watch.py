@@ -47,9 +47,8 @@ class SlowdownWatch:
             if not times or role.samples == 0:
                 continue
             per_micro_batch = 2 * float(np.mean(times))  # one forward and one backward
-            spec = pool.devices[role.device]
-            expected = sum(stage_compute_s(layout.profile, spec, role.layers, role.samples)) \
-                + 2 * self.operation_overhead_s / spec.speed
+            expected = sum(stage_compute_s(layout.profile, pool.devices[role.device], role.layers, role.samples,
+                                           self.operation_overhead_s))
             pace = self._pace[role.device] = min(self._pace.get(role.device, per_micro_batch), per_micro_batch)
             if per_micro_batch > self.ft.slowdown_ratio * max(expected, pace):
                 self._slow[role.device] = self._slow.get(role.device, 0) + 1
