@@ -55,7 +55,7 @@ def train(pool: str, rounds: int, calibration: Path, tune_after: int | None) -> 
         raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-3000:]}")
     report = json.loads(done.stdout)
     return {"pool": pool, "tuned": bool(tune_after), "sync_rounds_s": report["sync_rounds_s"],
-            "predicted_sync_round_s": report["predicted_sync_round_s"], "tuning": report.get("tuning"),
+            "predicted_sync_round_s": report["predicted_sync_round_s"], "tuning": (report.get("tunings") or [None])[0],
             "plan": f"{report['num_micro_batches']}x{report['micro_batch']} "
                     + " | ".join(f"{s['layers'][0]}-{s['layers'][1]}: {','.join(s['device_names'])}"
                                  for s in report["stages"]),

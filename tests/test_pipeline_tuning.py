@@ -23,7 +23,9 @@ from ecofl.pipeline.runtime import HomePipeline
 from ecofl.pipeline.runtime.control_messages import Done
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.host_overhead import record_path
-from ecofl.pipeline.runtime.pipeline_tuning import decide, measured_pass_s, modelled_pass_s, pipeline_speeds
+from ecofl.pipeline.runtime.pipeline_tuning import (
+    TuningWindow, decide, decided_plan, measured_pass_s, modelled_pass_s, pipeline_speeds,
+)
 from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.schedule import PASSES
@@ -113,27 +115,45 @@ def test_the_plan_is_kept_when_the_memory_its_first_round_maps_costs_more_than_i
 
 
 def test_tuning_settings_are_checked():
-    for bad in ({"after_rounds": 1}, {"margin": -0.1}, {"margin": 1.0}):
+    for bad in ({"after_rounds": 1}, {"every_rounds": 1}, {"every_rounds": -2}, {"margin": -0.1}, {"margin": 1.0}):
         with pytest.raises(UserError):
             Tuning(**bad)
     with pytest.raises(UserError, match="planner"):  # a hand-made plan names no planner to re-plan with
         HomePipeline(WITHOUT_BATCH_NORM, HOSTS, LOPSIDED, profile=QUICK, emulate="sleep", tuning=Tuning())
 
 
+def test_a_re_tune_is_due_after_its_rounds_and_never_learns_from_a_plans_first():
+    """FTPipeHD §III-D's schedule: the first re-tune after ``after_rounds`` of the plan, then every
+    ``every_rounds`` on the rounds since; a new plan's first round (a new epoch) counts but is not learned from."""
+    window = TuningWindow(Tuning(after_rounds=3, every_rounds=2))
+    rounds = [{0: f"round {r}"} for r in range(9)]  # stand-ins for the workers' replies
+    epochs = [0, 0, 0, 0, 0, 1, 1, 2, 2]  # a switch after round 4, a recovery before round 7
+    due = {r: window.due(epoch, rounds[r]) for r, epoch in enumerate(epochs)}
+    assert {r: found for r, found in due.items() if found is not None} == {
+        2: rounds[1:3], 4: rounds[3:5], 6: rounds[6:7], 8: rounds[8:9]}
+    assert window.retunes == 4
+    once = TuningWindow(Tuning(after_rounds=2))
+    assert [once.due(0, rounds[r]) for r in range(5)] == [None, rounds[1:2], None, None, None]
+
+
 def test_a_lopsided_plan_is_re_tuned_after_its_second_round_and_training_stays_exact():
+    """Re-tuned after round 1 (it switches) and, every 2 rounds, after round 3 (on round 3 alone: round 2 is the
+    new plan's first); none after round 5, the last."""
     x, y = data()
     with HomePipeline(WITHOUT_BATCH_NORM, HOSTS, LOPSIDED, profile=QUICK, emulate="sleep", timeout_s=60,
-                      tuning=Tuning(planner="ecofl")) as home:
+                      tuning=Tuning(planner="ecofl", every_rounds=2)) as home:
         pids = list(home.worker_pids.values())
         start = home.weights
         result = home.train(None, x, y, 6, lr=0.1, momentum=0.9)
         final_plan = home.plan
     assert_gone(pids)
     assert_same(single_process(WITHOUT_BATCH_NORM, start, x, y, LOPSIDED, 6, lr=0.1, momentum=0.9), result.weights)
-    assert result.tuning["switched"] and result.tuning["after_round"] == 1
-    assert final_plan != LOPSIDED and result.round_epochs == (0, 0, 1, 1, 1, 1)
-    assert result.tuning["best_sync_round_s"] < result.tuning["current_sync_round_s"]
-    assert result.tuning["bytes_moved"] > 0 and result.tuning["seconds"] > 0
+    tuning, again = result.tunings
+    assert tuning["switched"] and tuning["after_round"] == 1 and again["after_round"] == 3
+    assert final_plan == decided_plan(again, LOPSIDED.schedule) != LOPSIDED
+    assert result.round_epochs == ((0, 0, 1, 1, 2, 2) if again["switched"] else (0, 0, 1, 1, 1, 1))
+    assert tuning["best_sync_round_s"] < tuning["current_sync_round_s"]
+    assert tuning["bytes_moved"] > 0 and tuning["seconds"] > 0
 
 
 def test_an_asynchronous_pass_refuses_tuning():
@@ -179,7 +199,7 @@ def test_a_re_tuned_pipeline_with_fault_tolerance_survives_a_later_kill_exactly(
         start = home.weights
         result = home.train(None, x, y, 7, lr=0.1, momentum=0.9, inject=[Injection.parse("kill:2@5")])
     assert_same(single_process(WITHOUT_BATCH_NORM, start, x, y, LOPSIDED, 7, lr=0.1, momentum=0.9), result.weights)
-    assert result.tuning["switched"] and result.rounds_completed == 7
+    assert result.tunings[0]["switched"] and result.rounds_completed == 7
     [event] = result.events
     assert event["kind"] == "kill" and event["device"] == 2
 

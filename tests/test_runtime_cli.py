@@ -142,14 +142,20 @@ def test_home_train_re_tunes_on_request_and_reports_what_it_found(tmp_path, caps
     assert "predicted at the re-learned speeds" in out or "no sync-round after it" in out
     assert main(["home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",
                  "--batch", "16", "--rounds", "5", "--cache-dir", str(tmp_path), "--emulate", "sleep",
-                 "--tune-after", "2", "--json"]) == 0
-    tuning = json.loads(capsys.readouterr().out)["tuning"]
-    after = tuning["after"]  # rounds 2-4, less the new plan's first where it switched
-    assert after["rounds"] == (2 if tuning["switched"] else 3) and after["sync_round_s"] > 0
-    assert after["predicted_sync_round_s"] > 0
-    assert after["error"] == abs(after["predicted_sync_round_s"] - after["sync_round_s"]) / after["sync_round_s"]
+                 "--tune-after", "2", "--tune-every", "2", "--json"]) == 0
+    first, second = json.loads(capsys.readouterr().out)["tunings"]  # after rounds 1 and 3 (the last is round 4)
+    assert (first["after_round"], second["after_round"]) == (1, 3)
+    for tuning, until in ((first, 4), (second, 5)):  # the rounds its plan ran, less the new plan's first
+        after = tuning["after"]
+        assert after["rounds"] == until - tuning["after_round"] - (2 if tuning["switched"] else 1)
+        if after["rounds"]:
+            assert after["sync_round_s"] > 0 and after["predicted_sync_round_s"] > 0
+            measured, predicted = after["sync_round_s"], after["predicted_sync_round_s"]
+            assert after["error"] == abs(predicted - measured) / measured
     for bad, why in ((["--tune-after", "3"], "leaves none of the 3 sync-rounds"),
                      (["--tune-after", "1"], "after_rounds >= 2"),
+                     (["--tune-every", "2"], "give --tune-after too"),
+                     (["--tune-after", "2", "--tune-every", "1"], "every_rounds >= 2"),
                      (["--tune-after", "2", "--schedule", "async-1f1b"], "no sync-rounds to re-tune"),
                      (["--fault-tolerance", "--schedule", "async-1f1b"], "no sync-rounds to replay")):
         assert main(["home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",

@@ -54,6 +54,7 @@ from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.replication import copy_bytes
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
+from ecofl.pipeline.runtime.pipeline_tuning import decided_plan
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.prediction import plan_as_run, predict_sync_round
@@ -66,8 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.batch < 1:
         raise UserError(f"--rounds and --batch must be positive, got {args.rounds} and {args.batch}")
     tuning = None
+    if args.tune_every and not args.tune_after:
+        raise UserError("--tune-every re-tunes again after the first re-tune: give --tune-after too")
     if args.tune_after:
-        tuning = Tuning(after_rounds=args.tune_after, planner=args.planner, micro_batch=args.micro_batch)
+        tuning = Tuning(after_rounds=args.tune_after, every_rounds=args.tune_every, planner=args.planner,
+                        micro_batch=args.micro_batch)
         if args.tune_after >= args.rounds:
             raise UserError(f"--tune-after {args.tune_after} leaves none of the {args.rounds} sync-rounds to the "
                             "re-tuned plan: train more --rounds")
@@ -111,9 +115,8 @@ def run(args: argparse.Namespace) -> int:
     report = describe(final_plan, pool, predicted, result, mode, args.rounds)
     report["predicted_first_round_s"] = _first_round(report, final_plan, plan, profile, pool)
     report["devices"] = device_report(final_plan, pool, result, calibration, confined)
-    if result.tuning is not None:
-        report["tuning"] = {**result.tuning, "after": _after_tuning(result, final_plan, profile, pool, mode, args,
-                                                                    tolerance)}
+    if tuning is not None:
+        report["tunings"] = _tunings(result, final_plan.schedule, profile, pool, mode, args, tolerance)
     if args.timeline:
         write_timeline(args.timeline, result.timeline, f"measured: {args.model} on {pool.name} ({plan.planner})", pool)
     print(json.dumps(report) if args.json else table(report))
@@ -131,17 +134,23 @@ def _predict(plan: Plan, profile: ModelProfile, pool: HomePool, mode: Emulation,
     return predict_sync_round(plan, profile, pool, mode, args.rounds, args.cache_dir, copies)
 
 
-def _after_tuning(result: PipelineResult, plan: Plan, profile: ModelProfile, pool: HomePool, mode: Emulation,
-                  args: argparse.Namespace, tolerance: FaultTolerance | None) -> dict:
-    """The sync-rounds after the re-tune (not the new plan's first, which maps its memory) against ``plan``
-    predicted at the speeds the pipeline re-learned: the cost model tried on rounds it did not learn from."""
-    tuning = result.tuning
-    rounds = result.sync_round_s[tuning["after_round"] + (2 if tuning["switched"] else 1):]
-    relearned = with_speeds(pool, {int(d): speed for d, speed in tuning["speeds"].items()})
-    predicted = _predict(plan, profile, relearned, mode, args, tolerance).sync_round_s
-    measured = statistics.median(rounds) if rounds else None
-    return {"rounds": len(rounds), "sync_round_s": measured, "predicted_sync_round_s": predicted,
-            "error": None if measured is None else abs(predicted - measured) / measured}
+def _tunings(result: PipelineResult, schedule: str, profile: ModelProfile, pool: HomePool, mode: Emulation,
+             args: argparse.Namespace, tolerance: FaultTolerance | None) -> list[dict]:
+    """Each re-tune with ``after``: the sync-rounds its plan ran until the next re-tune (not a new plan's first,
+    which maps its memory) against that plan predicted at the speeds the pipeline re-learned, fault tolerance's
+    copies included: the cost model tried on rounds it did not learn from."""
+    reports = []
+    for k, tuning in enumerate(result.tunings):
+        end = result.tunings[k + 1]["after_round"] + 1 if k + 1 < len(result.tunings) else None
+        rounds = result.sync_round_s[tuning["after_round"] + (2 if tuning["switched"] else 1):end]
+        relearned = with_speeds(pool, {int(d): speed for d, speed in tuning["speeds"].items()})
+        plan = decided_plan(tuning, schedule)
+        predicted = _predict(plan, profile, relearned, mode, args, tolerance).sync_round_s
+        measured = statistics.median(rounds) if rounds else None
+        after = {"rounds": len(rounds), "sync_round_s": measured, "predicted_sync_round_s": predicted,
+                 "error": None if measured is None else abs(predicted - measured) / measured}
+        reports.append({**tuning, "after": after})
+    return reports
 
 
 def _calibrate(args: argparse.Namespace, spec: ZooModel, shape: tuple, profile, presets) -> tuple[ConfinedPool, Plan]:
@@ -328,8 +337,7 @@ def table(report: dict) -> str:
     lines = aligned(rows)
     for event in report["events"]:
         lines.append(_event_line(event))
-    if "tuning" in report:
-        lines.append(_tuning_line(report["tuning"]))
+    lines += [_tuning_line(tuning) for tuning in report.get("tunings", [])]
     error = abs(report["predicted_sync_round_s"] - report["sync_round_s"]) / report["sync_round_s"]
     how = {
         "cgroup": "devices confined by cgroups (real CPU quota and memory limit; planned from their measured speeds)",

@@ -167,6 +167,9 @@ def add_home_train(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tune-after", type=int, default=0, metavar="ROUNDS",
                         help="re-plan once on the speeds the devices show in the first ROUNDS sync-rounds (the "
                              "first is a warm-up, so at least 2), if the cost model predicts it pays (0: off)")
+    parser.add_argument("--tune-every", type=int, default=0, metavar="ROUNDS",
+                        help="with --tune-after: re-tune again every ROUNDS sync-rounds after the first, on the "
+                             "rounds since the last (FTPipeHD's periodic re-partition; 0: once)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds any step may take before failing")
     parser.add_argument("--cache-dir", default=None, help=PROFILE_CACHE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,4 +1,4 @@
-"""Re-planning on what the pipeline itself measured: one re-tune after the first sync-rounds.
+"""Re-planning on what the pipeline itself measured: a re-tune after the first sync-rounds, and every few after.
 
 A confined device times its stage alone before planning
 (:mod:`.calibration`); in the pipeline the same operations run in another
@@ -7,8 +7,11 @@ cores), and on this machine a device's compute there differed from its
 calibration by up to a third (docs/pipeline.md, "Confined devices"). So a
 plan balanced on the calibration is not balanced on the speeds the devices
 really run at. FTPipeHD §III-D re-estimates each worker's capacity from the
-layers it runs during training and re-partitions; a :class:`Tuning` does that
-once, early, for every device:
+layers it runs during training and re-partitions, after its first 10 batches
+and then every 100; a :class:`Tuning` does that for every device, early, and
+with ``every_rounds`` again every few sync-rounds, on the rounds since the
+last (:class:`TuningWindow`), so that the plan and its prediction follow a
+device whose speed drifts:
 
 1. **Speeds from the pipeline.** Over the sync-rounds after the first
    (warm-up), each device's forward and backward seconds a round, less
@@ -29,22 +32,23 @@ once, early, for every device:
    over its link) and the memory its devices map anew in its first round
    (:mod:`ecofl.pipeline.first_touch`).
 
-Everything here is plain data: :func:`decide` takes what the workers reported
-and returns a :class:`TuningDecision`; :mod:`.recovery` carries it out
-between sync-rounds, with no replay.
+Everything here is plain data: :class:`TuningWindow` says when a re-tune is
+due and which rounds it learns from, :func:`decide` takes what the workers
+reported and returns a :class:`TuningDecision`; :mod:`.recovery` carries it
+out between sync-rounds, with no replay.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pipeline.cost import SyncRoundCost
 from ecofl.pipeline.first_touch import estimated_first_round_extra_s
 from ecofl.pipeline.migration import Holders, migration_s
-from ecofl.pipeline.plan import Plan
+from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import full_replan, full_replans, with_speeds
 from ecofl.pipeline.runtime.control_messages import Done
@@ -70,14 +74,51 @@ class TuningDecision:
     switched: bool
 
     def to_dict(self) -> dict:
-        stages = [{"layers": list(s.layers), "devices": list(s.devices), "shares": list(s.shares)}
-                  for s in self.plan.stages]
+        stages = [{"layers": list(s.layers), "devices": list(s.devices), "shares": list(s.shares),
+                   "in_flight": s.in_flight} for s in self.plan.stages]
         return {"after_round": self.after_round, "calibrated_speeds": _keyed(self.calibrated_speeds),
                 "speeds": _keyed(self.speeds), "current_sync_round_s": self.current_s,
                 "best_sync_round_s": self.best_s, "migration_s": self.migration_s, "first_round_s": self.first_round_s,
                 "rounds_left": self.rounds_left,
-                "switched": self.switched, "micro_batch": self.plan.micro_batch,
+                "switched": self.switched, "planner": self.plan.planner, "micro_batch": self.plan.micro_batch,
                 "num_micro_batches": self.plan.num_micro_batches, "stages": stages}
+
+
+@dataclass
+class TuningWindow:
+    """When a re-tune is due and which sync-rounds it learns from: the first after ``tuning.after_rounds`` rounds
+    of the plan, then every ``tuning.every_rounds`` (none more where it is 0), each on the rounds since the last.
+    A plan's first round (a new epoch's: a re-tune that switched, a recovery, a re-plan) warms up and maps its
+    memory, so it is counted towards the period but never learned from."""
+
+    tuning: Tuning
+    retunes: int = 0  # re-tunes found due so far
+    _epoch: int = -1  # the pipeline epoch of the rounds in the window
+    _rounds: list[Mapping[int, Done] | None] = field(default_factory=list)  # None: a plan's first round
+
+    def due(self, epoch: int, replies: Mapping[int, Done]) -> list[Mapping[int, Done]] | None:
+        """Add a completed sync-round (run in pipeline ``epoch``, the workers' ``replies``); the rounds to
+        re-tune on where a re-tune is due now (the window starts again), else None."""
+        if self.retunes and not self.tuning.every_rounds:
+            return None
+        if epoch != self._epoch:
+            self._epoch, self._rounds = epoch, [None]
+        else:
+            self._rounds.append(replies)
+        period = self.tuning.every_rounds if self.retunes else self.tuning.after_rounds
+        if len(self._rounds) < period:
+            return None
+        measured = [rounds for rounds in self._rounds if rounds is not None]
+        self._rounds = []
+        self.retunes += 1
+        return measured
+
+
+def decided_plan(decision: Mapping, schedule: str) -> Plan:
+    """The plan a re-tune left running, from its record (:meth:`TuningDecision.to_dict`), in ``schedule``."""
+    stages = tuple(StagePlan(tuple(s["layers"]), tuple(s["devices"]), tuple(s["shares"]), s["in_flight"])
+                   for s in decision["stages"])
+    return Plan(decision["planner"], stages, decision["micro_batch"], decision["num_micro_batches"], schedule)
 
 
 def _keyed(speeds: Mapping[int, float]) -> dict[str, float]:

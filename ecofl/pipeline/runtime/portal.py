@@ -74,9 +74,10 @@ class HomePipeline:
     on heartbeats, replication, re-planning and replay. ``departed()`` names remote devices
     known to have left (a home service's registry), so joining fails fast. ``join_timeout_s``:
     how long the remote devices may take to join once the local ones have (default: ``timeout_s``
-    in all). ``tuning`` (needs a ``profile``; synchronous schedules) re-plans once on the speeds the devices
-    show in the first sync-rounds of a ``train`` call (:mod:`.pipeline_tuning`). Re-plans predict with the
-    runtime's overheads recorded in ``cache_dir`` (the profiles' cache; None: the default one).
+    in all). ``tuning`` (needs a ``profile``; synchronous schedules) re-plans on the speeds the devices
+    show in the first sync-rounds of a ``train`` call, and every few after if asked (:mod:`.pipeline_tuning`).
+    Re-plans predict with the runtime's overheads recorded in ``cache_dir`` (the profiles' cache; None: the
+    default one).
     """
 
     def __init__(

@@ -21,10 +21,11 @@ One mechanism with three triggers (Eco-FL §4.4; Asteroid §3.4; FTPipeHD
   sync-rounds; its speed is re-estimated (FTPipeHD eqs. 1-3) and the pipeline
   re-planned between sync-rounds, with no replay;
 - **the plan was made on speeds the pipeline does not run at** (a
-  :class:`~.tuning_settings.Tuning`, with or without fault tolerance): once,
-  after its first sync-rounds, every device's speed is re-estimated from its
-  own operations and the pipeline moves to a re-plan the cost model predicts
-  faster (:mod:`.pipeline_tuning`), between sync-rounds, with no replay.
+  :class:`~.tuning_settings.Tuning`, with or without fault tolerance): after
+  its first sync-rounds, and then every few if asked, every device's speed is
+  re-estimated from its own operations and the pipeline moves to a re-plan
+  the cost model predicts faster (:mod:`.pipeline_tuning`), between
+  sync-rounds, with no replay.
 
 While sync-rounds compute, every single-device stage is replicated to its
 backups, and every few the portal's global copy travels too (:mod:`.copies`). Its parts: the injected
@@ -53,7 +54,7 @@ from ecofl.pipeline.runtime.fault_log import FaultLog
 from ecofl.pipeline.runtime.faults import FaultEvent, FaultTolerance, Injection
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.pipeline_tuning import decide, measured_pass_s, pipeline_speeds
+from ecofl.pipeline.runtime.pipeline_tuning import TuningWindow, decide, measured_pass_s, pipeline_speeds
 from ecofl.pipeline.runtime.prediction import fastest_plan, quickest_to_finish
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.reconfiguration import reconfigure, restored_from
@@ -68,7 +69,7 @@ class Recovery:
     and :class:`~.layout.PipelineLayout` (the plan, which a re-plan replaces);
     ``config`` is what a joining worker is told, ``start`` the weights of
     version 0 (the portal's first global copy); ``tuning`` re-tunes the plan
-    once in a call of ``sync_rounds`` sync-rounds, predicted in ``emulation`` (the runtime's overheads as
+    in a call of ``sync_rounds`` sync-rounds, predicted in ``emulation`` (the runtime's overheads as
     recorded in ``cache_dir``, the profiles' cache; None: the default one).
     """
 
@@ -79,9 +80,8 @@ class Recovery:
                  sync_rounds: int = 0, cache_dir: str | None = None):
         self.control, self.layout, self.ft, self.config = control, layout, ft, config
         self.tuning, self.emulation, self.sync_rounds, self.cache_dir = tuning, emulation, sync_rounds, cache_dir
-        self.tuned: dict | None = None  # the re-tune's decision (TuningDecision.to_dict), its seconds and bytes
-        self._measured: list[dict[int, Done]] = []  # the current epoch's rounds after its first, for tuning
-        self._measured_epoch = 0
+        self.tuned: list[dict] = []  # each re-tune's decision (TuningDecision.to_dict), its seconds and bytes
+        self.window = TuningWindow(tuning) if tuning is not None else None
         self.reference, self.optimization = reference, optimization
         self.log = FaultLog()
         self.injector = FaultInjector(control, self.log, inject)
@@ -141,23 +141,19 @@ class Recovery:
         self._tune(r, replies)
 
     def _tune(self, r: int, replies: dict[int, Done]) -> None:
-        """Once, when the current epoch has run ``tuning.after_rounds`` sync-rounds: re-estimate every device's
-        speed from the rounds after its first and move to a re-plan predicted faster (:mod:`.pipeline_tuning`)."""
-        if self.tuning is None or self.tuned is not None:
-            return
-        if self._measured_epoch != self.epoch:  # re-planned or recovered since: this was the new plan's first round
-            self._measured, self._measured_epoch = [], self.epoch
-        self._measured.append(replies)
-        if len(self._measured) < self.tuning.after_rounds:
+        """Where a re-tune is due after sync-round ``r`` (:class:`.TuningWindow`) and rounds are left: re-estimate
+        every device's speed from the rounds since the last and move to a re-plan predicted faster."""
+        measured = self.window.due(self.epoch, replies) if self.window is not None else None
+        if not measured or r + 1 >= self.sync_rounds:
             return
         layout = self.layout
         started = time.time()
         decision = decide(self.tuning, layout.plan, layout.profile, with_speeds(layout.pool, self.speeds),
-                          self.emulation, self._measured[1:], r, self._plan_holders(), set(self.control.connections),
+                          self.emulation, measured, r, self._plan_holders(), set(self.control.connections),
                           self.sync_rounds - (r + 1), self.cache_dir)
         self.speeds.update(decision.speeds)
         moved = self._reconfigure(decision.plan, r + 1, self._plan_holders()) if decision.switched else 0
-        self.tuned = {**decision.to_dict(), "seconds": time.time() - started, "bytes_moved": moved}
+        self.tuned.append({**decision.to_dict(), "seconds": time.time() - started, "bytes_moved": moved})
 
     def _adapt(self, slow: list[int], replies: dict[int, Done], r: int) -> None:
         """Eco-FL §4.4: re-plan between sync-rounds on speeds re-estimated from round ``r``, overheads counted once

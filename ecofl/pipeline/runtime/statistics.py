@@ -9,7 +9,7 @@ stream's into an :class:`InferenceResult`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -48,8 +48,8 @@ class PipelineResult:
     # asynchronous 1F1B, per device: (micro-batch, the weight version its forward and backward used,
     # the stage's version at its backward): the staleness of every update
     weight_versions: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
-    # the re-tune on the pipeline's own speeds (TuningDecision.to_dict, with its seconds and bytes moved); None: none
-    tuning: dict | None = None
+    # the re-tunes on the pipeline's own speeds, in order (TuningDecision.to_dict, with seconds and bytes moved)
+    tunings: tuple[dict, ...] = ()
     # measured, per sync-round: the bytes each reporting device's process touched for the first time (a stage's
     # first round maps its stash, docs/pipeline.md)
     first_touched_by_device: tuple[dict[int, int], ...] = ()
@@ -86,7 +86,7 @@ def _mean_by_job(rounds: list[dict[str, float]]) -> dict[str, float]:
 def pipeline_result(
     weights: Weights, batch_size: int, num_stages: int, rounds: list[dict[int, dict[str, Any]]],
     round_s: list[float], origin: float, events: tuple[dict, ...] = (), lost_rounds: int = 0,
-    round_epochs: tuple[int, ...] = (), tuning: dict | None = None,
+    round_epochs: tuple[int, ...] = (), tunings: Sequence[dict] = (),
 ) -> PipelineResult:
     """Reduce per-round worker reports (``rounds[r][device]``, each with its ``stage``) into a result.
 
@@ -162,7 +162,7 @@ def pipeline_result(
         lost_rounds=lost_rounds,
         round_epochs=tuple(round_epochs),
         weight_versions={d: tuple(v) for d, v in versions.items() if v},
-        tuning=tuning,
+        tunings=tuple(tunings),
         first_touched_by_device=tuple({d: reply["first_touched_bytes"] for d, reply in replies.items()
                                        if reply.get("first_touched_bytes") is not None} for replies in rounds),
     )

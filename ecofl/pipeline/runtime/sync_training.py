@@ -82,8 +82,9 @@ def train_sync_rounds(control: ControlPlane, layout: PipelineLayout, ft: FaultTo
                       emulation: Emulation = Emulation.NONE, cache_dir: str | None = None) -> PipelineResult:
     """Sync-rounds 0 .. sync_rounds - 1, then the weights; a device lost at any moment of it (setting up, a
     round, replication, the global copy, a re-plan, collecting) is recovered from, and the rounds since the
-    version restored are replayed. ``tuning`` re-tunes the plan once on the speeds of its first rounds
-    (:mod:`.pipeline_tuning`, predicted in ``emulation`` with the runtime's overheads recorded in ``cache_dir``)."""
+    version restored are replayed. ``tuning`` re-tunes the plan on the speeds of its first rounds, and every few
+    after where asked (:mod:`.pipeline_tuning`, predicted in ``emulation`` with the runtime's overheads recorded
+    in ``cache_dir``)."""
     recovery = Recovery(control, layout, ft, config, start, ref if optimization.mu > 0 else {}, inject, optimization,
                         tuning, emulation, sync_rounds, cache_dir)
     try:
