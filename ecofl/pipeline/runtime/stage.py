@@ -103,9 +103,6 @@ class ShareExecutor:
         self.reached: Callable[[str], None] = lambda phase: None  # a phase point (:mod:`.traps`)
         self.optimizer: torch.optim.Optimizer | None = None
         self.settings: Optimization | None = None
-        # The first optimizer pulls in torch's lazy compiler machinery (~2 s here): do it now,
-        # not inside the first sync-round.
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
         self.reference: list[torch.Tensor] = []
         window = mode_of(role).version_window(role.num_stages, role.stage)
         self.versions = WeightVersions(module, window) if window else None

@@ -24,6 +24,12 @@ import time
 import traceback
 from typing import Callable
 
+# torch's optimizers import its compiler (torch._dynamo, with sympy) at their first construction: 1.85 CPU-s
+# on this machine's host (2026-12-03), 18 s inside a Nano's 0.1-core quota, which every worker paid as it entered
+# its first epoch. Imported here, a daemon pays it once as it starts, and a portal's fork server once for all its
+# children (they share its pages), outside any device's quota.
+import torch._dynamo  # noqa: F401
+
 from ecofl.allocator import keep_freed_memory
 from ecofl.net.schema import encode
 from ecofl.net.dial import dial
