@@ -76,7 +76,7 @@ def tuned_prediction(run: dict) -> float | None:
 
 
 def speeds_line(tuning: dict) -> str:
-    return ", ".join(f"{d}: {v / tuning['calibrated_speeds'][d]:.2f}" for d, v in tuning["speeds"].items())
+    return ", ".join(f"{d}: {v / tuning['planned_speeds'][d]:.2f}" for d, v in tuning["speeds"].items())
 
 
 def gains_of(runs: list[dict], pools: list[str], t: int) -> dict[str, list[float]]:

@@ -59,7 +59,7 @@ def test_a_device_slower_in_the_pipeline_than_calibrated_gets_its_speed_divided_
     decision = decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, HOSTS, Emulation.SLEEP, rounds, 1, HOLDERS,
                       {0, 1, 2}, rounds_left=10)
     assert decision.speeds[2] == pytest.approx(0.5) and decision.speeds[0] == pytest.approx(1.0)
-    assert decision.calibrated_speeds == {0: 1.0, 1: 1.0, 2: 1.0}
+    assert decision.planned_speeds == {0: 1.0, 1: 1.0, 2: 1.0}
     # at the speeds found, the last stage (layers 2-4 on the half-speed device) is the bottleneck: a re-plan
     # that takes layers off it is predicted faster, and the decision's plan is it
     assert decision.switched and decision.best_s < decision.current_s

@@ -225,7 +225,7 @@ def _event_line(event: dict) -> str:
 
 
 def _tuning_line(tuning: dict) -> str:
-    speeds = ", ".join(f"{d}: {tuning['calibrated_speeds'][d]:.3f} -> {v:.3f}" for d, v in tuning["speeds"].items())
+    speeds = ", ".join(f"{d}: {tuning['planned_speeds'][d]:.3f} -> {v:.3f}" for d, v in tuning["speeds"].items())
     outcome = (f"moved to {tuning['num_micro_batches']} x {tuning['micro_batch']} over "
                + " | ".join(f"{s['layers'][0]}-{s['layers'][1]}: {','.join(map(str, s['devices']))}"
                             for s in tuning["stages"])

@@ -165,8 +165,9 @@ def add_home_train(subparsers: argparse._SubParsersAction) -> None:
                         help="cgroup: reuse the devices' measured speeds and plan in FILE, or measure and write "
                              "them there (runs compared side by side then share one plan)")
     parser.add_argument("--tune-after", type=int, default=0, metavar="ROUNDS",
-                        help="re-plan once on the speeds the devices show in the first ROUNDS sync-rounds (the "
-                             "first is a warm-up, so at least 2), if the cost model predicts it pays (0: off)")
+                        help="re-plan on the speeds the devices show in the first ROUNDS sync-rounds (the "
+                             "first is a warm-up, so at least 2), if the cost model predicts it pays (0: off; "
+                             "once, unless --tune-every)")
     parser.add_argument("--tune-every", type=int, default=0, metavar="ROUNDS",
                         help="with --tune-after: re-tune again every ROUNDS sync-rounds after the first, on the "
                              "rounds since the last (FTPipeHD's periodic re-partition; 0: once)")

@@ -63,7 +63,7 @@ class TuningDecision:
     """What a re-tune found and chose (seconds are predictions at the pipeline's speeds)."""
 
     after_round: int  # the last sync-round measured
-    calibrated_speeds: dict[int, float]  # what the plan was made on
+    planned_speeds: dict[int, float]  # what the running plan was predicted at: the calibration's, or the last re-tune's
     speeds: dict[int, float]  # re-estimated from the pipeline's own operations
     current_s: float  # the current plan's sync-round
     best_s: float  # the fastest candidate's
@@ -76,7 +76,7 @@ class TuningDecision:
     def to_dict(self) -> dict:
         stages = [{"layers": list(s.layers), "devices": list(s.devices), "shares": list(s.shares),
                    "in_flight": s.in_flight} for s in self.plan.stages]
-        return {"after_round": self.after_round, "calibrated_speeds": _keyed(self.calibrated_speeds),
+        return {"after_round": self.after_round, "planned_speeds": _keyed(self.planned_speeds),
                 "speeds": _keyed(self.speeds), "current_sync_round_s": self.current_s,
                 "best_sync_round_s": self.best_s, "migration_s": self.migration_s, "first_round_s": self.first_round_s,
                 "rounds_left": self.rounds_left,
@@ -194,7 +194,7 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
     mapping_s = estimated_first_round_extra_s(best, profile, tuned, plan) if best is not plan else 0.0
     switched = best_s < (1 - tuning.margin) * current_s and (current_s - best_s) * rounds_left > moving_s + mapping_s
-    return TuningDecision(after_round=after_round, calibrated_speeds={d: s.speed for d, s in enumerate(pool.devices)},
+    return TuningDecision(after_round=after_round, planned_speeds={d: s.speed for d, s in enumerate(pool.devices)},
                           speeds=speeds, current_s=current_s, best_s=best_s, migration_s=moving_s,
                           first_round_s=mapping_s, rounds_left=rounds_left, plan=best if switched else plan,
                           switched=switched)
