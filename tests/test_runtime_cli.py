@@ -131,6 +131,21 @@ def test_home_train_help_documents_aimed_failures(capsys):
     assert "kill:D@R[:PHASE[:K]]" in text and "backward" in text and "recover" in text
 
 
+def test_a_re_tunes_after_leaves_out_the_rounds_a_recovery_ran_on_another_plan(tmp_path, capsys):
+    """Re-tuned after round 1, then device 1 is killed as round 4 starts: rounds 4 and 5, and those replayed
+    before them, run on the survivor's plan, so the re-tune's plan is set against what is left of rounds 2 and 3
+    (less round 2 where it switched)."""
+    assert main(["home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",
+                 "--batch", "16", "--rounds", "6", "--cache-dir", str(tmp_path), "--emulate", "sleep",
+                 "--tune-after", "2", "--inject", "kill:1@4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    [tuning] = report["tunings"]
+    assert [e["kind"] for e in report["events"]] == ["kill"] and report["rounds_completed"] == 6
+    replayed = report["lost_rounds"]  # rounds before 4 computed again on the new plan
+    assert replayed in (0, 1, 2) and tuning["after_round"] == 1
+    assert tuning["after"]["rounds"] == max(0, 2 - replayed - tuning["switched"])
+
+
 def test_home_train_re_tunes_on_request_and_reports_what_it_found(tmp_path, capsys):
     code = main([
         "home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",

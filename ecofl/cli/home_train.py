@@ -137,12 +137,15 @@ def _predict(plan: Plan, profile: ModelProfile, pool: HomePool, mode: Emulation,
 def _tunings(result: PipelineResult, schedule: str, profile: ModelProfile, pool: HomePool, mode: Emulation,
              args: argparse.Namespace, tolerance: FaultTolerance | None) -> list[dict]:
     """Each re-tune with ``after``: the sync-rounds its plan ran until the next re-tune (not a new plan's first,
-    which maps its memory) against that plan predicted at the speeds the pipeline re-learned, fault tolerance's
-    copies included: the cost model tried on rounds it did not learn from."""
+    which maps its memory, nor those after a recovery or a slow-down moved to another plan) against that plan
+    predicted at the speeds the pipeline re-learned, fault tolerance's copies included: the cost model tried on
+    rounds it did not learn from."""
     reports = []
     for k, tuning in enumerate(result.tunings):
-        end = result.tunings[k + 1]["after_round"] + 1 if k + 1 < len(result.tunings) else None
-        rounds = result.sync_round_s[tuning["after_round"] + (2 if tuning["switched"] else 1):end]
+        first = tuning["after_round"] + 1  # the decided plan's first round, in its epoch
+        end = result.tunings[k + 1]["after_round"] + 1 if k + 1 < len(result.tunings) else len(result.sync_round_s)
+        epochs = result.round_epochs or (0,) * len(result.sync_round_s)
+        rounds = [result.sync_round_s[i] for i in range(first + tuning["switched"], end) if epochs[i] == epochs[first]]
         relearned = with_speeds(pool, {int(d): speed for d, speed in tuning["speeds"].items()})
         plan = decided_plan(tuning, schedule)
         predicted = _predict(plan, profile, relearned, mode, args, tolerance).sync_round_s
