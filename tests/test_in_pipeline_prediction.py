@@ -55,4 +55,3 @@ def test_confined_tables_show_the_re_learned_prediction_where_it_was_measured():
     for row in results["rows"]:
         del row["confined"]["in_pipeline"]
     assert "re-learned in the pipeline not measured" in markdown(results)
-

@@ -30,6 +30,23 @@ def silent_portal() -> socket.socket:
     return socket.create_server(("127.0.0.1", 0))
 
 
+def test_a_worker_builds_its_optimizer_without_importing_anything():
+    """An optimizer's first construction imports torch's compiler (1.85 CPU-s here, ten times that in a Nano's
+    quota): the worker module imports it as a process starts (the fork server, a daemon), so a worker entering
+    its first epoch, inside its device's quota, imports nothing more."""
+    probe = textwrap.dedent("""
+        import sys
+        import ecofl.pipeline.runtime.worker
+        import torch
+        before = set(sys.modules)
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        print(sorted(set(sys.modules) - before))
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
 def test_a_forked_worker_reports_its_exit_code_and_its_log():
     devices = LocalDevices()
     with socket.create_server(("127.0.0.1", 0)) as closed:

@@ -192,9 +192,9 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive) if c != plan]
     best, best_s = fastest_plan(candidates, profile, tuned, emulation, cache_dir) if candidates else (plan, current_s)
     moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
-    mapping_s = estimated_first_round_extra_s(best, profile, tuned, plan) if best is not plan else 0.0
-    switched = best_s < (1 - tuning.margin) * current_s and (current_s - best_s) * rounds_left > moving_s + mapping_s
+    first_round_s = estimated_first_round_extra_s(best, profile, tuned, plan) if best is not plan else 0.0
+    switched = best_s < (1 - tuning.margin) * current_s and (current_s - best_s) * rounds_left > moving_s + first_round_s
     return TuningDecision(after_round=after_round, planned_speeds={d: s.speed for d, s in enumerate(pool.devices)},
                           speeds=speeds, current_s=current_s, best_s=best_s, migration_s=moving_s,
-                          first_round_s=mapping_s, rounds_left=rounds_left, plan=best if switched else plan,
+                          first_round_s=first_round_s, rounds_left=rounds_left, plan=best if switched else plan,
                           switched=switched)
