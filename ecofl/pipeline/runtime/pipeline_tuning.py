@@ -193,7 +193,8 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     best, best_s = fastest_plan(candidates, profile, tuned, emulation, cache_dir) if candidates else (plan, current_s)
     moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
     first_round_s = estimated_first_round_extra_s(best, profile, tuned, plan) if best is not plan else 0.0
-    switched = best_s < (1 - tuning.margin) * current_s and (current_s - best_s) * rounds_left > moving_s + first_round_s
+    pays = (current_s - best_s) * rounds_left > moving_s + first_round_s
+    switched = best_s < (1 - tuning.margin) * current_s and pays
     return TuningDecision(after_round=after_round, planned_speeds={d: s.speed for d, s in enumerate(pool.devices)},
                           speeds=speeds, current_s=current_s, best_s=best_s, migration_s=moving_s,
                           first_round_s=first_round_s, rounds_left=rounds_left, plan=best if switched else plan,
