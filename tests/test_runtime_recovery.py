@@ -38,7 +38,8 @@ def test_a_lost_device_of_a_three_stage_pipeline_is_survived_exactly(event):
     # replicas travel during a round: struck as round 3 starts, the replicas of version 3 may not be complete yet
     [restored] = {r["version"] for r in record["restored_from"]}
     assert record["replan"] == "lightweight" and restored in (2, 3) and record["lost_rounds"] == 3 - restored
-    assert record["detected_after_s"] < FAST_HEARTBEAT.detection_bound_s + 10  # never a round deadline
+    # never a round deadline (once, under the suite's load, 33 s: the record says more when it happens again)
+    assert record["detected_after_s"] < FAST_HEARTBEAT.detection_bound_s + 10, (record, result.sync_round_s)
     assert record["recovered_after_s"] >= record["detected_after_s"]
     # the timeline is every device's, also of a stage the final plan no longer has (device 2 was stage 2)
     before_the_loss = sum(result.sync_round_s[:2])
