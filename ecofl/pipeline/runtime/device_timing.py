@@ -24,8 +24,11 @@ import torch
 
 from ecofl.allocator import keep_freed_memory
 from ecofl.pipeline.runtime.confinement import worker_threads
+from ecofl.net.links import never_aborted
 from ecofl.pipeline.runtime.cpu_pace import CpuPace
+from ecofl.pipeline.runtime.emulation import saved_bytes
 from ecofl.pipeline.runtime.heap import freeze_heap
+from ecofl.pipeline.runtime.layer_abort import abort_between_layers
 from ecofl.pipeline.runtime.link_work import LoopbackLinks, carried_per_step
 from ecofl.pipeline.runtime.model_spec import spec_from_json
 from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REQUESTS, Timed, read_line, write_line
@@ -79,15 +82,20 @@ def main() -> int:
         shape = (args.micro_batch, *stage.eval()(x[:1]).shape[1:])
     training = args.objective == "training"
     stage.train(training)
-    x.requires_grad_(first > 0 and training)  # a stage sends its input's gradient back
+    sends_gradient = first > 0 and training  # a stage sends its input's gradient back
     is_last = last == len(layers) - 1
     y = torch.randint(0, shape[1], (args.micro_batch,), generator=generator) if is_last else None
     gradient = None if is_last else torch.randn(shape, generator=generator)  # as the next stage sends it
 
+    weights = list(stage.parameters())
+
     def train(held: int = 1) -> None:  # held: forwards kept before their backwards, as a pipeline stage keeps them
         stage.zero_grad(set_to_none=True)
-        x.grad = None
-        outs = [stage(x) for _ in range(held)]
+        inputs = x.detach().requires_grad_(sends_gradient)  # a new tensor, as a received one is: it gets the hooks
+        outs = []
+        for _ in range(held):
+            with saved_bytes(weights):  # as a stage's forward runs: its memory ledger counts what autograd saves
+                outs.append(stage(inputs))
         for out in outs:
             if is_last:
                 torch.nn.functional.cross_entropy(out, y).backward()
@@ -101,7 +109,8 @@ def main() -> int:
     step = train if training else infer
     output = torch.zeros(shape)  # what the links carry on: its size, not its values, is their work
     carried = carried_per_step(x.detach(), output, first, is_last, args.objective)  # what its links seal and open
-    with LoopbackLinks() as links:  # not timed as steps: the stage maps its memory, --held stashes of it
+    # with a stage's hooks (.stage: each layer checks for an abort), as its passes run in the pipeline
+    with abort_between_layers(stage, never_aborted), LoopbackLinks() as links:
         first_touch = first_touch_cpu_s_per_byte(lambda: train(max(1, args.held)) if training else infer())
         links.carry(carried)
         write_line(sys.stdout, Timed(None, first_touch))  # ready
