@@ -112,6 +112,7 @@ def test_home_train_aimed_kill_reports_the_final_plan_apart_from_all_rounds(tmp_
     report = json.loads(capsys.readouterr().out)
     [event] = report["events"]
     assert (event["kind"], event["device"], event["phase"]) == ("kill", 1, "backward")
+    assert event["cause"]  # why it was declared lost (a closed channel, an ended process)
     assert event["restored_from"] and event["resumed_after_s"] <= event["recovered_after_s"]
     # the recovery's parts in order: detected, the survivors stopped, re-scheduled, resumed
     parts = event["detected_after_s"] + event["stopping_s"] + event["rescheduling_s"]

@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 
 from ecofl.devices import DeviceSpec, HomePool
+from ecofl.net.liveness import SILENT
 from ecofl.pipeline.migration import layer_owners
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import HomePipeline
@@ -41,6 +42,8 @@ def test_a_lost_device_of_a_three_stage_pipeline_is_survived_exactly(event):
     # never a round deadline (once, under the suite's load, 33 s: the record says more when it happens again)
     assert record["detected_after_s"] < FAST_HEARTBEAT.detection_bound_s + 10, (record, result.sync_round_s)
     assert record["recovered_after_s"] >= record["detected_after_s"]
+    # why: a frozen process goes silent (no beat, no answer to a probe); a killed one closes its channels and exits
+    assert (record["cause"] == SILENT) == event.startswith("freeze"), record
     # the timeline is every device's, also of a stage the final plan no longer has (device 2 was stage 2)
     before_the_loss = sum(result.sync_round_s[:2])
     assert {e.device for e in result.timeline if e.start < before_the_loss} == {0, 1, 2}

@@ -219,8 +219,10 @@ def _event_line(event: dict) -> str:
         return "-" if value is None else f"{value:.1f}"
 
     stopping = "" if event["stopping_s"] is None else f"survivors stopped in {seconds(event['stopping_s'])}, "
+    cause = "" if event["cause"] is None else f" ({event['cause']})"
     return (f"event {event['kind']} device {event['device']} at sync-round {event['round']}: detected after "
-            f"{seconds(event['detected_after_s'])}, {stopping}re-scheduled in {seconds(event['rescheduling_s'])}, "
+            f"{seconds(event['detected_after_s'])}{cause}, {stopping}"
+            f"re-scheduled in {seconds(event['rescheduling_s'])}, "
             f"resumed after {seconds(event['resumed_after_s'])}, recovered after "
             f"{seconds(event['recovered_after_s'])} ({event['replan'] or 'no'} re-plan, "
             f"{event['bytes_moved'] / 2**20:.2f} MiB moved, {event['lost_rounds']} rounds replayed); "

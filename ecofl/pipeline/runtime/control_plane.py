@@ -310,8 +310,8 @@ class ControlPlane:
         (:class:`DevicesLost`); otherwise, and for a worker that raised, the
         root cause (:func:`.failures.root_cause`).
         """
-        if self.recoverable and report is None:
-            return DevicesLost({device: "its control channel closed or its process ended"})
+        if self.recoverable and report is None:  # the heartbeats' verdict, where they hung up on it first
+            return DevicesLost({device: self.lost().get(device, "its control channel closed or its process ended")})
         return root_cause(device, report, during, self.connections, self.devices, self.name)
 
 

@@ -123,6 +123,7 @@ class FaultEvent:
     # wall-clock time (time.time()) it struck; for a failure found: its last sign of life
     struck_at: float | None = None
     detected_after_s: float | None = None
+    cause: str | None = None  # why a lost device was declared lost: its channel closed, its process exited, ...
     resumed_after_s: float | None = None  # until the first sync-round after the recovery started (FTPipeHD's)
     stopping_s: float | None = None  # a recovery's survivors aborted and answered with what they hold
     recovered_after_s: float | None = None  # until the first sync-round completed after the recovery
