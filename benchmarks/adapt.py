@@ -320,9 +320,10 @@ def below_targets(drops: list[dict]) -> list[str]:
     if weak:
         lines += ["", f"Throughput after recovery is below 0.9 of heavy's for device(s) "
                   f"{', '.join(weak)}: lightweight keeps the device order and moves cut points in proportion to "
-                  "FLOPs over the survivors' capacities, with no search over them (its micro-batch size is the one "
-                  "predicted fastest for those cut points); heavy re-runs the planner (device order, cut points and "
-                  "micro-batch size), which wins where FLOPs misjudge a stage's time."]
+                  "FLOPs over the survivors' capacities, or to a neighbouring cut point where the cost model says "
+                  "that finishes the rounds left sooner, moves included (its micro-batch size is the one predicted "
+                  "fastest); heavy re-runs the planner (device order, cut points and micro-batch size), which wins "
+                  "where that search is too narrow or the cost model misjudges a stage's time."]
     return lines
 
 
