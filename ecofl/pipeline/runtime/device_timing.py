@@ -23,8 +23,8 @@ from collections.abc import Callable
 import torch
 
 from ecofl.allocator import keep_freed_memory
-from ecofl.pipeline.runtime.confinement import worker_threads
 from ecofl.net.links import never_aborted
+from ecofl.pipeline.runtime.confinement import worker_threads
 from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.emulation import saved_bytes
 from ecofl.pipeline.runtime.heap import freeze_heap

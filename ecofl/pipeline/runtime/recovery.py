@@ -220,7 +220,7 @@ class Recovery:
         for device, detected in sorted(found.items()):
             event = self._event_of(device, r, detected)
             event.detected_after_s = detected - event.struck_at
-            event.cause = lost.failures.get(device, "lost while the recovery stopped the survivors")
+            event.cause = lost.failures.get(device, "lost during the recovery")
             event.replan, event.bytes_moved, event.lost_rounds = kind, moved, r - version
             event.stopping_s, event.rescheduling_s = stopping, rescheduling
             event.restored_from = restored_from(plan, device, holders, version, layout.stateful, layout.plan)
