@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ecofl.net.liveness import SILENT
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import LayerList
 from ecofl.pipeline.runtime.faults import Injection
@@ -99,6 +100,8 @@ def test_a_failure_at_any_other_moment_is_exact(events):
     result, _ = run(FOUR_STAGES, events)
     assert len(result.events) == len(events)
     assert all(e["detected_after_s"] is not None and e["recovered_after_s"] is not None for e in result.events)
+    # why each was declared lost: the frozen one by the heartbeats alone, at whatever moment it froze
+    assert all(e["cause"] and (e["cause"] == SILENT) == (e["kind"] == "freeze") for e in result.events), result.events
 
 
 def test_a_device_and_its_backup_lost_resume_from_the_global_copy_and_say_so():
