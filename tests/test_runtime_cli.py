@@ -117,6 +117,11 @@ def test_home_train_aimed_kill_reports_the_final_plan_apart_from_all_rounds(tmp_
     # the recovery's parts in order: detected, the survivors stopped, re-scheduled, resumed
     parts = event["detected_after_s"] + event["stopping_s"] + event["rescheduling_s"]
     assert event["stopping_s"] >= 0 and parts <= event["resumed_after_s"]
+    # re-scheduling's parts: the re-plan, then each survivor's own entering of the new epoch, links first
+    assert set(event["reconfigured_s"]) == set(event["linking_s"]) == {"0", "2"}
+    assert all(0 <= event["linking_s"][d] <= event["reconfigured_s"][d] for d in ("0", "2"))
+    assert 0 <= event["planning_s"] and event["planning_s"] + max(event["reconfigured_s"].values()) <= \
+        event["rescheduling_s"]
     assert report["rounds_completed"] == 4 and report["final_plan_rounds"] == 2  # rounds 2 (replayed) and 3
     final = report["sync_rounds_s"][2:]
     assert report["sync_round_s"] == pytest.approx(sorted(final)[len(final) // 2] if len(final) % 2 else

@@ -10,6 +10,8 @@ start is :mod:`tests.test_runtime_recovery`'s matter.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,8 @@ def test_a_kill_during_recovery_from_a_first_kill_is_exact():
     result, final = run(FOUR_STAGES, ["kill:0@3:backward:2", "kill:2@3:recover"])
     assert {(e["device"], e["phase"]) for e in result.events} == {(0, "backward"), (2, "recover")}
     assert devices_of(final) == {1, 3}
+    # the second loss keeps the reason it was found with: a closed channel or an ended process, not a stand-in
+    assert all(re.search("closed|ended|exited", e["cause"]) for e in result.events), result.events
 
 
 def test_a_kill_of_one_replica_of_a_hybrid_stage_during_its_all_reduce_is_exact():

@@ -220,9 +220,15 @@ def _event_line(event: dict) -> str:
 
     stopping = "" if event["stopping_s"] is None else f"survivors stopped in {seconds(event['stopping_s'])}, "
     cause = "" if event["cause"] is None else f" ({event['cause']})"
+    rescheduled = seconds(event["rescheduling_s"])
+    if event["planning_s"] is not None and event["reconfigured_s"]:
+        slowest = max(event["reconfigured_s"], key=event["reconfigured_s"].get)
+        rescheduled += (f" (planning {seconds(event['planning_s'])}, slowest device {slowest} "
+                        f"{seconds(event['reconfigured_s'][slowest])}, {seconds(event['linking_s'][slowest])} of it "
+                        "opening links)")
     return (f"event {event['kind']} device {event['device']} at sync-round {event['round']}: detected after "
             f"{seconds(event['detected_after_s'])}{cause}, {stopping}"
-            f"re-scheduled in {seconds(event['rescheduling_s'])}, "
+            f"re-scheduled in {rescheduled}, "
             f"resumed after {seconds(event['resumed_after_s'])}, recovered after "
             f"{seconds(event['recovered_after_s'])} ({event['replan'] or 'no'} re-plan, "
             f"{event['bytes_moved'] / 2**20:.2f} MiB moved, {event['lost_rounds']} rounds replayed); "

@@ -123,11 +123,13 @@ class EpochMesh:
 
     def __init__(self, listener: DataListener, secret: bytes, epoch: int, rank: int,
                  addresses: list[tuple[str, int]], timeout_s: float, abort: AbortCheck = never_aborted):
-        """Link to every rank (``abort`` is checked while a peer is awaited: a peer that died never comes)."""
+        """Link to every rank (``abort`` is checked while a peer is awaited: a peer that died never comes);
+        ``linking_s``: how long that took (the slowest peer to connect or to be connected to)."""
         self.epoch, self.rank, self.timeout_s = epoch, rank, timeout_s
         self.links: dict[int, PeerLink] = {}
         listener.forget_before(epoch)
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         try:
             for peer in range(rank):  # I open the links to lower ranks ...
                 channel = _connect(tuple(addresses[peer]), secret, rank, data_purpose(epoch, peer), deadline, abort)
@@ -137,6 +139,7 @@ class EpochMesh:
         except BaseException:
             self.close()
             raise
+        self.linking_s = time.monotonic() - started
 
     def send(self, dst: int, tensor: torch.Tensor, tag: int, bucket: TokenBucket | None = None,
              background: bool = False) -> Ticket:

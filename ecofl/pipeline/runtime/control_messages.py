@@ -217,7 +217,8 @@ class State:
 @message("reconfigured")
 class Reconfigured:
     received_bytes: int
-    seconds: float
+    seconds: float  # from the request to this answer
+    linking_s: float  # of which entering the epoch's links
 
 
 @message("armed")

@@ -107,6 +107,16 @@ class Injection:
         return cls("slow", int(match.group(6)), int(match.group(8)), factor)
 
 
+@dataclass(frozen=True)
+class Reconfiguration:
+    """What entering a pipeline epoch took: the bytes that crossed a link (as received) and, per device, its own
+    seconds from the request to its answer and the part of them it spent entering the epoch's links."""
+
+    moved: int
+    seconds: dict[int, float]
+    linking_s: dict[int, float]
+
+
 @dataclass
 class FaultEvent:
     """What happened to one injected or detected event, and how the pipeline recovered.
@@ -129,6 +139,9 @@ class FaultEvent:
     recovered_after_s: float | None = None  # until the first sync-round completed after the recovery
     replan: str | None = None  # lightweight | full | heavy
     rescheduling_s: float | None = None  # re-planning and migrating, until every device is reconfigured
+    planning_s: float | None = None  # of rescheduling_s: choosing the new plan
+    reconfigured_s: dict[int, float] = field(default_factory=dict)  # each device's own time entering the epoch
+    linking_s: dict[int, float] = field(default_factory=dict)  # of that: opening the epoch's links
     bytes_moved: int = 0
     lost_rounds: int = 0  # completed sync-rounds computed again (restored from an older version)
     # where the lost device's layers were restored from: [{"layers": [first, last], "source": "peer" | "backup"
@@ -136,6 +149,12 @@ class FaultEvent:
     restored_from: list[dict] = field(default_factory=list)
     throughput_before: float | None = None
     throughput_after: float | None = None
+
+    def rescheduled(self, replan: str, planning_s: float, rescheduling_s: float, done: Reconfiguration) -> None:
+        """Record a re-plan of kind ``replan`` that took ``rescheduling_s``, ``planning_s`` of it choosing the plan
+        and the rest entering the epoch (``done``)."""
+        self.replan, self.planning_s, self.rescheduling_s = replan, planning_s, rescheduling_s
+        self.bytes_moved, self.reconfigured_s, self.linking_s = done.moved, done.seconds, done.linking_s
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -16,6 +16,7 @@ from typing import Iterable
 from torch import nn
 
 from ecofl.devices import HomePool
+from ecofl.pipeline.migration import Holders
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan, plan_schedule
 from ecofl.pipeline.profile import ModelProfile
@@ -61,6 +62,11 @@ class PipelineLayout:
     def devices(self) -> list[int]:
         """The plan's devices, in rank order."""
         return [role.device for role in self.roles]
+
+    def holders(self) -> Holders:
+        """Who holds each stateful layer between sync-rounds: every device of its stage, at the current version."""
+        return {layer: list(stage.devices) for stage in self.plan.stages
+                for layer in range(stage.layers[0], stage.layers[1] + 1) if layer in self.stateful}
 
     def keys_of(self, layers: tuple[int, int]) -> list[str]:
         """The state keys of the layers ``layers[0]`` .. ``layers[1]``."""

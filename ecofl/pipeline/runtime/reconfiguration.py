@@ -22,6 +22,7 @@ from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.runtime.control_messages import GetState, Reconfigure, Reconfigured, State
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.errors import HomePipelineError
+from ecofl.pipeline.runtime.faults import Reconfiguration
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.migration_io import pace
 from ecofl.pipeline.runtime.stage import Optimization
@@ -31,9 +32,9 @@ from ecofl.pipeline.runtime.stage_state import with_momentum_of
 def reconfigure(control: ControlPlane, layout: PipelineLayout, new: Plan, version: int, holders: Holders, *,
                 epoch: int, global_copy: tuple[int, dict[str, np.ndarray]], reference: dict[str, np.ndarray],
                 referenced: dict[int, set[str]], optimization: Optimization, heavy: bool = False,
-                recovery: bool = False) -> int:
+                recovery: bool = False) -> Reconfiguration:
     """Enter pipeline epoch ``epoch`` running ``new`` from committed ``version``, each layer from its
-    ``holders`` (none: ``global_copy``); the bytes that crossed a link (as received).
+    ``holders`` (none: ``global_copy``).
 
     Every device of the epoch (the new plan's first, then the idle ones)
     gets its role, the version to roll back to, the layer moves and, from
@@ -84,7 +85,9 @@ def reconfigure(control: ControlPlane, layout: PipelineLayout, new: Plan, versio
         pace(sum(a.nbytes for a in arrays.values()), layout.link_rate(0))
         control.send(device, request, arrays)
     replies = control.gather(Reconfigured, world)
-    return moved + sum(reply.received_bytes for reply in replies.values())
+    return Reconfiguration(moved + sum(reply.received_bytes for reply in replies.values()),
+                           {d: reply.seconds for d, reply in replies.items()},
+                           {d: reply.linking_s for d, reply in replies.items()})
 
 
 def gather_state(control: ControlPlane, layout: PipelineLayout, version: int, holders: Holders,

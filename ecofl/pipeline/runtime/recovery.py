@@ -51,7 +51,7 @@ from ecofl.pipeline.runtime.copies import Copies
 from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
 from ecofl.pipeline.runtime.fault_injection import FaultInjector
 from ecofl.pipeline.runtime.fault_log import FaultLog
-from ecofl.pipeline.runtime.faults import FaultEvent, FaultTolerance, Injection
+from ecofl.pipeline.runtime.faults import FaultEvent, FaultTolerance, Injection, Reconfiguration
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.pipeline_tuning import TuningWindow, decide, measured_pass_s, pipeline_speeds
@@ -149,10 +149,10 @@ class Recovery:
         layout = self.layout
         started = time.time()
         decision = decide(self.tuning, layout.plan, layout.profile, with_speeds(layout.pool, self.speeds),
-                          self.emulation, measured, r, self._plan_holders(), set(self.control.connections),
+                          self.emulation, measured, r, self.layout.holders(), set(self.control.connections),
                           self.sync_rounds - (r + 1), self.cache_dir)
         self.speeds.update(decision.speeds)
-        moved = self._reconfigure(decision.plan, r + 1, self._plan_holders()) if decision.switched else 0
+        moved = self._reconfigure(decision.plan, r + 1, self.layout.holders()).moved if decision.switched else 0
         self.tuned.append({**decision.to_dict(), "seconds": time.time() - started, "bytes_moved": moved})
 
     def _adapt(self, slow: list[int], replies: dict[int, Done], r: int) -> None:
@@ -166,12 +166,14 @@ class Recovery:
         slowed = set(slow) | {d for d, speed in self.speeds.items()
                               if speed * self.ft.slowdown_ratio < planned.devices[d].speed}
         kind = self.ft.adapt_replan
-        new = self._replan(kind, self._plan_holders(), r + 1)
         events = [self.log.slow_down(device, r, started) for device in sorted(slowed)]
-        moved = self._reconfigure(new, r + 1, self._plan_holders())
+        planning = time.time()
+        new = self._replan(kind, self.layout.holders(), r + 1)
+        planning_s = time.time() - planning
+        done = self._reconfigure(new, r + 1, self.layout.holders())
         for event in events:
             event.detected_after_s = started - event.struck_at
-            event.replan, event.bytes_moved, event.rescheduling_s = kind, moved, time.time() - started
+            event.rescheduled(kind, planning_s, time.time() - started, done)
             self.log.recovered(event)
 
     def join(self, device: int, r: int) -> None:
@@ -184,11 +186,12 @@ class Recovery:
         control.join(device)
         control.configure([device], self.config)
         event.detected_after_s = time.time() - event.struck_at
-        event.replan = "full"
         started = time.time()
-        holders = self._plan_holders()
-        event.bytes_moved = self._reconfigure(self._replan("full", holders, r), r, holders)
-        event.rescheduling_s = time.time() - started
+        holders = self.layout.holders()
+        new = self._replan("full", holders, r)
+        planning_s = time.time() - started
+        done = self._reconfigure(new, r, holders)
+        event.rescheduled("full", planning_s, time.time() - started, done)
         self.log.recovered(event)
 
     # -- failures ------------------------------------------------------------------------
@@ -200,19 +203,22 @@ class Recovery:
             raise lost
         plan = self.layout.plan  # the plan the lost devices served in
         found = dict.fromkeys(lost.failures, time.time())  # device -> when its loss was detected
+        causes = dict(lost.failures)  # device -> why it was declared lost
         stopping = 0.0
         while True:
             stopped = time.time()
-            holdings = self._settle(found)
+            holdings = self._settle(found, causes)
             stopping += time.time() - stopped
             version, holders = restore_point(holdings, self.layout.stateful, r, self.copies.global_copy[0])
             kind = self.ft.replan
             rescheduling = time.time()
             try:
-                moved = self._reconfigure(self._replan(kind, holders, version), version, holders,
-                                          heavy=kind == "heavy", recovery=True)
+                new = self._replan(kind, holders, version)
+                planning = time.time() - rescheduling
+                done = self._reconfigure(new, version, holders, heavy=kind == "heavy", recovery=True)
             except DevicesLost as again:  # lost while recovering: once more, without it
                 found.update(dict.fromkeys(set(again.failures) - set(found), time.time()))
+                causes.update({**again.failures, **causes})
                 continue
             break
         rescheduling, layout = time.time() - rescheduling, self.layout
@@ -220,9 +226,9 @@ class Recovery:
         for device, detected in sorted(found.items()):
             event = self._event_of(device, r, detected)
             event.detected_after_s = detected - event.struck_at
-            event.cause = lost.failures.get(device, "lost during the recovery")
-            event.replan, event.bytes_moved, event.lost_rounds = kind, moved, r - version
-            event.stopping_s, event.rescheduling_s = stopping, rescheduling
+            event.cause = causes[device]
+            event.rescheduled(kind, planning, rescheduling, done)
+            event.stopping_s, event.lost_rounds = stopping, r - version
             event.restored_from = restored_from(plan, device, holders, version, layout.stateful, layout.plan)
             self.log.recovered(event)
         return version
@@ -244,14 +250,15 @@ class Recovery:
             event.struck_at = detected - silent_for
         return event
 
-    def _settle(self, found: dict[int, float]) -> dict[int, dict[int, list[int]]]:
-        """Stop every survivor where it is, remove the lost devices (adding to ``found`` whoever cannot answer);
-        what each survivor holds: ``{device: {version: layers}}``."""
+    def _settle(self, found: dict[int, float], causes: dict[int, str]) -> dict[int, dict[int, list[int]]]:
+        """Stop every survivor where it is, remove the lost devices (adding to ``found`` and ``causes`` whoever
+        is lost too or cannot answer); what each survivor holds: ``{device: {version: layers}}``."""
         control = self.control
         while True:  # several devices may fail at once: whoever cannot be aborted is lost too
-            failed = set(found) | (set(control.lost()) & set(control.connections))
-            found.update(dict.fromkeys(failed - set(found), time.time()))
-            survivors = sorted(set(control.connections) - failed)
+            lost = {d: cause for d, cause in control.lost().items() if d in control.connections}
+            found.update(dict.fromkeys(set(lost) - set(found), time.time()))
+            causes.update({**lost, **causes})
+            survivors = sorted(set(control.connections) - set(found))
             if not survivors:
                 raise HomePipelineError(f"every device of the home is lost ({', '.join(map(str, sorted(found)))})")
             self._token += 1
@@ -259,6 +266,7 @@ class Recovery:
             if not unreachable:
                 break
             found.update(dict.fromkeys(unreachable, time.time()))
+            causes.update({**dict.fromkeys(unreachable, "it did not answer the recovery's stop"), **causes})
         for device in set(found) & set(control.connections):
             control.remove(device)
             self.referenced.pop(device, None)
@@ -284,24 +292,19 @@ class Recovery:
         return fastest_plan(candidates, layout.profile, with_speeds(layout.pool, self.speeds), self.emulation,
                             self.cache_dir)[0]
 
-    def _plan_holders(self) -> Holders:
-        """Between sync-rounds every device holds its stage at the current version."""
-        return {layer: list(stage.devices) for stage in self.layout.plan.stages
-                for layer in range(stage.layers[0], stage.layers[1] + 1) if layer in self.layout.stateful}
-
     def _reconfigure(self, new: Plan, version: int, holders: Holders, heavy: bool = False,
-                     recovery: bool = False) -> int:
-        """Enter a new epoch running ``new`` from ``version`` (:func:`.reconfiguration.reconfigure`); the bytes
-        that crossed a link. The new plan's backups are filled before the next sync-round."""
+                     recovery: bool = False) -> Reconfiguration:
+        """Enter a new epoch running ``new`` from ``version`` (:func:`.reconfiguration.reconfigure`). The new
+        plan's backups are filled before the next sync-round."""
         self.epoch += 1
         global_copy = self.copies.global_copy if self.copies is not None else (-1, {})  # tuning: every layer held
-        moved = reconfigure(self.control, self.layout, new, version, holders, epoch=self.epoch,
-                            global_copy=global_copy, reference=self.reference,
-                            referenced=self.referenced, optimization=self.optimization, heavy=heavy,
-                            recovery=recovery)
+        done = reconfigure(self.control, self.layout, new, version, holders, epoch=self.epoch,
+                           global_copy=global_copy, reference=self.reference,
+                           referenced=self.referenced, optimization=self.optimization, heavy=heavy,
+                           recovery=recovery)
         if self.copies is not None:
             self.copies.plan_changed()
-        return moved
+        return done
 
     # -- outcome -------------------------------------------------------------------------
 

@@ -312,7 +312,7 @@ class Worker:
         momentum.update(self.state.restore(arrived))
         self._configure(momentum)
         self._commit_restored(version, arrived)
-        self.channel.reply(Reconfigured(received, time.time() - started))
+        self.channel.reply(Reconfigured(received, time.time() - started, self.mesh.linking_s))
 
     def _commit_restored(self, version: int, arrived: Tensors) -> None:
         """The live tensors, just rolled back to ``version``, are committed there: keep what ``arrived``
