@@ -38,7 +38,6 @@ from ecofl.pipeline.runtime.device_timing import seconds_per_call
 from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte, rss_bytes
 
 _WORKLOAD_REPEATS = 5
-FIRST_TOUCH_SAMPLE_BYTES = 64 << 20  # above glibc's largest mmap threshold: always pages never mapped before
 
 
 def workload_seconds(min_seconds: float = 1.0) -> float:
@@ -57,22 +56,14 @@ def workload_seconds(min_seconds: float = 1.0) -> float:
         torch.set_num_threads(threads)
 
 
-def first_touch_seconds_per_byte() -> float | None:
+def first_touch_seconds_per_byte() -> float:
     """Seconds this machine takes to map a byte of memory for the first time, as a worker does in a new stage's
-    first round (ecofl.pipeline.first_touch): a fresh 64-MiB tensor's first fill's CPU beyond a second fill's,
-    per byte it mapped, over the CPU quota of the device cgroup it runs in (if any); None where unreadable. A
-    plain fill reads lower than a stage's first round: on the 2-core test host 0.39-0.54 ms of CPU a MiB
-    against 0.54-0.85 (docs/pipeline.md, "A new stage's first round")."""
-    kept: list[torch.Tensor] = []
-
-    def fill() -> None:
-        if not kept:
-            kept.append(torch.empty(FIRST_TOUCH_SAMPLE_BYTES // 4))
-        kept[0].fill_(1.0)
-
-    per_byte = first_touch_cpu_s_per_byte(fill)
+    first round (ecofl.pipeline.first_touch): the CPU of a fresh mapping's first write beyond its second, per
+    byte (:func:`~ecofl.pipeline.runtime.process_memory.first_touch_cpu_s_per_byte`, as a calibrating device
+    measures it), over the CPU quota of the device cgroup it runs in (if any)."""
+    per_byte = first_touch_cpu_s_per_byte()
     cores = own_device_cores()
-    return per_byte if per_byte is None or cores is None else per_byte / cores
+    return per_byte if cores is None else per_byte / cores
 
 
 def available_memory_bytes() -> int:

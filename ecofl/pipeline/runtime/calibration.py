@@ -46,7 +46,6 @@ from tqdm import tqdm
 
 from ecofl.devices import HomePool
 from ecofl.interrupt import interrupts_deferred
-from ecofl.pipeline.memory_model import stage_memory_bytes
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
@@ -60,8 +59,6 @@ from ecofl.pipeline.runtime.model_spec import ModelSpec
 from ecofl.net.schema import MalformedMessage
 from ecofl.pipeline.runtime.device_timing import CALIBRATION_S, OBJECTIVES
 from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REPLIES, Go, Timed, read_line, write_line
-
-FIRST_TOUCH_HELD = 4  # at most: micro-batches held in the first-touch sample, as a 1F1B stage holds its in-flight
 
 
 @dataclass(frozen=True)
@@ -155,11 +152,10 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
                 str(work[device].samples), "--seconds", str(min_seconds), "--objective", objective]
             if work[device].layers is not None:
                 command += ["--layers", ",".join(map(str, work[device].layers))]
-            command += ["--held", str(held_stashes(profile, work[device], pool.devices[device].memory_bytes))]
             group, env = confinement.enter(device)
             processes[device] = subprocess.Popen(group.entry_command() + command, env=worker_environment(env),
                                                  text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        first_touch = {}  # device -> its first step's CPU per byte mapped, at host speed (before its quota)
+        first_touch = {}  # device -> its CPU per byte mapped anew, at host speed (before its quota)
         for device, process in processes.items():
             ready = _timed(device, _line(process, timeout_s) or "it exited")
             if ready.seconds_per_step is not None:
@@ -207,15 +203,6 @@ def measured_pool(pool: HomePool, reports: Mapping[int, dict]) -> HomePool:
     ``reports``, :func:`measure_speeds`); other devices as they were."""
     return with_speeds(pool, {d: report["measured_speed"] for d, report in reports.items()},
                        {d: report.get("first_touch_s_per_byte") for d, report in reports.items()})
-
-
-def held_stashes(profile: ModelProfile, work: Work, memory_bytes: int) -> int:
-    """How many micro-batches' stashes a device holds in its first-touch sample: FIRST_TOUCH_HELD, or as many as
-    its memory budget takes (Asteroid eq. 3), at least one."""
-    layers = work.layers if work.layers is not None else (0, profile.num_layers - 1)
-    fitting = [k for k in range(1, FIRST_TOUCH_HELD + 1)
-               if stage_memory_bytes(profile, layers, work.samples, k) <= memory_bytes]
-    return max(fitting, default=1)
 
 
 def shared_by_identical(step_s: Mapping[int, float], limits: Mapping[int, DeviceLimits],

@@ -2,10 +2,10 @@
 
 :func:`~.calibration.measure_speeds` starts one such process per confined
 device. It imports torch, builds the model and computes its stage's input at
-the start-up quota; runs its first steps with ``--held`` micro-batches held,
-as a pipeline stage holds its in-flight ones, and measures the CPU each byte
-it maps anew costs (:func:`~.process_memory.first_touch_cpu_s_per_byte`;
-docs/pipeline.md, "A new stage's first round"); says ``ready``; and once the
+the start-up quota; runs its first steps (which map the stage's memory) and
+measures the CPU each byte it maps anew costs on a fresh mapping of its own
+(:func:`~.process_memory.first_touch_cpu_s_per_byte`; docs/pipeline.md, "A
+new stage's first round"); says ``ready``; and once the
 portal has put it under its own quota and said ``go``, times its steps at
 its pace, each followed by what its links seal and open for it
 (:mod:`.link_work`), for at least ``--seconds``.
@@ -63,7 +63,6 @@ def main() -> int:
     parser.add_argument("--layers", default=None, help="first,last layer of the stage to time (default: all)")
     parser.add_argument("--seconds", type=float, default=CALIBRATION_S)
     parser.add_argument("--objective", choices=OBJECTIVES, default="training")
-    parser.add_argument("--held", type=int, default=1, help="micro-batches held in the first-touch sample")
     args = parser.parse_args()
     torch.set_num_threads(worker_threads())
     _, layers = spec_from_json(json.loads(args.model)).build()
@@ -89,18 +88,15 @@ def main() -> int:
 
     weights = list(stage.parameters())
 
-    def train(held: int = 1) -> None:  # held: forwards kept before their backwards, as a pipeline stage keeps them
+    def train() -> None:
         stage.zero_grad(set_to_none=True)
         inputs = x.detach().requires_grad_(sends_gradient)  # a new tensor, as a received one is: it gets the hooks
-        outs = []
-        for _ in range(held):
-            with saved_bytes(weights):  # as a stage's forward runs: its memory ledger counts what autograd saves
-                outs.append(stage(inputs))
-        for out in outs:
-            if is_last:
-                torch.nn.functional.cross_entropy(out, y).backward()
-            else:
-                out.backward(gradient)
+        with saved_bytes(weights):  # as a stage's forward runs: its memory ledger counts what autograd saves
+            out = stage(inputs)
+        if is_last:
+            torch.nn.functional.cross_entropy(out, y).backward()
+        else:
+            out.backward(gradient)
 
     def infer() -> None:  # as a streaming stage runs (.stream_stage)
         with torch.no_grad():
@@ -111,7 +107,9 @@ def main() -> int:
     carried = carried_per_step(x.detach(), output, first, is_last, args.objective)  # what its links seal and open
     # with a stage's hooks (.stage: each layer checks for an abort), as its passes run in the pipeline
     with abort_between_layers(stage, never_aborted), LoopbackLinks() as links:
-        first_touch = first_touch_cpu_s_per_byte(lambda: train(max(1, args.held)) if training else infer())
+        for _ in range(2):  # at the start-up quota: what the first steps map and set up is not in the timed ones
+            step()
+        first_touch = first_touch_cpu_s_per_byte()
         links.carry(carried)
         write_line(sys.stdout, Timed(None, first_touch))  # ready
         read_line(sys.stdin.readline(), CALIBRATION_REQUESTS)  # Go, or MalformedMessage

@@ -60,7 +60,7 @@ class Go:
 @message("timed")
 class Timed:
     seconds_per_step: float | None  # None: ready to time (its work built, its first step run)
-    # ready: the first step's CPU beyond a later step's, per byte it mapped for the first time (None: nothing mapped)
+    # ready: the CPU per byte of a fresh mapping's first write beyond its second (.process_memory); timed: None
     first_touch_cpu_s_per_byte: float | None = None
     # timed: the process's CPU seconds a step (every thread: the step's, torch's, the links'); None: not measured
     cpu_s_per_step: float | None = None
