@@ -78,7 +78,7 @@ def first_touch_cpu_s_per_byte(sample_bytes: int = FIRST_TOUCH_SAMPLE_BYTES,
     Nanos and 14.8 in the next (2026-12-03 22:21 and 2026-12-04 02:17, ecofl-3stage); the replayed round after a kill
     then took 1.2 s longer than the rounds after it, predicted 22.5 s longer. The median, because a process's
     first mapping now and then costs far more than its next ones: on the 2-core test host (2026-12-04) the first
-    read 2.2-16 ms of CPU a MiB in 10 of 42 processes, every later one 0.7-1.2."""
+    read 1.5-16 ms of CPU a MiB in 11 of 45 processes, the others' first and every later one 0.7-1.3."""
     data = b"\x01" * sample_bytes  # made before the clock starts: its own pages are not the sample's
     per_byte = []
     for _ in range(samples):
