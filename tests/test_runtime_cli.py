@@ -35,6 +35,34 @@ def test_home_train_json_and_timeline(tmp_path, capsys):
     assert timeline.stat().st_size > 0
 
 
+def test_home_train_timeline_as_json_holds_every_pass(tmp_path, capsys):
+    timeline = tmp_path / "timeline.json"
+    assert main(["home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",
+                 "--batch", "16", "--micro-batch", "4", "--rounds", "2", "--json", "--timeline", str(timeline),
+                 "--cache-dir", str(tmp_path), "--emulate", "sleep"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    events = json.loads(timeline.read_text())["events"]
+    passes = [e for e in events if e["kind"] in ("F", "B")]
+    # every device runs a forward and a backward of each of its micro-batches, every round
+    assert len(passes) == 2 * 2 * report["num_micro_batches"] * 2
+    assert {e["device_name"] for e in passes} == {"nano-10w", "tx2-maxn"}
+    assert all(e["end"] >= e["start"] for e in events)
+
+
+@pytest.mark.parametrize("name", ["timeline.jsn", "timeline.txt"])
+def test_home_train_timeline_of_unknown_kind_fails_before_training(name, tmp_path, capsys):
+    assert main(["home", "train", "--model", "cnn", "--pool", "nano-10w", "--dataset", "digits",
+                 "--timeline", str(tmp_path / name)]) == 2
+    assert name in capsys.readouterr().err and not (tmp_path / "outputs").exists()
+
+
+def test_image_formats_are_ones_matplotlib_draws():
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from ecofl.cli.options import IMAGE_FORMATS
+    assert set(IMAGE_FORMATS) <= set(FigureCanvasBase.get_supported_filetypes())
+
+
 def test_home_train_user_error_is_one_line(capsys):
     assert main(["home", "train", "--model", "cnn", "--pool", "no-such-pool", "--dataset", "digits"]) == 2
     err = capsys.readouterr().err

@@ -71,9 +71,26 @@ def add_emulation(parser: argparse.ArgumentParser, default: str | None = None, h
                        help="the same as --emulate none")
 
 
-def add_image(parser: argparse.ArgumentParser, option: str, what: str) -> None:
-    parser.add_argument(option, default=None, metavar="FILE",
-                        help=f"write {what} as PNG (a bare file name goes under outputs/)")
+IMAGE_FORMATS = ("png", "svg", "pdf", "eps", "ps", "jpg", "jpeg")  # matplotlib draws these without extras
+
+
+def add_image(parser: argparse.ArgumentParser, option: str, what: str, data: tuple[str, ...] = ()) -> None:
+    """An option naming the file ``what`` is drawn into, by its suffix (none: PNG); ``data`` are the suffixes
+    written as data instead. A suffix that is neither fails as the command starts, not after its work."""
+    formats = IMAGE_FORMATS + data
+    also = f"; {', '.join('.' + f for f in data)} writes the data" if data else ""
+    parser.add_argument(option, default=None, metavar="FILE", type=_suffix_in(formats),
+                        help=f"write {what} as PNG, or by its suffix: {', '.join('.' + f for f in IMAGE_FORMATS)}"
+                             f"{also} (a bare file name goes under outputs/)")
+
+
+def _suffix_in(formats: tuple[str, ...]):
+    def file_name(text: str) -> str:
+        suffix = Path(text).suffix.lower().lstrip(".")
+        if suffix and suffix not in formats:
+            raise argparse.ArgumentTypeError(f"{text!r}: a file ending in {', '.join('.' + f for f in formats)}")
+        return text
+    return file_name
 
 
 def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -174,7 +191,7 @@ def add_home_train(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds any step may take before failing")
     parser.add_argument("--cache-dir", default=None, help=PROFILE_CACHE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_image(parser, "--timeline", "the measured timeline")
+    add_image(parser, "--timeline", "the measured timeline", data=("json",))
     parser.add_argument("--inject", action="append", default=[], metavar="EVENT",
                         help=f"{names.INJECTION_SYNTAX} (repeatable; turns fault tolerance on). A kill or freeze "
                              f"strikes as sync-round R starts, or, with a PHASE, when device D reaches its K-th "
@@ -207,7 +224,7 @@ def add_home_infer(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds any step may take before failing")
     parser.add_argument("--cache-dir", default=None, help=PROFILE_CACHE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_image(parser, "--timeline", "the measured timeline")
+    add_image(parser, "--timeline", "the measured timeline", data=("json",))
     runs(parser, "home_infer")
 
 
