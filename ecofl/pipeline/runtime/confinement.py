@@ -23,9 +23,7 @@ memory limit is told apart from a kill or a crash (:meth:`Confinement.out_of_mem
 While any device is confined, an idle-priority spinner keeps each of this
 machine's cores awake (:class:`~ecofl.awake_cores.AwakeCores`): a halted
 core would otherwise slow every slice of a device's quota by a quarter, and
-unevenly. Once ready, each device's worker is held on host cores of its own
-(:mod:`ecofl.core_placement`), as a real board's next slice starts on its
-own warm core.
+unevenly.
 
 A pool is refused when its quotas do not fit this machine's cores with
 :data:`PORTAL_RESERVE_CORES` left for the portal (Eco-FL §3: the portal
@@ -39,7 +37,6 @@ import os
 from collections.abc import Mapping
 
 from ecofl.awake_cores import AwakeCores
-from ecofl.core_placement import hold_on_cores, pinning_enabled, place_on_cores
 from ecofl.cgroups import DeviceCgroup, DeviceLimits, Hierarchy, find_hierarchy, remove_stale
 from ecofl.devices import HomePool, host_cores
 from ecofl.errors import UserError
@@ -67,8 +64,6 @@ class Confinement:
         self.throttled: set[int] = set()  # devices under their own quota (ready workers)
         self.slowdowns: dict[int, float] = {}
         self.awake = AwakeCores()  # running while any device has a cgroup
-        cpus = sorted(os.sched_getaffinity(0))
-        self.placement = place_on_cores({d: limit.cores for d, limit in self.limits.items()}, cpus)
         remove_stale(hierarchy)
 
     @classmethod
@@ -93,14 +88,11 @@ class Confinement:
         return self.groups[device], {"OMP_NUM_THREADS": threads, THREADS_ENV: threads}
 
     def throttle(self, device: int) -> None:
-        """``device``'s worker is ready: from now on its quota, its budget on top of what it holds now, and its
-        host cores."""
+        """``device``'s worker is ready: from now on its quota, and its budget on top of what it holds now."""
         group = self.groups[device]
         group.set_memory(self.limits[device].memory_bytes + group.memory_usage_bytes())
         self.throttled.add(device)
         self._set_quota(device)
-        if pinning_enabled():
-            hold_on_cores(group.pids(), self.placement[device])
 
     def slow(self, device: int, factor: float) -> None:
         """Divide ``device``'s CPU quota by ``factor`` (a load spike), for good."""
@@ -125,7 +117,6 @@ class Confinement:
         return {"cgroup": self.name, "cpu_quota": round(group.cores, 4),
                 "memory_budget_bytes": self.limits[device].memory_bytes,
                 "memory_limit_bytes": group.memory_limit_bytes, "cgroup_peak_bytes": group.peak_memory_bytes(),
-                "host_cores": list(self.placement[device]) if pinning_enabled() else None,
                 **group.throttling()}
 
     def release(self, device: int) -> None:
