@@ -53,7 +53,7 @@ def test_home_train_timeline_as_json_holds_every_pass(tmp_path, capsys):
 def test_home_train_timeline_of_unknown_kind_fails_before_training(name, tmp_path, capsys):
     assert main(["home", "train", "--model", "cnn", "--pool", "nano-10w", "--dataset", "digits",
                  "--timeline", str(tmp_path / name)]) == 2
-    assert name in capsys.readouterr().err and not (tmp_path / "outputs").exists()
+    assert name in capsys.readouterr().err and not (tmp_path / name).exists()
 
 
 def test_image_formats_are_ones_matplotlib_draws():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from ecofl import names
@@ -84,7 +85,8 @@ def add_image(parser: argparse.ArgumentParser, option: str, what: str, data: tup
                              f"{also} (a bare file name goes under outputs/)")
 
 
-def _suffix_in(formats: tuple[str, ...]):
+def _suffix_in(formats: tuple[str, ...]) -> Callable[[str], str]:
+    """An argparse type: the file name as given, if its suffix (any) is one of ``formats``."""
     def file_name(text: str) -> str:
         suffix = Path(text).suffix.lower().lstrip(".")
         if suffix and suffix not in formats:
