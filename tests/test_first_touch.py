@@ -39,8 +39,10 @@ def test_a_stage_faults_its_stash_in_its_first_round_only():
     settings = {"input_shape": [1, 28, 28], "rounds": 3, "before": [9, 13, 2, 2, 2], "after": [0, 3, 8, 3, 3]}
     rounds = rounds_of(settings, None)
     assert len(rounds) == 3 and all(r["wall_s"] > 0 and r["cpu_s"] > 0 for r in rounds)
-    assert rounds[0]["minor_faults"] > 10 * max(r["minor_faults"] for r in rounds[1:])
-    assert rounds[0]["mapped_bytes"] > 10 * max(r["mapped_bytes"] for r in rounds[1:])
+    # A later round still maps a few MiB now and then (0-14 MiB against the first's 131-137, 2026-12-04); without
+    # the kept memory it would map as much as the first.
+    assert rounds[0]["minor_faults"] > 5 * max(r["minor_faults"] for r in rounds[1:])
+    assert rounds[0]["mapped_bytes"] > 5 * max(r["mapped_bytes"] for r in rounds[1:])
 
 
 def test_one_round_cannot_be_compared(capsys):
