@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -180,9 +181,9 @@ class CountingBucket(TokenBucket):
         super().__init__(1e12)
         self.sent = 0
 
-    def consume(self, nbytes: int, abort=None) -> None:
+    def reserve(self, nbytes: int) -> float:
         self.sent += nbytes
-        super().consume(nbytes, abort)
+        return super().reserve(nbytes)
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -234,10 +235,45 @@ def test_a_tensor_header_announcing_absurd_bytes_fails_the_link_at_once(dims):
     message carries, or overflowing 64 bits: the wait for it ends with PeerLost, nothing allocated, no timeout."""
     listeners, (a, b) = meshes(2)
     try:
-        header = HEADER.pack(5, DTYPES.index(torch.float32), len(dims), *dims, *[0] * (MAX_DIMS - len(dims)))
+        header = HEADER.pack(0.0, 5, DTYPES.index(torch.float32), len(dims), *dims, *[0] * (MAX_DIMS - len(dims)))
         a.links[1].channel.sendall(header)
         with pytest.raises(PeerLost, match="announced"):
             b.recv(0, tag=5, timeout_s=60)
+    finally:
+        close_all(listeners, [a, b])
+
+
+@pytest.mark.parametrize("due", [float("nan"), float("inf")])
+def test_a_tensor_header_with_no_moment_to_hand_it_out_fails_the_link_at_once(due):
+    """A header whose hand-out time is not a number would hold its tensor forever: the link fails instead."""
+    listeners, (a, b) = meshes(2)
+    try:
+        a.links[1].channel.sendall(HEADER.pack(due, 5, DTYPES.index(torch.float32), 1, 4, *[0] * (MAX_DIMS - 1)))
+        with pytest.raises(PeerLost, match="malformed"):
+            b.recv(0, tag=5, timeout_s=60)
+    finally:
+        close_all(listeners, [a, b])
+
+
+def test_an_emulated_link_holds_a_tensor_at_the_receiver_not_the_sender():
+    """A foreground post on an emulated link leaves its sender at once (one wake of its sender thread, not
+    a sleep for the link's time and a second wake) and is handed out no sooner than the link could have
+    carried it, posts back to back one link time after the other; its ticket ends when the link has."""
+    listeners, (a, b) = meshes(2)
+    try:
+        link = TokenBucket(256 << 10, burst_bytes=0)  # 256 KiB/s: each post below takes a second
+        posted = time.monotonic()
+        tickets = [a.send(1, torch.full((64 << 10,), float(i)), 3, link) for i in range(2)]
+        assert all(t.done.wait(30) for t in tickets)
+        left_after = time.monotonic() - posted
+        first = b.recv(0, 3)
+        first_at = time.monotonic() - posted
+        second = b.recv(0, 3)
+        second_at = time.monotonic() - posted
+        assert torch.equal(first, torch.zeros(64 << 10)) and torch.equal(second, torch.ones(64 << 10))
+        assert first_at >= 1.0 and second_at >= 2.0  # the link's time, at the receiver
+        assert left_after < 1.0  # the sender did not sleep out even the first post's
+        assert tickets[1].end - tickets[0].start >= 2.0 - 0.01  # a ticket's end: when the link has carried it
     finally:
         close_all(listeners, [a, b])
 

@@ -3,8 +3,8 @@
 Asteroid's worker (Fig. 11) receives and dispatches asynchronously; a
 :class:`PeerLink` is that for one peer. Its **sender** thread sends posted
 tensors in FIFO order, each optionally paced by an emulated link's token
-bucket, and marks each post's :class:`Ticket` done when its bytes are handed
-to the kernel. Its **reader** thread receives whatever the peer sends as soon
+bucket (see below), and marks each post's :class:`Ticket` done when its
+bytes are handed to the kernel. Its **reader** thread receives whatever the peer sends as soon
 as it arrives and files it under its tag (the task pool); :meth:`PeerLink.take`
 hands out a tag's tensors in the order they were sent. Tags say what a tensor
 is: a micro-batch's activation or gradient (the micro-batch index), a
@@ -21,8 +21,21 @@ where it waited behind a whole piece (50 ms of the link) before. A link the
 kernel paces (no bucket) sends a background piece whole. Posts of one kind
 leave in the order they were posted.
 
-A tensor travels as a fixed header (tag, dtype, shape) and its raw bytes on
-the link's :class:`~ecofl.net.sealed.SealedSocket`; nothing is unpickled.
+On an emulated link a foreground post is not held back by its sender: the
+sender seals and writes it at once and stamps it with the moment the link
+would have carried it (the token bucket's FIFO reservation,
+``time.monotonic()``, one clock for every process of this host), and the
+receiver hands it out from that moment. A confined device's sender thread
+then wakes once per post, not once to sleep out the link's time and again
+to write: each wake of a throttled cgroup's thread may wait out a CFS
+period (40 ms on a device of 0.025 cores), and the pipeline's hand-offs
+waited two or three of them (docs/pipeline.md, "Hand-offs held by the
+receiver"). Background pieces are still paced by their sender, so that a
+foreground post can overtake the piece under way.
+
+A tensor travels as a fixed header (when it may be handed out, tag, dtype,
+shape) and its raw bytes on the link's
+:class:`~ecofl.net.sealed.SealedSocket`; nothing is unpickled.
 The reader opens a tensor into new memory, or, for byte pieces under a tag a
 receiver announced a buffer for (:meth:`PeerLink.receive_into`), straight
 into that buffer's next bytes: a replica or a migrated stage is opened where
@@ -36,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import queue
 import struct
 import threading
@@ -71,8 +85,9 @@ def never_aborted() -> None:
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.uint8,
           torch.bool)
 MAX_DIMS = 8
-#: tag, dtype code, number of dimensions, the dimensions (unused ones 0).
-HEADER = struct.Struct(f"<qBB{MAX_DIMS}q")
+#: when the receiver may hand it out (``time.monotonic()``; 0: at once), tag, dtype code, number of dimensions,
+#: the dimensions (unused ones 0).
+HEADER = struct.Struct(f"<dqBB{MAX_DIMS}q")
 #: Tensors up to this size travel in one record with their header.
 SMALL_BYTES = 64 << 10
 #: Tags above every micro-batch index: a replica of a stage, a migrated layer, an all-reduce's chunks.
@@ -132,7 +147,9 @@ class PeerLink:
         #: (priority, post number, post or None to stop); the post number keeps posts of one priority in order.
         self._outbox: queue.PriorityQueue[tuple[int, int, Post | None]] = queue.PriorityQueue()
         self._posted = itertools.count()
-        self._inbox: dict[int, collections.deque[torch.Tensor]] = collections.defaultdict(collections.deque)
+        #: tag -> (tensor, when it may be handed out: ``time.monotonic()``) in the order they arrived
+        self._inbox: dict[int, collections.deque[tuple[torch.Tensor, float]]] = collections.defaultdict(
+            collections.deque)
         self._arrived = threading.Condition()
         #: tag -> the buffers announced for its pieces, as [buffer, bytes filled], the one being filled first
         self._buffers: dict[int, collections.deque[list]] = collections.defaultdict(collections.deque)
@@ -192,17 +209,18 @@ class PeerLink:
 
     def _send(self, entry: tuple[int, int, Post]) -> None:
         priority, _, (tensor, tag, bucket, ticket) = entry
-        ticket.start = time.time()
+        ticket.start, due = time.time(), 0.0
         try:
             if self.error is not None:
                 raise self.error
             payload = host_array(tensor.contiguous().reshape(-1).view(torch.uint8))
+            due = 0.0  # when the emulated link has carried it: the receiver holds it until then
             if bucket is not None and priority == BACKGROUND:
                 self._pace_yielding(payload.nbytes, bucket)
             elif bucket is not None:
-                bucket.consume(payload.nbytes)
+                due = bucket.reserve(payload.nbytes)
             dims = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
-            header = HEADER.pack(tag, DTYPES.index(tensor.dtype), tensor.dim(), *dims)
+            header = HEADER.pack(due, tag, DTYPES.index(tensor.dtype), tensor.dim(), *dims)
             if payload.nbytes <= SMALL_BYTES:
                 self.channel.sendall(header + payload.tobytes())
             else:
@@ -213,7 +231,7 @@ class PeerLink:
             ticket.error = self.error
         except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the ticket
             ticket.error = error
-        ticket.end = time.time()
+        ticket.end = time.time() + max(0.0, due - time.monotonic())  # an emulated link's: when it has carried it
         ticket.finish()
 
     def _pace_yielding(self, nbytes: int, bucket: TokenBucket) -> None:
@@ -251,12 +269,12 @@ class PeerLink:
         try:
             while True:
                 header = recv_exactly(self.channel, HEADER.size)
-                tag, code, ndim, *dims = HEADER.unpack(header)
-                if code >= len(DTYPES) or ndim > MAX_DIMS:
+                due, tag, code, ndim, *dims = HEADER.unpack(header)
+                if code >= len(DTYPES) or ndim > MAX_DIMS or not math.isfinite(due):
                     raise ChannelClosed(f"rank {self.peer} sent a malformed tensor header")
                 dtype, shape = DTYPES[code], tuple(dims[:ndim])
                 nbytes = announced_bytes(shape, torch.empty((), dtype=dtype).element_size())
-                room, completed = self._room_for(tag, nbytes, dtype == torch.uint8 and ndim == 1)
+                room, completed = self._room_for(tag, nbytes, dtype == torch.uint8 and ndim == 1, due)
                 raw = room if room is not None else torch.empty(nbytes, dtype=torch.uint8)
                 if raw.numel():
                     recv_exactly(self.channel, raw.numel(), host_array(raw))
@@ -264,7 +282,7 @@ class PeerLink:
                 with self._arrived:
                     self._opening = None
                     if arrived is not None:  # a piece opened into an announced buffer arrives with its last one
-                        self._inbox[tag].append(arrived)
+                        self._inbox[tag].append((arrived, due))
                         self._arrived.notify_all()
         except (OSError, ChannelClosed, ValueError, RuntimeError) as error:  # RuntimeError: no memory for it
             self._fail(f"receiving from rank {self.peer}: {error}")
@@ -288,11 +306,13 @@ class PeerLink:
         with self._arrived:
             self._buffers[tag] = collections.deque(b for b in self._buffers[tag] if b[0] is not buffer)
 
-    def _room_for(self, tag: int, nbytes: int, is_bytes: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _room_for(self, tag: int, nbytes: int, is_bytes: bool, due: float
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Where the reader opens a tensor of ``nbytes`` under ``tag``: the next bytes of the first buffer
         announced under it (a byte piece), and that buffer if they fill it (no longer announced then). (None,
         None): new memory, where none is announced, the piece is not bytes or the buffer has too little room
-        (the part of it filled so far is handed out, and it is no longer announced)."""
+        (the part of it filled so far is handed out from ``due``, the new piece's time, and it is no longer
+        announced)."""
         with self._arrived:
             self._opening = tag
             if not is_bytes or not nbytes or not (waiting := self._buffers.get(tag)):
@@ -301,7 +321,7 @@ class PeerLink:
             if filled + nbytes > buffer.numel():
                 waiting.popleft()
                 if filled:
-                    self._inbox[tag].append(buffer[:filled])
+                    self._inbox[tag].append((buffer[:filled], due))
                 return None, None
             waiting[0][1] = filled + nbytes
             if filled + nbytes == buffer.numel():
@@ -311,21 +331,29 @@ class PeerLink:
 
     def take(self, tag: int, timeout_s: float, abort: AbortCheck = never_aborted, poll_s: float = POLL_S
              ) -> torch.Tensor:
-        """The next tensor the peer sent under ``tag``; PeerLost if the link broke first, TimeoutError after
-        ``timeout_s``. ``abort`` is checked every ``poll_s`` while nothing arrives, and at every :meth:`wake`
-        (each check wakes the thread, about 0.05-0.1 ms of CPU on this project's 2-core host: a wait whose
-        aborts wake it polls seldom)."""
+        """The next tensor the peer sent under ``tag``, once its emulated link has carried it; PeerLost if the
+        link broke before it arrived, TimeoutError after ``timeout_s``. ``abort`` is checked every ``poll_s``
+        while nothing arrives, and at every :meth:`wake` (each check wakes the thread, about 0.05-0.1 ms of CPU
+        on this project's 2-core host: a wait whose aborts wake it polls seldom)."""
         deadline = time.monotonic() + timeout_s
         with self._arrived:
-            while not self._inbox[tag]:
-                if self.error is not None:
+            while True:
+                waiting = self._inbox[tag]
+                hold = waiting[0][1] - time.monotonic() if waiting else poll_s
+                if hold <= 0:
+                    return waiting.popleft()[0]
+                if not waiting and self.error is not None:
                     raise self.error
-                self._arrived.wait(poll_s)
-                if not self._inbox[tag]:
+                self._arrived.wait(min(hold, poll_s))
+                if not self._ready(tag):
                     abort()
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"nothing arrived from rank {self.peer} within {timeout_s:.0f} s")
-            return self._inbox[tag].popleft()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"nothing arrived from rank {self.peer} within {timeout_s:.0f} s")
+
+    def _ready(self, tag: int) -> bool:
+        """Whether a tensor under ``tag`` may be handed out now (caller holds ``_arrived``)."""
+        waiting = self._inbox[tag]
+        return bool(waiting) and waiting[0][1] <= time.monotonic()
 
     def wake(self) -> None:
         """Have every :meth:`take` waiting on this link check its abort now."""

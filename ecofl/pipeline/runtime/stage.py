@@ -5,7 +5,13 @@ the portal (stage 0, ``load``) or from the previous stage's devices
 (``recv_activation``), a backward's output gradient from the loss (last
 stage) or from the next stage's devices (``recv_grad``), both taken from
 what the tensor links' reader threads received (:mod:`ecofl.net.mesh`); ``send_*``
-post results to the links' sender threads. Gradients accumulate over the
+post results to the links' sender threads. A device of less than one core
+(a confined one) has no core to spare for its sender threads, which share
+its quota with its passes: it waits until they have sealed and written
+each hand-off before it computes on (on an emulated link the receiver
+holds it for the link's time, :mod:`ecofl.net.links`), so that a hand-off
+goes first and does not trickle out beside its next pass, a CFS period of
+the quota at a time (docs/pipeline.md, "Hand-offs first"). Gradients accumulate over the
 sync-round's micro-batches and the weights update once, at the pipeline
 flush (Eco-FL §4.1): in a replicated stage the devices first sum their
 gradients with an all-reduce. The last stage scales each sample's
@@ -215,6 +221,16 @@ class ShareExecutor:
             part = out[p.lo - self.role.lo : p.hi - self.role.lo]
             r.sends.append((m, self.mesh.send(p.rank, part, m, self.links[p.rank])))
             self.reached("send")
+        self._hand_off_first(r)
+
+    def _hand_off_first(self, r: "_SyncRound") -> None:
+        """On a device of less than one core, wait until the hand-offs just posted have left (sealed and written,
+        not carried: the receiver holds an emulated link's time); a device with cores to spare computes on."""
+        if self.pace.cores is None or self.pace.cores >= 1:
+            return
+        for _, ticket in r.sends[r.handed_off:]:
+            ticket.wait(self.timeout_s, self.abort, "a send to the next or previous stage")
+        r.handed_off = len(r.sends)
 
     def _recv_grad(self, r: "_SyncRound", m: int) -> None:
         r.output_grads[m] = torch.cat([self.mesh.recv(p.rank, m, self.timeout_s, self.abort)
@@ -239,6 +255,7 @@ class ShareExecutor:
             part = grad[p.lo - self.role.lo : p.hi - self.role.lo]
             r.sends.append((m, self.mesh.send(p.rank, part, m, self.links[p.rank])))
             self.reached("send")
+        self._hand_off_first(r)
 
     def _reduce_grads(self, r: "_SyncRound", m: int) -> None:
         """Sum gradients over the stage's replicas, average float buffers by share (Asteroid §4)."""
@@ -307,6 +324,7 @@ class _SyncRound:
         self.inputs, self.labels, self.batch_size, self.start = inputs, labels, batch_size, start
         self.stats, self.ledger = stats, ledger
         self.sends: list[tuple[int, Ticket]] = []  # (micro-batch, its posted send)
+        self.handed_off = 0  # how many of the sends have left (waited for where hand-offs go first)
         self.received: dict[int, torch.Tensor] = {}  # micro-batch -> forward input
         self.stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # micro-batch -> (input, output) until backward
         self.output_grads: dict[int, torch.Tensor] = {}
