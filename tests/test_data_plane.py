@@ -243,12 +243,12 @@ def test_a_tensor_header_announcing_absurd_bytes_fails_the_link_at_once(dims):
         close_all(listeners, [a, b])
 
 
-@pytest.mark.parametrize("due", [float("nan"), float("inf")])
-def test_a_tensor_header_with_no_moment_to_hand_it_out_fails_the_link_at_once(due):
-    """A header whose hand-out time is not a number would hold its tensor forever: the link fails instead."""
+@pytest.mark.parametrize("hold", [float("nan"), float("inf"), -1.0])
+def test_a_tensor_header_with_no_time_to_hold_it_fails_the_link_at_once(hold):
+    """A header whose hold is not a number of seconds would hold its tensor forever: the link fails instead."""
     listeners, (a, b) = meshes(2)
     try:
-        a.links[1].channel.sendall(HEADER.pack(due, 5, DTYPES.index(torch.float32), 1, 4, *[0] * (MAX_DIMS - 1)))
+        a.links[1].channel.sendall(HEADER.pack(hold, 5, DTYPES.index(torch.float32), 1, 4, *[0] * (MAX_DIMS - 1)))
         with pytest.raises(PeerLost, match="malformed"):
             b.recv(0, tag=5, timeout_s=60)
     finally:

@@ -22,10 +22,11 @@ kernel paces (no bucket) sends a background piece whole. Posts of one kind
 leave in the order they were posted.
 
 On an emulated link a foreground post is not held back by its sender: the
-sender seals and writes it at once and stamps it with the moment the link
-would have carried it (the token bucket's FIFO reservation,
-``time.monotonic()``, one clock for every process of this host), and the
-receiver hands it out from that moment. A confined device's sender thread
+sender seals and writes it at once and stamps it with how much longer the
+link would take to carry it (the token bucket's FIFO reservation, less the
+moment it is written), and the receiver hands it out that much after it
+read the stamp: the same moment on one host, the emulated link's time on
+top of a real network's between two (no clock is shared). A confined device's sender thread
 then wakes once per post, not once to sleep out the link's time and again
 to write: each wake of a throttled cgroup's thread may wait out a CFS
 period (40 ms on a device of 0.025 cores), and the pipeline's hand-offs
@@ -33,8 +34,7 @@ waited two or three of them (docs/pipeline.md, "Hand-offs held by the
 receiver"). Background pieces are still paced by their sender, so that a
 foreground post can overtake the piece under way.
 
-A tensor travels as a fixed header (when it may be handed out, tag, dtype,
-shape) and its raw bytes on the link's
+A tensor travels as a fixed header (how long to hold it, tag, dtype, shape) and its raw bytes on the link's
 :class:`~ecofl.net.sealed.SealedSocket`; nothing is unpickled.
 The reader opens a tensor into new memory, or, for byte pieces under a tag a
 receiver announced a buffer for (:meth:`PeerLink.receive_into`), straight
@@ -85,7 +85,7 @@ def never_aborted() -> None:
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.uint8,
           torch.bool)
 MAX_DIMS = 8
-#: when the receiver may hand it out (``time.monotonic()``; 0: at once), tag, dtype code, number of dimensions,
+#: seconds the receiver holds it from reading this header (0: none), tag, dtype code, number of dimensions,
 #: the dimensions (unused ones 0).
 HEADER = struct.Struct(f"<dqBB{MAX_DIMS}q")
 #: Tensors up to this size travel in one record with their header.
@@ -214,13 +214,13 @@ class PeerLink:
             if self.error is not None:
                 raise self.error
             payload = host_array(tensor.contiguous().reshape(-1).view(torch.uint8))
-            due = 0.0  # when the emulated link has carried it: the receiver holds it until then
             if bucket is not None and priority == BACKGROUND:
                 self._pace_yielding(payload.nbytes, bucket)
             elif bucket is not None:
-                due = bucket.reserve(payload.nbytes)
+                due = bucket.reserve(payload.nbytes)  # when the emulated link has carried it
             dims = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
-            header = HEADER.pack(due, tag, DTYPES.index(tensor.dtype), tensor.dim(), *dims)
+            hold = max(0.0, due - time.monotonic())  # the receiver holds it this long
+            header = HEADER.pack(hold, tag, DTYPES.index(tensor.dtype), tensor.dim(), *dims)
             if payload.nbytes <= SMALL_BYTES:
                 self.channel.sendall(header + payload.tobytes())
             else:
@@ -269,9 +269,10 @@ class PeerLink:
         try:
             while True:
                 header = recv_exactly(self.channel, HEADER.size)
-                due, tag, code, ndim, *dims = HEADER.unpack(header)
-                if code >= len(DTYPES) or ndim > MAX_DIMS or not math.isfinite(due):
+                hold, tag, code, ndim, *dims = HEADER.unpack(header)
+                if code >= len(DTYPES) or ndim > MAX_DIMS or not 0 <= hold < math.inf:
                     raise ChannelClosed(f"rank {self.peer} sent a malformed tensor header")
+                due = time.monotonic() + hold  # when it may be handed out
                 dtype, shape = DTYPES[code], tuple(dims[:ndim])
                 nbytes = announced_bytes(shape, torch.empty((), dtype=dtype).element_size())
                 room, completed = self._room_for(tag, nbytes, dtype == torch.uint8 and ndim == 1, due)
