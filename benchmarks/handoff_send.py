@@ -14,7 +14,7 @@ alternating, ``--repeats`` times each:
 
 - ``computes on``: post and start the next pass (a device with cores to spare);
 - ``hand-off first``: post, wait until the sender thread has sealed and written it, then compute on (what
-  :mod:`ecofl.pipeline.runtime.stage` does on a device of less than one core).
+  :mod:`ecofl.pipeline.runtime.hand_off` does on a device of less than one core).
 
 Reported: the hand-off's delay beyond its link time (posted to handed out at
 the receiver, less ``bytes / rate``) and the passes the device completed a

@@ -21,7 +21,7 @@ from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.emulation import MemoryLedger
 from ecofl.pipeline.runtime import prediction
 from ecofl.pipeline.runtime.errors import EmulatedOOM
-from ecofl.pipeline.runtime.stage import ShareExecutor
+from ecofl.pipeline.runtime.hand_off import hand_off_first
 from ecofl.pipeline.runtime.topology import Peer, WorkerRole, worker_roles
 from ecofl.pipeline.schedule import one_f_one_b
 from pipeline_kit import PROFILE, THREE_STAGES, pool
@@ -131,35 +131,25 @@ def test_the_prediction_carries_the_runtimes_overheads_where_devices_compute_for
     assert mode == "sleep" or predicted.sync_round_s > plain.sync_round_s
 
 
-def _executor_with_sends(cores: float | None, count: int):
-    """A share executor of a device of ``cores`` (None: not confined) with ``count`` hand-offs posted, not left."""
-    executor = object.__new__(ShareExecutor)  # only its hand-off policy runs: no model, no mesh
-    executor.pace, executor.timeout_s, executor.abort = CpuPace(cores), 30.0, never_aborted
-    sync_round = type("Round", (), {})()
-    sync_round.sends, sync_round.handed_off = [(m, Ticket()) for m in range(count)], 0
-    return executor, sync_round
-
 
 @pytest.mark.parametrize("cores", [0.025, 0.5])
 def test_a_device_of_less_than_a_core_computes_on_only_once_its_hand_offs_have_left(cores):
     """Its sender threads share its quota with its passes: the hand-off goes first (docs/pipeline.md)."""
-    executor, sync_round = _executor_with_sends(cores, 2)
-    left = []
+    tickets, left = [Ticket(), Ticket()], []
 
     def leave() -> None:
         time.sleep(0.2)
-        for _, ticket in sync_round.sends:
+        for ticket in tickets:
             left.append(ticket)
             ticket.finish()
 
     threading.Thread(target=leave).start()
-    executor._hand_off_first(sync_round)
-    assert len(left) == 2 and all(t.done.is_set() for _, t in sync_round.sends)
-    assert sync_round.handed_off == 2  # the next pass's hand-offs are the only ones it waits for then
+    hand_off_first(CpuPace(cores), tickets, 30.0, never_aborted)
+    assert len(left) == 2 and all(t.done.is_set() for t in tickets)
 
 
 @pytest.mark.parametrize("cores", [None, 1.0, 2.0])
 def test_a_device_with_a_core_to_spare_computes_on_while_its_hand_offs_leave(cores):
-    executor, sync_round = _executor_with_sends(cores, 2)
-    executor._hand_off_first(sync_round)  # returns although no send has left
-    assert not any(t.done.is_set() for _, t in sync_round.sends)
+    tickets = [Ticket(), Ticket()]
+    hand_off_first(CpuPace(cores), tickets, 30.0, never_aborted)  # returns although no send has left
+    assert not any(t.done.is_set() for t in tickets)

@@ -5,13 +5,8 @@ the portal (stage 0, ``load``) or from the previous stage's devices
 (``recv_activation``), a backward's output gradient from the loss (last
 stage) or from the next stage's devices (``recv_grad``), both taken from
 what the tensor links' reader threads received (:mod:`ecofl.net.mesh`); ``send_*``
-post results to the links' sender threads. A device of less than one core
-(a confined one) has no core to spare for its sender threads, which share
-its quota with its passes: it waits until they have sealed and written
-each hand-off before it computes on (on an emulated link the receiver
-holds it for the link's time, :mod:`ecofl.net.links`), so that a hand-off
-goes first and does not trickle out beside its next pass, a CFS period of
-the quota at a time (docs/pipeline.md, "Hand-offs first"). Gradients accumulate over the
+post results to the links' sender threads; a device of less than one core
+waits for them to leave before it computes on (:mod:`.hand_off`). Gradients accumulate over the
 sync-round's micro-batches and the weights update once, at the pipeline
 flush (Eco-FL §4.1): in a replicated stage the devices first sum their
 gradients with an all-reduce. The last stage scales each sample's
@@ -57,6 +52,7 @@ from ecofl.pipeline.instructions import (
 )
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.cpu_pace import CpuPace
+from ecofl.pipeline.runtime.hand_off import hand_off_first
 from ecofl.pipeline.runtime.emulation import MemoryLedger, dilate, saved_bytes
 from ecofl.pipeline.runtime.layer_abort import abort_between_layers
 from ecofl.pipeline.runtime.topology import WorkerRole
@@ -224,12 +220,8 @@ class ShareExecutor:
         self._hand_off_first(r)
 
     def _hand_off_first(self, r: "_SyncRound") -> None:
-        """On a device of less than one core, wait until the hand-offs just posted have left (sealed and written,
-        not carried: the receiver holds an emulated link's time); a device with cores to spare computes on."""
-        if self.pace.cores is None or self.pace.cores >= 1:
-            return
-        for _, ticket in r.sends[r.handed_off:]:
-            ticket.wait(self.timeout_s, self.abort, "a send to the next or previous stage")
+        """The hand-offs just posted leave before the next pass, on a device of less than one core."""
+        hand_off_first(self.pace, (ticket for _, ticket in r.sends[r.handed_off:]), self.timeout_s, self.abort)
         r.handed_off = len(r.sends)
 
     def _recv_grad(self, r: "_SyncRound", m: int) -> None:

@@ -37,6 +37,7 @@ from ecofl.net.links import CREDIT_TAG, POLL_S, AbortCheck, RoundAborted, Ticket
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
 from ecofl.pipeline.runtime.cpu_pace import CpuPace
+from ecofl.pipeline.runtime.hand_off import hand_off_first
 from ecofl.pipeline.runtime.emulation import dilate
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.schedule import ActionKind
@@ -115,6 +116,7 @@ class StreamExecutor:
             part = y[p.lo - role.lo : p.hi - role.lo].contiguous()
             tickets.append(self.mesh.send(p.rank, part, m, self.links[p.rank]))
         stream.release_after(m, tickets)
+        hand_off_first(self.pace, tickets, self.timeout_s, stream.abort)
 
     def _output(self, stream: "_Stream", m: int, inputs: torch.Tensor | None) -> None:
         """The result goes back to the portal (over the emulated link when there is one)."""
