@@ -4,8 +4,8 @@ Asteroid's worker (Fig. 11) receives and dispatches asynchronously; a
 :class:`PeerLink` is that for one peer. Its **sender** thread sends posted
 tensors in FIFO order, each optionally paced by an emulated link's token
 bucket (see below), and marks each post's :class:`Ticket` done when its
-bytes are handed to the kernel. Its **reader** thread receives whatever the peer sends as soon
-as it arrives and files it under its tag (the task pool); :meth:`PeerLink.take`
+bytes are handed to the kernel. Its **reader** thread receives whatever the
+peer sends as soon as it arrives and files it under its tag (the task pool); :meth:`PeerLink.take`
 hands out a tag's tensors in the order they were sent. Tags say what a tensor
 is: a micro-batch's activation or gradient (the micro-batch index), a
 replica, a migrated layer, a step of an all-reduce.
@@ -26,16 +26,17 @@ sender seals and writes it at once and stamps it with how much longer the
 link would take to carry it (the token bucket's FIFO reservation, less the
 moment it is written), and the receiver hands it out that much after it
 read the stamp: the same moment on one host, the emulated link's time on
-top of a real network's between two (no clock is shared). A confined device's sender thread
-then wakes once per post, not once to sleep out the link's time and again
-to write: each wake of a throttled cgroup's thread may wait out a CFS
-period (40 ms on a device of 0.025 cores), and the pipeline's hand-offs
-waited two or three of them (docs/pipeline.md, "Hand-offs held by the
-receiver"). Background pieces are still paced by their sender, so that a
-foreground post can overtake the piece under way.
+top of a real network's between two (no clock is shared). A confined
+device's sender thread then wakes once per post, not once to sleep out the
+link's time and again to write: each wake of a throttled cgroup's thread
+may wait out a CFS period (40 ms on a device of 0.025 cores), and the
+pipeline's hand-offs waited two or three of them (docs/pipeline.md,
+"Hand-offs first"). Background pieces are still paced by their sender, so
+that a foreground post can overtake the piece under way.
 
-A tensor travels as a fixed header (how long to hold it, tag, dtype, shape) and its raw bytes on the link's
-:class:`~ecofl.net.sealed.SealedSocket`; nothing is unpickled.
+A tensor travels as a fixed header (how long to hold it, tag, dtype, shape)
+and its raw bytes on the link's :class:`~ecofl.net.sealed.SealedSocket`;
+nothing is unpickled.
 The reader opens a tensor into new memory, or, for byte pieces under a tag a
 receiver announced a buffer for (:meth:`PeerLink.receive_into`), straight
 into that buffer's next bytes: a replica or a migrated stage is opened where

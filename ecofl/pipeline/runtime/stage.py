@@ -6,9 +6,10 @@ the portal (stage 0, ``load``) or from the previous stage's devices
 stage) or from the next stage's devices (``recv_grad``), both taken from
 what the tensor links' reader threads received (:mod:`ecofl.net.mesh`); ``send_*``
 post results to the links' sender threads; a device of less than one core
-waits for them to leave before it computes on (:mod:`.hand_off`). Gradients accumulate over the
-sync-round's micro-batches and the weights update once, at the pipeline
-flush (Eco-FL §4.1): in a replicated stage the devices first sum their
+waits for them to leave before it computes on (:mod:`.hand_off`).
+Gradients accumulate over the sync-round's micro-batches and the weights
+update once, at the pipeline flush (Eco-FL §4.1): in a replicated stage the
+devices first sum their
 gradients with an all-reduce. The last stage scales each sample's
 loss by 1 / mini-batch size (as :func:`ecofl.train.accumulate_gradients`
 does), so the sum over replicas *is* the sample-weighted mean gradient.
