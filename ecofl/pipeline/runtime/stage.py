@@ -9,8 +9,7 @@ post results to the links' sender threads; a device of less than one core
 waits for them to leave before it computes on (:mod:`.hand_off`).
 Gradients accumulate over the sync-round's micro-batches and the weights
 update once, at the pipeline flush (Eco-FL §4.1): in a replicated stage the
-devices first sum their
-gradients with an all-reduce. The last stage scales each sample's
+devices first sum their gradients with an all-reduce. The last stage scales each sample's
 loss by 1 / mini-batch size (as :func:`ecofl.train.accumulate_gradients`
 does), so the sum over replicas *is* the sample-weighted mean gradient.
 Float buffers (batch-norm running statistics) of replicas are averaged
@@ -53,8 +52,8 @@ from ecofl.pipeline.instructions import (
 )
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.cpu_pace import CpuPace
-from ecofl.pipeline.runtime.hand_off import hand_off_first
 from ecofl.pipeline.runtime.emulation import MemoryLedger, dilate, saved_bytes
+from ecofl.pipeline.runtime.hand_off import hand_off_first
 from ecofl.pipeline.runtime.layer_abort import abort_between_layers
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.runtime.weight_stash import WeightVersions
@@ -218,12 +217,12 @@ class ShareExecutor:
             part = out[p.lo - self.role.lo : p.hi - self.role.lo]
             r.sends.append((m, self.mesh.send(p.rank, part, m, self.links[p.rank])))
             self.reached("send")
-        self._hand_off_first(r)
+        self._hand_off_first(r, len(self.role.destinations))
 
-    def _hand_off_first(self, r: "_SyncRound") -> None:
-        """The hand-offs just posted leave before the next pass, on a device of less than one core."""
-        hand_off_first(self.pace, (ticket for _, ticket in r.sends[r.handed_off:]), self.timeout_s, self.abort)
-        r.handed_off = len(r.sends)
+    def _hand_off_first(self, r: "_SyncRound", posted: int) -> None:
+        """The ``posted`` hand-offs just posted leave before the next pass, on a device of less than one core."""
+        hand_off_first(self.pace, (ticket for _, ticket in r.sends[len(r.sends) - posted:]), self.timeout_s,
+                       self.abort)
 
     def _recv_grad(self, r: "_SyncRound", m: int) -> None:
         r.output_grads[m] = torch.cat([self.mesh.recv(p.rank, m, self.timeout_s, self.abort)
@@ -248,7 +247,7 @@ class ShareExecutor:
             part = grad[p.lo - self.role.lo : p.hi - self.role.lo]
             r.sends.append((m, self.mesh.send(p.rank, part, m, self.links[p.rank])))
             self.reached("send")
-        self._hand_off_first(r)
+        self._hand_off_first(r, len(self.role.sources))
 
     def _reduce_grads(self, r: "_SyncRound", m: int) -> None:
         """Sum gradients over the stage's replicas, average float buffers by share (Asteroid §4)."""
@@ -317,7 +316,6 @@ class _SyncRound:
         self.inputs, self.labels, self.batch_size, self.start = inputs, labels, batch_size, start
         self.stats, self.ledger = stats, ledger
         self.sends: list[tuple[int, Ticket]] = []  # (micro-batch, its posted send)
-        self.handed_off = 0  # how many of the sends have left (waited for where hand-offs go first)
         self.received: dict[int, torch.Tensor] = {}  # micro-batch -> forward input
         self.stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # micro-batch -> (input, output) until backward
         self.output_grads: dict[int, torch.Tensor] = {}

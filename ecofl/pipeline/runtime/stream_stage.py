@@ -37,8 +37,8 @@ from ecofl.net.links import CREDIT_TAG, POLL_S, AbortCheck, RoundAborted, Ticket
 from ecofl.net.mesh import EpochMesh
 from ecofl.net.pacing import TokenBucket
 from ecofl.pipeline.runtime.cpu_pace import CpuPace
-from ecofl.pipeline.runtime.hand_off import hand_off_first
 from ecofl.pipeline.runtime.emulation import dilate
+from ecofl.pipeline.runtime.hand_off import hand_off_first
 from ecofl.pipeline.runtime.topology import WorkerRole
 from ecofl.pipeline.schedule import ActionKind
 
