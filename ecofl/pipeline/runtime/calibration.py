@@ -6,7 +6,10 @@ Asteroid §3.3 profiles every layer on every device before planning; Eco-FL
 loss or the gradient from the next stage, and backward of one micro-batch,
 then what its links seal and open for it, :mod:`.link_work`) in its own
 cgroup, at its own quota, for at least ``min_seconds``: many CFS periods,
-so the burst of quota an idle device starts with does not flatter it. Its
+so the burst of quota an idle device starts with does not flatter it; and
+on, up to four times as long, until it knows its mean step to 2%
+(:data:`~.device_timing.CALIBRATION_PRECISION`): a throttled device's
+steps come in whole CFS periods, and a slow one times few of them. Its
 speed for the planner is the host's time for the same step as the cost
 model counts it (the profile's layers and the runtime's overhead per
 operation) over the measured time (:func:`speed_from_step`); the cost model
@@ -144,7 +147,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
     processes: dict[int, subprocess.Popen] = {}
     # on a terminal only: each device builds its work in its cgroup, then all time it together for min_seconds
     bar = tqdm(total=2 * len(devices), desc=f"calibrating {len(devices)} devices in their cgroups ({objective} "
-               f"steps, {min_seconds:.0f} s together)", unit="step", disable=None, leave=False)
+               f"steps, at least {min_seconds:.0f} s together)", unit="step", disable=None, leave=False)
     try:
         for device in devices:
             command = [sys.executable, "-m", "ecofl.pipeline.runtime.device_timing", "--model", json.dumps(
@@ -166,7 +169,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
         bar.set_postfix_str("timing", refresh=False)
         for process in processes.values():
             write_line(process.stdin, Go())
-        measured, cpu_s = {}, {}
+        measured, cpu_s, error = {}, {}, {}
         for device, process in processes.items():
             said = _line(process, timeout_s)
             if not said:
@@ -176,6 +179,7 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
             if timed.seconds_per_step is None:
                 raise RuntimeError(f"device {device} could not calibrate: it said it was ready twice")
             measured[device], cpu_s[device] = timed.seconds_per_step, timed.cpu_s_per_step
+            error[device] = timed.relative_error
             bar.update()
     finally:
         bar.close()
@@ -191,7 +195,8 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
     cores = {d: confinement.limits[d].cores for d in devices}
     report = {d: {"quota_cores": cores[d], "objective": objective,
                   "micro_batch": work[d].samples, "layers": work[d].layers, "step_s": step_s[d],
-                  "own_step_s": measured[d], "own_cpu_s_per_step": cpu_s[d], "measured_speed": speeds[d],
+                  "own_step_s": measured[d], "own_step_s_error": error[d], "own_cpu_s_per_step": cpu_s[d],
+                  "measured_speed": speeds[d],
                   # at its quota: the kernel maps a new page out of the device's own CPU time
                   "first_touch_s_per_byte": None if first_touch[d] is None else first_touch[d] / cores[d]}
               for d in devices}

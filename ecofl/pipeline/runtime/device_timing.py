@@ -8,17 +8,20 @@ measures the CPU each byte it maps anew costs on a fresh mapping of its own
 new stage's first round"); says ``ready``; and once the
 portal has put it under its own quota and said ``go``, times its steps at
 its pace, each followed by what its links seal and open for it
-(:mod:`.link_work`), for at least ``--seconds``.
+(:mod:`.link_work`), for at least ``--seconds`` and then until it knows its
+mean step to ``--precision`` (at most ``--max-seconds``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -35,9 +38,29 @@ from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REQUESTS, Timed, re
 from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte
 
 OBJECTIVES = ("training", "inference")  # what a device times: the steps it will run
-#: Seconds of timed steps per device. Asteroid Env B's five devices at 4 samples, calibrated 6 times each:
-#: 2 s varied by 4.5-7.4% (coefficient of variation; up to 1.24x between two runs), 6 s by 2.0-6.2%.
+#: Seconds of timed steps per device, at least. Asteroid Env B's five devices at 4 samples, calibrated 6 times
+#: each: 2 s varied by 4.5-7.4% (coefficient of variation; up to 1.24x between two runs), 6 s by 2.0-6.2%.
 CALIBRATION_S = 5.0
+#: A device keeps timing past its minimum until its mean step is known to within this (its relative standard
+#: error, :func:`relative_error`), or until CALIBRATION_EXTENSION times its minimum. A throttled device's steps
+#: come in whole CFS periods: the mixed home's Raspberry Pi (0.025 cores, a 40 ms period) timed 27 steps in 5 s
+#: whose seconds varied by 19% (2026-12-04 18:15), so its 5-second mean was known to about 4%, the Nanos' to
+#: under 1%.
+CALIBRATION_PRECISION = 0.02
+CALIBRATION_EXTENSION = 4.0
+#: Consecutive batches of steps whose means :func:`relative_error` compares.
+ERROR_BATCHES = 10
+
+
+def relative_error(durations: Sequence[float], batches: int = ERROR_BATCHES) -> float:
+    """The standard error of the mean of ``durations`` over that mean, from the means of ``batches`` equal batches
+    of consecutive steps (the method of batch means: a device whose speed drifts over seconds times steps that
+    are not independent, and the batches' means carry the drift); inf with fewer than two steps a batch."""
+    size = len(durations) // batches
+    if size < 2:
+        return math.inf
+    means = [statistics.fmean(durations[b * size:(b + 1) * size]) for b in range(batches)]
+    return statistics.stdev(means) / math.sqrt(batches) / statistics.fmean(means)
 
 
 def seconds_per_call(step: Callable[[], object], min_seconds: float, min_calls: int = 3) -> float:
@@ -45,14 +68,27 @@ def seconds_per_call(step: Callable[[], object], min_seconds: float, min_calls: 
     return timed_calls(step, min_seconds, min_calls)[0]
 
 
-def timed_calls(step: Callable[[], object], min_seconds: float, min_calls: int = 3) -> tuple[float, float]:
-    """Mean seconds and mean CPU seconds of this process (all its threads) of ``step``, over at least
-    ``min_calls`` calls lasting at least ``min_seconds`` in all."""
-    calls, start, cpu = 0, time.perf_counter(), time.process_time()
-    while calls < min_calls or time.perf_counter() - start < min_seconds:
+def timed_calls(step: Callable[[], object], min_seconds: float, min_calls: int = 3, precision: float = math.inf,
+                max_seconds: float = math.inf) -> tuple[float, float, float]:
+    """Mean seconds and mean CPU seconds of this process (all its threads) of ``step``, and the mean's
+    :func:`relative_error`: over at least ``min_calls`` calls lasting at least ``min_seconds`` in all, and then
+    on until that error is at most ``precision`` or the calls have lasted ``max_seconds``."""
+    durations: list[float] = []
+    cpu = time.process_time()
+    start = previous = time.perf_counter()
+
+    def more() -> bool:
+        if len(durations) < min_calls or previous - start < min_seconds:
+            return True
+        return previous - start < max_seconds and relative_error(durations) > precision
+
+    while more():
         step()
-        calls += 1
-    return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls
+        now = time.perf_counter()
+        durations.append(now - previous)
+        previous = now
+    calls = len(durations)
+    return (previous - start) / calls, (time.process_time() - cpu) / calls, relative_error(durations)
 
 
 def main() -> int:
@@ -61,7 +97,11 @@ def main() -> int:
     parser.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 1,28,28")
     parser.add_argument("--micro-batch", type=int, required=True)
     parser.add_argument("--layers", default=None, help="first,last layer of the stage to time (default: all)")
-    parser.add_argument("--seconds", type=float, default=CALIBRATION_S)
+    parser.add_argument("--seconds", type=float, default=CALIBRATION_S, help="time steps for at least this long")
+    parser.add_argument("--precision", type=float, default=CALIBRATION_PRECISION,
+                        help="then on until the mean step's relative standard error is at most this")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help=f"but no longer than this (default: {CALIBRATION_EXTENSION:g} x --seconds)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="training")
     args = parser.parse_args()
     torch.set_num_threads(worker_threads())
@@ -119,8 +159,11 @@ def main() -> int:
             pace.call(step)
             links.carry(carried)
 
-        seconds, cpu_s = timed_calls(step_and_links, args.seconds)
-        write_line(sys.stdout, Timed(seconds, cpu_s_per_step=cpu_s))
+        max_seconds = CALIBRATION_EXTENSION * args.seconds if args.max_seconds is None else args.max_seconds
+        seconds, cpu_s, error = timed_calls(step_and_links, args.seconds, precision=args.precision,
+                                            max_seconds=max_seconds)
+        known = None if math.isinf(error) else error
+        write_line(sys.stdout, Timed(seconds, cpu_s_per_step=cpu_s, relative_error=known))
     return 0
 
 

@@ -64,6 +64,8 @@ class Timed:
     first_touch_cpu_s_per_byte: float | None = None
     # timed: the process's CPU seconds a step (every thread: the step's, torch's, the links'); None: not measured
     cpu_s_per_step: float | None = None
+    # timed: the mean step's relative standard error (device_timing.relative_error); None: too few steps to say
+    relative_error: float | None = None
 
 
 FORK_REQUESTS, FORK_REPLIES = MessageSet(Fork), MessageSet(Forked, ForkFailed, Exited)
