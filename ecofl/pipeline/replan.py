@@ -147,11 +147,12 @@ def full_replan(
 
 
 def full_replans(planner: str, profile: ModelProfile, pool: HomePool, alive: Collection[int], batch_size: int,
-                 speeds: Mapping[int, float] | None = None) -> list[Plan]:
+                 speeds: Mapping[int, float] | None = None, **options: object) -> list[Plan]:
     """:func:`full_replan` at each micro-batch size the planner may choose (:func:`plans_by_micro_batch`), for a
     caller that compares them with costs the planner leaves out."""
     survivors, original = surviving_pool(with_speeds(pool, speeds or {}), alive)
-    return [_in_pool_indices(plan, original) for plan in plans_by_micro_batch(planner, profile, survivors, batch_size)]
+    return [_in_pool_indices(plan, original)
+            for plan in plans_by_micro_batch(planner, profile, survivors, batch_size, **options)]
 
 
 #: Most cut-point vectors :func:`shifted_replans` returns (the cost model predicts each during a recovery).

@@ -23,8 +23,9 @@ from ecofl.pipeline.first_touch import switching_s
 from ecofl.pipeline.migration import Holders
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.planners import make_plan, plans_by_micro_batch
+from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import ModelProfile
+from ecofl.pipeline.replan import full_replans
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.copy_cost import host_copy_byte_s
 from ecofl.pipeline.runtime.host_overhead import runtime_overheads
@@ -130,12 +131,43 @@ def quickest_to_finish(plans: Sequence[Plan], before: Plan, holders: Holders, ro
     return plans[best], seconds
 
 
+#: A device is left out of a plan only where that is predicted faster by more than this fraction (the margin a
+#: re-tune asks, :class:`~.tuning_settings.Tuning`: planner errors of up to 5-10% are measured here).
+SELECTION_MARGIN = 0.05
+
+
 def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int,
                 emulation: Emulation | bool | str, cache_dir: str | None = None, **options: object) -> Plan:
     """``planner``'s plan for ``pool``; where devices compute for real and ``options`` fix no micro-batch, of its
-    plans at each micro-batch size the one predicted fastest with the runtime's overheads (:func:`fastest_plan`).
-    The CLI and the confined benchmark plan so."""
+    plans at each micro-batch size the one predicted fastest with the runtime's overheads (:func:`fastest_plan`),
+    on the devices that make it fastest (:func:`selected_devices`). The CLI and the confined benchmark plan so."""
     if "micro_batch" in options or Emulation.parse(emulation) == Emulation.SLEEP:
         return make_plan(planner, profile, pool, batch_size, **options)
-    plans = plans_by_micro_batch(planner, profile, pool, batch_size, **options)
-    return fastest_plan(plans, profile, pool, emulation, cache_dir)[0]
+    return selected_devices(planner, profile, pool, batch_size, emulation, cache_dir, **options)[0]
+
+
+def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int,
+                     emulation: Emulation | bool | str, cache_dir: str | None = None,
+                     margin: float = SELECTION_MARGIN, **options: object) -> tuple[Plan, float]:
+    """Device selection (PipeEdge §III-B: a pipeline need not use every device): ``planner``'s fastest plan
+    (:func:`fastest_plan`) on every device of ``pool``, then, one at a time, without the device whose absence
+    makes it fastest, for as long as that is predicted faster by more than ``margin`` (the cost model's own
+    uncertainty: a device is not idled for a gain the model cannot tell from its error); with its sync-round. The portal (device 0)
+    holds the data and is never left out. A device too slow for the smallest stage the layers allow costs the
+    pipeline more than it gives: on the mixed home's calibration of 2026-12-04 18:31 (MobileNetV2, mini-batch
+    64), the Eco-FL planner's fastest plan with the Raspberry Pi (0.025 cores) was predicted at 2.84 s a
+    sync-round and without it at 2.66 s. A device left out idles; a re-plan after a failure may use it."""
+    kept = tuple(range(len(pool.devices)))
+
+    def fastest_on(devices: tuple[int, ...]) -> tuple[Plan, float]:
+        plans = full_replans(planner, profile, pool, devices, batch_size, **options)
+        return fastest_plan(plans, profile, pool, emulation, cache_dir)
+
+    best, seconds = fastest_on(kept)
+    while len(kept) > 1:
+        trials = [(fastest_on(tuple(d for d in kept if d != out)), out) for out in kept if out != 0]
+        (plan, trial_s), out = min(trials, key=lambda trial: trial[0][1])
+        if trial_s >= seconds * (1 - margin):
+            break
+        best, seconds, kept = plan, trial_s, tuple(d for d in kept if d != out)
+    return best, seconds

@@ -1,0 +1,70 @@
+"""Where devices compute for real, a plan leaves out a device that costs it more than it gives (PipeEdge §III-B's
+device selection over the runtime's cost model: ecofl.pipeline.runtime.prediction.selected_devices)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ecofl.devices import HomePool
+from ecofl.pipeline.runtime import prediction
+from pipeline_kit import HOST, synthetic_profile
+
+PROFILE = synthetic_profile(6)
+
+
+def home(*speeds: float) -> HomePool:
+    return HomePool("selection", tuple(dataclasses.replace(HOST, name=f"d{i}", speed=s) for i, s in enumerate(speeds)))
+
+
+def used(plan) -> set[int]:
+    return {device for stage in plan.stages for device in stage.devices}
+
+
+def predicted(plan, pool: HomePool) -> float:
+    return prediction.predict_sync_round(plan, PROFILE, pool, "cgroup").sync_round_s
+
+
+@pytest.fixture(autouse=True)
+def no_host_overheads(monkeypatch):
+    """The runtime's work per operation and byte as zero: the choice is the plans', not this host's records."""
+    monkeypatch.setattr(prediction, "runtime_overheads",
+                        lambda emulation, cache_dir=None: {"operation_overhead_s": 0.0, "byte_overhead_s": 0.0})
+
+
+def test_a_device_too_slow_for_one_layer_is_left_out_and_the_plan_is_faster_without_it():
+    pool = home(1.0, 1.0, 0.01)  # device 2 would take 33x longer over one layer than the others over three
+    plan, seconds = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup")
+    every, every_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=1.0)
+    assert used(plan) == {0, 1}
+    assert used(every) == {0, 1, 2}
+    assert seconds == pytest.approx(predicted(plan, pool))
+    assert seconds < 0.95 * every_s
+    assert prediction.plan_as_run("ecofl", PROFILE, pool, 24, "cgroup") == plan
+
+
+def test_the_portal_is_never_left_out_even_where_it_is_the_slowest():
+    plan, _ = prediction.selected_devices("ecofl", PROFILE, home(0.01, 1.0, 1.0), 24, "cgroup")
+    assert 0 in used(plan)
+
+
+def test_devices_that_each_add_speed_are_all_kept():
+    plan, _ = prediction.selected_devices("ecofl", PROFILE, home(1.0, 1.0, 1.0), 24, "cgroup")
+    assert used(plan) == {0, 1, 2}
+
+
+def test_a_gain_within_the_margin_leaves_no_device_out():
+    pool = home(1.0, 1.0, 0.01)
+    every, every_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=1.0)
+    fewer, fewer_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=0.0)
+    needed = 1 - fewer_s / every_s  # the gain leaving device 2 out brings
+    kept, _ = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=needed + 0.01)
+    assert used(kept) == {0, 1, 2}
+
+
+def test_devices_that_sleep_to_the_cost_model_keep_the_planners_own_plan():
+    from ecofl.pipeline.planners import make_plan
+
+    pool = home(1.0, 1.0, 0.01)
+    assert prediction.plan_as_run("ecofl", PROFILE, pool, 24, "sleep") == make_plan("ecofl", PROFILE, pool, 24)
