@@ -68,3 +68,12 @@ def test_devices_that_sleep_to_the_cost_model_keep_the_planners_own_plan():
 
     pool = home(1.0, 1.0, 0.01)
     assert prediction.plan_as_run("ecofl", PROFILE, pool, 24, "sleep") == make_plan("ecofl", PROFILE, pool, 24)
+
+
+def test_a_device_the_model_needs_for_its_memory_is_kept_however_slow():
+    roomy, small = dataclasses.replace(HOST, memory_bytes=1 << 30), dataclasses.replace(HOST, memory_bytes=6 << 20)
+    # six layers of 1 MB weights and optimizer state each: device 2 alone cannot hold the four its partner cannot
+    pool = HomePool("memory", (dataclasses.replace(small, name="portal"), dataclasses.replace(small, name="d1"),
+                               dataclasses.replace(roomy, name="slow", speed=0.01)))
+    plan, _ = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup")
+    assert 2 in used(plan)

@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 from ecofl.devices import HomePool, host_cores, host_pool
+from ecofl.errors import UserError
 from ecofl.pipeline.cost import Background, SyncRoundCost, busiest_device_s, simulate
 from ecofl.pipeline.first_touch import switching_s
 from ecofl.pipeline.migration import Holders
@@ -152,21 +153,31 @@ def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_
     """Device selection (PipeEdge §III-B: a pipeline need not use every device): ``planner``'s fastest plan
     (:func:`fastest_plan`) on every device of ``pool``, then, one at a time, without the device whose absence
     makes it fastest, for as long as that is predicted faster by more than ``margin`` (the cost model's own
-    uncertainty: a device is not idled for a gain the model cannot tell from its error); with its sync-round. The portal (device 0)
-    holds the data and is never left out. A device too slow for the smallest stage the layers allow costs the
-    pipeline more than it gives: on the mixed home's calibration of 2026-12-04 18:31 (MobileNetV2, mini-batch
-    64), the Eco-FL planner's fastest plan with the Raspberry Pi (0.025 cores) was predicted at 2.84 s a
-    sync-round and without it at 2.66 s. A device left out idles; a re-plan after a failure may use it."""
+    uncertainty: a device is not idled for a gain the model cannot tell from its error); with its sync-round.
+
+    The portal (device 0) holds the data and is never left out; devices the model does not fit in without the
+    one left out are no candidate. A device too slow for the smallest stage the layers allow costs the pipeline
+    more than it gives: on the mixed home's calibration of 2026-12-04 18:15 (MobileNetV2, mini-batch 64), the
+    Eco-FL planner's fastest plan with the Raspberry Pi (0.025 cores) was predicted at 2.84 s a sync-round and
+    without it at 2.66 s. A device left out idles; a re-plan after a failure may use it."""
     kept = tuple(range(len(pool.devices)))
 
     def fastest_on(devices: tuple[int, ...]) -> tuple[Plan, float]:
         plans = full_replans(planner, profile, pool, devices, batch_size, **options)
         return fastest_plan(plans, profile, pool, emulation, cache_dir)
 
+    def without(out: int) -> tuple[Plan, float, int] | None:
+        try:
+            return (*fastest_on(tuple(d for d in kept if d != out)), out)
+        except UserError:  # the model does not fit in the devices left
+            return None
+
     best, seconds = fastest_on(kept)
     while len(kept) > 1:
-        trials = [(fastest_on(tuple(d for d in kept if d != out)), out) for out in kept if out != 0]
-        (plan, trial_s), out = min(trials, key=lambda trial: trial[0][1])
+        trials = [trial for out in kept if out != 0 and (trial := without(out)) is not None]
+        if not trials:
+            break
+        plan, trial_s, out = min(trials, key=lambda trial: trial[1])
         if trial_s >= seconds * (1 - margin):
             break
         best, seconds, kept = plan, trial_s, tuple(d for d in kept if d != out)
