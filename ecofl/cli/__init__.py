@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -85,11 +86,17 @@ def run() -> None:
     """The ``ecofl`` program: :func:`main` (which turns SIGTERM into Ctrl-C while it runs), its exit status.
 
     Before it and after it, SIGTERM (and Ctrl-C once interrupted) ends the program with the interrupted status:
-    a second signal during the exit of a stopped run (a user pressing Ctrl-C twice) does not change it."""
+    a second signal during the exit of a stopped run (a user pressing Ctrl-C twice) does not change it. A stopped
+    run ends at once once :func:`main` has returned (every ``with`` block has cleaned up by then): the
+    interpreter's own exit resets signal handlers to the default late in its finalization, and a second signal
+    there would end the program as killed by it."""
     end_at(signal.SIGTERM)
     code = main()
     if code == INTERRUPTED_EXIT:
         end_at(signal.SIGINT)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

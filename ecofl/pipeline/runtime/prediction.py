@@ -24,7 +24,7 @@ from ecofl.pipeline.first_touch import switching_s
 from ecofl.pipeline.migration import Holders
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.planners import make_plan
+from ecofl.pipeline.planners import make_plan, plans_by_micro_batch
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import full_replans
 from ecofl.pipeline.runtime.emulation import Emulation
@@ -141,10 +141,16 @@ def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size:
                 emulation: Emulation | bool | str, cache_dir: str | None = None, **options: object) -> Plan:
     """``planner``'s plan for ``pool``; where devices compute for real and ``options`` fix no micro-batch, of its
     plans at each micro-batch size the one predicted fastest with the runtime's overheads (:func:`fastest_plan`),
-    on the devices that make it fastest (:func:`selected_devices`). The CLI and the confined benchmark plan so."""
-    if "micro_batch" in options or Emulation.parse(emulation) == Emulation.SLEEP:
+    and where they are confined, on the devices that make it fastest (:func:`selected_devices`). At host speed
+    the devices are processes of this machine at its speed, not the home's (:func:`~ecofl.devices.host_pool`):
+    which of them to leave out would say nothing about the home. The CLI and the confined benchmark plan so."""
+    emulation = Emulation.parse(emulation)
+    if "micro_batch" in options or emulation == Emulation.SLEEP:
         return make_plan(planner, profile, pool, batch_size, **options)
-    return selected_devices(planner, profile, pool, batch_size, emulation, cache_dir, **options)[0]
+    if emulation == Emulation.CGROUP:
+        return selected_devices(planner, profile, pool, batch_size, emulation, cache_dir, **options)[0]
+    return fastest_plan(plans_by_micro_batch(planner, profile, pool, batch_size, **options), profile, pool,
+                        emulation, cache_dir)[0]
 
 
 def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int,
