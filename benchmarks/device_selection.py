@@ -1,6 +1,6 @@
 """Does leaving a device out pay, as measured? Device selection side by side on one calibration.
 
-Issue 43: the planner should maximise measured throughput. Where devices compute for real, ``plan_as_run``
+Issue 43: the planner should maximise measured throughput. Where devices are confined, ``plan_as_run``
 leaves out a device whose absence the cost model predicts to shorten the sync-round by more than 5%
 (:func:`ecofl.pipeline.runtime.prediction.selected_devices`; PipeEdge §III-B selects devices). This runs
 ``ecofl home train --emulate cgroup --calibration FILE`` on the mixed home: the first run calibrates and
@@ -37,7 +37,7 @@ from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime.prediction import selected_devices  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
-SHAPE, CLASSES = (1, 28, 28), 10  # Fashion-MNIST
+CLASSES = 10  # Fashion-MNIST
 
 
 def command(model: str, pool: str, rounds: int, calibration: Path) -> list[str]:
@@ -68,7 +68,7 @@ def every_device_copy(selected: Path, every: Path) -> dict:
     settings = calibration["settings"]
     confined, kept, _ = load_calibration(selected, settings, load_pool(settings["pool"]))
     pool = confined.pool
-    profile = profile_zoo_model(settings["model"], SHAPE, CLASSES, settings["granularity"])
+    profile = profile_zoo_model(settings["model"], tuple(settings["input_shape"]), CLASSES, settings["granularity"])
     plan, seconds = selected_devices(settings["planner"], profile, pool, settings["batch"], "cgroup", margin=1.0)
     calibration["plan"] = plan.to_dict()
     every.write_text(json.dumps(calibration, indent=2) + "\n")
