@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 
-from benchmarks.markdown_section import replace_section  # noqa: E402
+from benchmarks.markdown_section import publish  # noqa: E402
 from ecofl.cgroups import DeviceLimits, find_hierarchy, remove_stale  # noqa: E402
 from ecofl.net.links import PeerLink  # noqa: E402
 from ecofl.net.sealed import SealedSocket  # noqa: E402
@@ -148,13 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python benchmarks/handoff_send.py", *(sys.argv[1:] if argv is None else argv)])
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "load_before": round(load, 2), "op_ms": args.op_ms,
                "kib": args.kib, "mbps": args.mbps, "seconds": args.seconds, "runs": runs, "command": command}
-    (ROOT / "benchmarks" / "results" / "handoff_send.json").write_text(json.dumps(results, indent=2) + "\n")
-    write_table(results)
+    publish(results, ROOT / "benchmarks" / "results" / "handoff_send.json", render(results),
+            ROOT / "docs" / "pipeline.md", "handoff-send")
     return 0
 
 
-def write_table(results: dict) -> None:
-    """The results as the "handoff-send" section of docs/pipeline.md (and printed): the mean over repeats."""
+def render(results: dict) -> str:
+    """The results as the "handoff-send" section of docs/pipeline.md: the mean over repeats."""
     lines = [f"Measured with `{results['command']}` ({results['date']}, load {results['load_before']} before): "
              f"passes of {results['op_ms']:g} ms CPU at the device's pace, each followed by a hand-off of "
              f"{results['kib']} KiB on a link emulated at {results['mbps']:g} Mbps; the delay is from the post to "
@@ -170,9 +170,7 @@ def write_table(results: dict) -> None:
         lines.append(f"| {cores:g} | {1 / cores:.1f} | {policy} | {sum(r['handoffs'] for r in runs)} | "
                      f"{mean('delay_mean_ms'):.1f} | {mean('delay_median_ms'):.1f} | {mean('delay_p90_ms'):.1f} | "
                      f"{mean('passes_per_s'):.1f} |")
-    table = "\n".join(lines)
-    print(table)
-    replace_section(ROOT / "docs" / "pipeline.md", table, "handoff-send")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

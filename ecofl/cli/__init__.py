@@ -11,6 +11,7 @@ without a traceback.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import os
 import signal
@@ -87,13 +88,14 @@ def run() -> None:
 
     Before it and after it, SIGTERM (and Ctrl-C once interrupted) ends the program with the interrupted status:
     a second signal during the exit of a stopped run (a user pressing Ctrl-C twice) does not change it. A stopped
-    run ends at once once :func:`main` has returned (every ``with`` block has cleaned up by then): the
-    interpreter's own exit resets signal handlers to the default late in its finalization, and a second signal
-    there would end the program as killed by it."""
+    run runs its exit handlers (the fork server's close among them) with those handlers in place, then ends at
+    once: the interpreter's own exit resets signal handlers to the default late in its finalization, and a
+    second signal there would end the program as killed by it."""
     end_at(signal.SIGTERM)
     code = main()
     if code == INTERRUPTED_EXIT:
         end_at(signal.SIGINT)
+        atexit._run_exitfuncs()  # what sys.exit would run first; CPython has no public name for it
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
