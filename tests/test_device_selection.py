@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from ecofl.devices import HomePool
+from ecofl.errors import UserError
 from ecofl.pipeline.runtime import prediction
 from pipeline_kit import HOST, synthetic_profile
 
@@ -35,13 +36,13 @@ def no_host_overheads(monkeypatch):
 
 def test_a_device_too_slow_for_one_layer_is_left_out_and_the_plan_is_faster_without_it():
     pool = home(1.0, 1.0, 0.01)  # device 2 would take 33x longer over one layer than the others over three
-    plan, seconds = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup")
-    every, every_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=1.0)
+    # one device a stage (hybrid=False): a data-parallel group could instead give the slow device no samples
+    plan, seconds = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", hybrid=False)
+    every, every_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=1.0, hybrid=False)
     assert used(plan) == {0, 1}
     assert used(every) == {0, 1, 2}
     assert seconds == pytest.approx(predicted(plan, pool))
     assert seconds < 0.95 * every_s
-    assert prediction.plan_as_run("ecofl", PROFILE, pool, 24, "cgroup") == plan
 
 
 def test_the_portal_is_never_left_out_even_where_it_is_the_slowest():
@@ -56,10 +57,11 @@ def test_devices_that_each_add_speed_are_all_kept():
 
 def test_a_gain_within_the_margin_leaves_no_device_out():
     pool = home(1.0, 1.0, 0.01)
-    every, every_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=1.0)
-    fewer, fewer_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=0.0)
+    every, every_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=1.0, hybrid=False)
+    fewer, fewer_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=0.0, hybrid=False)
     needed = 1 - fewer_s / every_s  # the gain leaving device 2 out brings
-    kept, _ = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=needed + 0.01)
+    kept, _ = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", margin=needed + 0.01,
+                                          hybrid=False)
     assert used(kept) == {0, 1, 2}
 
 
@@ -77,3 +79,29 @@ def test_a_device_the_model_needs_for_its_memory_is_kept_however_slow():
                                dataclasses.replace(roomy, name="slow", speed=0.01)))
     plan, _ = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup")
     assert 2 in used(plan)
+
+
+
+def test_where_layers_are_fewer_than_devices_hybrid_stages_put_every_device_to_work():
+    """Two layers on four devices: Eco-FL's planner gives each stage one device and has no plan; Asteroid's
+    hybrid stages (HPP, §3.3) put two devices on each layer, at about half the sync-round of two devices alone."""
+    profile = synthetic_profile(2, weight=1e4)
+    pool = home(1.0, 1.0, 1.0, 1.0)
+    plan, seconds = prediction.selected_devices("ecofl", profile, pool, 24, "cgroup")
+    with pytest.raises(UserError):
+        prediction.selected_devices("ecofl", profile, pool, 24, "cgroup", hybrid=False)
+    _, two_s = prediction.selected_devices("ecofl", profile, home(1.0, 1.0), 24, "cgroup", hybrid=False)
+    assert plan.planner == "hpp" and used(plan) == {0, 1, 2, 3}
+    assert seconds == pytest.approx(prediction.predict_sync_round(plan, profile, pool, "cgroup").sync_round_s)
+    assert seconds < 0.6 * two_s
+    assert prediction.plan_as_run("ecofl", profile, pool, 24, "cgroup") == plan
+
+
+def test_one_device_a_stage_is_kept_where_hybrid_stages_are_predicted_slower():
+    """Heavy weights: a data-parallel group's AllReduce costs more than the balance it brings."""
+    profile = synthetic_profile(6, weight=5e7)
+    plan, seconds = prediction.selected_devices("ecofl", profile, home(1.0, 1.0, 1.0), 24, "cgroup")
+    single, single_s = prediction.selected_devices("ecofl", profile, home(1.0, 1.0, 1.0), 24, "cgroup",
+                                                   hybrid=False)
+    assert plan == single and plan.planner == "ecofl"
+    assert all(len(stage.devices) == 1 for stage in plan.stages)

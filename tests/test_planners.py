@@ -118,6 +118,17 @@ def test_hpp_dp_equals_brute_force_over_groupings_and_partitions(objective):
     assert replicated >= 5  # data-parallel stages (and their AllReduce) are exercised
 
 
+
+def test_hpp_dp_on_fewer_layers_than_devices_equals_brute_force():
+    """Every stage holds a layer: with more devices than layers, some stages are data-parallel groups."""
+    rng = np.random.default_rng(6)
+    for _ in range(10):
+        profile = random_profile(rng, int(rng.integers(1, 3)))
+        model = HppModel(profile, random_pool(rng, int(rng.integers(3, 5)), duplicates=False), 8, 2)
+        value, stages = solve(model)
+        assert same(value, brute_hpp(model)) and np.isfinite(value)
+        assert len(stages) <= profile.num_layers and np.isclose(model.latency(stages), value)
+
 def test_algorithm1_respects_memory_and_beats_proportional():
     rng = np.random.default_rng(5)
     for _ in range(30):

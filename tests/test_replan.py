@@ -13,8 +13,8 @@ from ecofl.pipeline.migration import (GLOBAL_COPY, PORTAL_DEVICE, bytes_moved, h
                                      migration_s)
 from ecofl.pipeline.plan import Plan, StagePlan, plan_schedule
 from ecofl.pipeline.planners import make_plan
-from ecofl.pipeline.replan import (MAX_SHIFTED_PLANS, full_replan, lightweight_replan, lightweight_replans,
-                                  shifted_replans, with_speeds)
+from ecofl.pipeline.replan import (MAX_SHIFTED_PLANS, full_replan, full_replans, lightweight_replan,
+                                  lightweight_replans, shifted_replans, with_speeds)
 from ecofl.pipeline.runtime.prediction import predict_sync_round, quickest_to_finish
 from ecofl.pipeline.replication import (backup_bytes, backup_targets, copy_bytes, restore_source,
                                        stage_state_bytes)
@@ -189,6 +189,21 @@ def test_full_replan_plans_the_survivors_in_original_indices():
     direct = make_plan("ecofl", profile, HomePool("x", tuple(pool.devices[d] for d in (0, 2, 3))), 8)
     assert [s.layers for s in plan.stages] == [s.layers for s in direct.stages]
 
+
+
+def test_full_replans_weigh_hybrid_plans_beside_the_planners_own_only_when_asked():
+    profile = random_profile(np.random.default_rng(4), 10)
+    pool = pool_of(1.0, 0.5, 2.0, 1.0)
+    own = full_replans("ecofl", profile, pool, alive={0, 2, 3}, batch_size=8)
+    both = full_replans("ecofl", profile, pool, alive={0, 2, 3}, batch_size=8, hybrid=True)
+    assert {plan.planner for plan in own} == {"ecofl"}
+    assert both[:len(own)] == own and {plan.planner for plan in both[len(own):]} == {"hpp"}
+    assert all({d for s in plan.stages for d in s.devices} <= {0, 2, 3} for plan in both)
+    ruled = full_replans("ecofl", profile, pool, alive={0, 2, 3}, batch_size=8, hybrid=True,
+                         micro_batch_rule="largest")
+    assert {plan.planner for plan in ruled} == {"ecofl"}  # options are the planner's own: no hybrid plan
+    assert full_replans("hpp", profile, pool, alive={0, 2, 3}, batch_size=8, hybrid=True) == \
+        full_replans("hpp", profile, pool, alive={0, 2, 3}, batch_size=8)
 
 def test_topology_driven_backups():
     single = three_stage_plan()

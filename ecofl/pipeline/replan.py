@@ -146,13 +146,28 @@ def full_replan(
     return _in_pool_indices(make_plan(planner, profile, survivors, batch_size, **options), original)
 
 
+#: The planner whose hybrid plans a planner's are weighed beside where the runtime's cost model chooses
+#: (``hybrid`` of :func:`full_replans`). Eco-FL's planner gives each stage one device (§4.2, eq. 1); Asteroid's
+#: gives a stage a data-parallel group of devices where that balances the stages better (HPP, §3.3).
+HYBRID_PLANNER: dict[str, str] = {"ecofl": "hpp"}
+
+
 def full_replans(planner: str, profile: ModelProfile, pool: HomePool, alive: Collection[int], batch_size: int,
-                 speeds: Mapping[int, float] | None = None, **options: object) -> list[Plan]:
+                 speeds: Mapping[int, float] | None = None, hybrid: bool = False, **options: object) -> list[Plan]:
     """:func:`full_replan` at each micro-batch size the planner may choose (:func:`plans_by_micro_batch`), for a
-    caller that compares them with costs the planner leaves out."""
+    caller that compares them with costs the planner leaves out; with ``hybrid`` (and no ``options``), the plans
+    of its :data:`HYBRID_PLANNER` too (the planner's own refusal is raised only where neither plans)."""
     survivors, original = surviving_pool(with_speeds(pool, speeds or {}), alive)
-    return [_in_pool_indices(plan, original)
-            for plan in plans_by_micro_batch(planner, profile, survivors, batch_size, **options)]
+    planners = [planner] + ([HYBRID_PLANNER[planner]] if hybrid and not options and planner in HYBRID_PLANNER else [])
+    plans, refusal = [], None
+    for name in planners:
+        try:
+            plans += plans_by_micro_batch(name, profile, survivors, batch_size, **options)
+        except UserError as error:  # e.g. Eco-FL's planner on fewer layers than devices, or memory
+            refusal = refusal or error
+    if not plans:
+        raise refusal
+    return [_in_pool_indices(plan, original) for plan in plans]
 
 
 #: Most cut-point vectors :func:`shifted_replans` returns (the cost model predicts each during a recovery).

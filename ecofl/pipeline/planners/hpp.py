@@ -252,7 +252,8 @@ def solve(model: HppModel) -> tuple[float, list[Stage]]:
         w = np.maximum(t_a[:, -1], 0.0)[:, None]
         fronts[(a, 1)] = (v, w, np.full_like(v, -1, dtype=int), np.full_like(v, -1, dtype=int),
                           np.full_like(v, -1, dtype=int))
-    for p in range(2, n_dev + 1):
+    most_stages = min(n_dev, n_layers)  # every stage holds a layer
+    for p in range(2, most_stages + 1):
         for a in range(n_dev - p, -1, -1):
             parts_v, parts_w, parts_b, parts_j, parts_k = [], [], [], [], []
             for b in range(a + 1, n_dev - p + 2):
@@ -275,7 +276,7 @@ def solve(model: HppModel) -> tuple[float, list[Stage]]:
                                        for x in (parts_v, parts_w, parts_b, parts_j, parts_k)))
     best, choice = np.inf, None
     to_group = np.array([model.portal_s(0, b)[0] if b else 0.0 for b in range(n_dev + 1)])  # by the head group's end
-    for p in range(1, n_dev + 1):
+    for p in range(1, most_stages + 1):
         v, w, head_end = fronts[(0, p)][:3]
         total = v[0] + w[0]
         if not model.training:  # the portal's inputs to the head group come first

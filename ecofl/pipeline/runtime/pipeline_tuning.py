@@ -171,12 +171,13 @@ def pipeline_speeds(plan: Plan, profile: ModelProfile, pool: HomePool, emulation
 
 
 def candidate_plans(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool,
-                    alive: Collection[int]) -> list[Plan]:
+                    alive: Collection[int], hybrid: bool = False) -> list[Plan]:
     """The planner's plans at ``pool``'s speeds for each micro-batch size it may choose (or the one fixed), on
-    the ``alive`` devices, in the current plan's schedule."""
+    the ``alive`` devices, in the current plan's schedule; with ``hybrid``, its hybrid plans too
+    (:func:`~ecofl.pipeline.replan.full_replans`)."""
     planner = tuning.planner or plan.planner
     plans = ([full_replan(planner, profile, pool, alive, plan.batch_size, micro_batch=tuning.micro_batch)]
-             if tuning.micro_batch else full_replans(planner, profile, pool, alive, plan.batch_size))
+             if tuning.micro_batch else full_replans(planner, profile, pool, alive, plan.batch_size, hybrid=hybrid))
     return [dataclasses.replace(new, schedule=plan.schedule) for new in plans]
 
 
@@ -189,7 +190,8 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     speeds = pipeline_speeds(plan, profile, pool, emulation, measured_pass_s(rounds, pool), cache_dir)
     tuned = with_speeds(pool, speeds)
     current_s = predict_sync_round(plan, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
-    candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive) if c != plan]
+    candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive, emulation == Emulation.CGROUP)
+                  if c != plan]
     best, best_s = fastest_plan(candidates, profile, tuned, emulation, cache_dir) if candidates else (plan, current_s)
     moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
     first_round_s = estimated_first_round_extra_s(best, profile, tuned, plan) if best is not plan else 0.0

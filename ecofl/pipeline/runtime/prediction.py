@@ -155,7 +155,7 @@ def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size:
 
 def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int,
                      emulation: Emulation | bool | str, cache_dir: str | None = None,
-                     margin: float = SELECTION_MARGIN, **options: object) -> tuple[Plan, float]:
+                     margin: float = SELECTION_MARGIN, hybrid: bool = True, **options: object) -> tuple[Plan, float]:
     """Device selection (PipeEdge §III-B: a pipeline need not use every device): ``planner``'s fastest plan
     (:func:`fastest_plan`) on every device of ``pool``, then, one at a time, without the device whose absence
     makes it fastest, for as long as that is predicted faster by more than ``margin`` (the cost model's own
@@ -169,7 +169,7 @@ def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_
     kept = tuple(range(len(pool.devices)))
 
     def fastest_on(devices: tuple[int, ...]) -> tuple[Plan, float]:
-        plans = full_replans(planner, profile, pool, devices, batch_size, **options)
+        plans = full_replans(planner, profile, pool, devices, batch_size, hybrid=hybrid, **options)
         return fastest_plan(plans, profile, pool, emulation, cache_dir)
 
     def without(out: int) -> tuple[Plan, float, int] | None:

@@ -288,7 +288,7 @@ class Recovery:
             except UserError:
                 pass  # the shifted partition does not fit: plan afresh
         candidates = full_replans(self.ft.planner, layout.profile, layout.pool, alive, layout.plan.batch_size,
-                                  speeds=self.speeds)
+                                  speeds=self.speeds, hybrid=self.emulation == Emulation.CGROUP)
         return fastest_plan(candidates, layout.profile, with_speeds(layout.pool, self.speeds), self.emulation,
                             self.cache_dir)[0]
 
