@@ -1,16 +1,21 @@
-"""Does leaving a device out pay, as measured? Device selection side by side on one calibration.
+"""Does the plan the cost model chooses pay, as measured? Two plans side by side on one calibration.
 
 Issue 43: the planner should maximise measured throughput. Where devices are confined, ``plan_as_run``
-leaves out a device whose absence the cost model predicts to shorten the sync-round by more than 5%
-(:func:`ecofl.pipeline.runtime.prediction.selected_devices`; PipeEdge §III-B selects devices). This runs
-``ecofl home train --emulate cgroup --calibration FILE`` on the mixed home: the first run calibrates and
-writes FILE with the plan on the devices selection keeps, and is not compared (its workers start warm from
-calibrating). A copy of FILE carries the fastest plan on every device, at the same measured speeds (the
-left-out device's from its whole-model calibration). Then the two plans run alternately, ``--pairs`` times
-each, so that both see the same host.
+(:func:`ecofl.pipeline.runtime.prediction.selected_devices`) leaves out a device whose absence the cost model
+predicts to shorten the sync-round by more than 5% (PipeEdge §III-B selects devices), and weighs Asteroid's
+hybrid stages (a data-parallel group of devices on one stage, §3.3) beside Eco-FL's one device a stage. This
+runs ``ecofl home train --emulate cgroup --calibration FILE`` on a home: the first run calibrates and writes
+FILE with the plan chosen, and is not compared (its workers start warm from calibrating). A copy of FILE
+carries the plan the choice is compared with, at the same measured speeds (a left-out device's from its
+whole-model calibration):
+
+- ``--compare selection``: the fastest plan on every device (no device left out);
+- ``--compare hybrid``: the fastest plan with one device a stage (no hybrid stage; devices still selected).
+
+Then the two plans run alternately, ``--pairs`` times each, so that both see the same host.
 
 Needs root (cgroups). Writes benchmarks/results/device_selection.json and the "device-selection" section of
-docs/pipeline.md.
+docs/pipeline.md (``--compare hybrid``: hybrid_stages.json, "hybrid-stages").
 """
 
 from __future__ import annotations
@@ -62,61 +67,72 @@ def train(model: str, pool: str, rounds: int, calibration: Path, label: str) -> 
             "host_reference_s": round(reference, 4), "load_before": round(load, 2)}
 
 
-def every_device_copy(selected: Path, every: Path) -> dict:
-    """Write ``every``: ``selected``'s calibration with the fastest plan on every device; both plans described."""
-    calibration = json.loads(selected.read_text())
+#: Per comparison: the alternative plan's label, how :func:`selected_devices` makes it, the results' name.
+COMPARISONS = {
+    "selection": ("every device", {"margin": 1.0}, "device_selection"),
+    "hybrid": ("one device a stage", {"hybrid": False}, "hybrid_stages"),
+}
+
+
+def alternative_copy(chosen: Path, alternative: Path, compare: str) -> dict:
+    """Write ``alternative``: ``chosen``'s calibration with the plan ``compare`` names; both plans described."""
+    calibration = json.loads(chosen.read_text())
     settings = calibration["settings"]
-    confined, kept, _ = load_calibration(selected, settings, load_pool(settings["pool"]))
+    confined, kept, _ = load_calibration(chosen, settings, load_pool(settings["pool"]))
     pool = confined.pool
     profile = profile_zoo_model(settings["model"], tuple(settings["input_shape"]), CLASSES, settings["granularity"])
-    plan, seconds = selected_devices(settings["planner"], profile, pool, settings["batch"], "cgroup", margin=1.0)
+    label, choice, _ = COMPARISONS[compare]
+    plan, seconds = selected_devices(settings["planner"], profile, pool, settings["batch"], "cgroup", **choice)
     calibration["plan"] = plan.to_dict()
-    every.write_text(json.dumps(calibration, indent=2) + "\n")
-    return {"selected": describe_plan(kept, pool), "every_device": describe_plan(plan, pool),
-            "every_device_predicted_s": seconds, "speeds": calibration["speeds"],
-            "left_out": sorted(set(range(len(pool.devices))) - {d for s in kept.stages for d in s.devices})}
+    alternative.write_text(json.dumps(calibration, indent=2) + "\n")
+    used = {d for s in kept.stages for d in s.devices}
+    return {"compare": compare, "alternative_label": label, "chosen": describe_plan(kept, pool),
+            "alternative": describe_plan(plan, pool), "alternative_predicted_s": seconds,
+            "same_plan": plan == kept, "speeds": calibration["speeds"],
+            "left_out": sorted(set(range(len(pool.devices))) - used)}
 
 
-def measure(model: str, pool: str, pairs: int, rounds: int) -> dict:
+def measure(model: str, pool: str, pairs: int, rounds: int, compare: str) -> dict:
     with tempfile.TemporaryDirectory() as work:
-        selected, every = Path(work) / "selected.json", Path(work) / "every.json"
+        chosen, alternative = Path(work) / "chosen.json", Path(work) / "alternative.json"
         print("run 1: calibrating ...", flush=True)
-        runs = [train(model, pool, rounds, selected, "selected")]
-        plans = every_device_copy(selected, every)
+        runs = [train(model, pool, rounds, chosen, "chosen")]
+        plans = alternative_copy(chosen, alternative, compare)
         print(json.dumps(plans), flush=True)
-        if not plans["left_out"]:
-            raise SystemExit("selection kept every device on this calibration: nothing to compare; run again")
+        if plans["same_plan"]:
+            raise SystemExit(f"on this calibration the plan chosen is {plans['alternative_label']}'s: nothing to "
+                             "compare; run again")
         for i in range(pairs):
-            for label, file in (("every device", every), ("selected", selected)):
+            for label, file in ((plans["alternative_label"], alternative), ("chosen", chosen)):
                 print(f"pair {i + 1} of {pairs}: {label} ...", flush=True)
                 runs.append(train(model, pool, rounds, file, label))
                 print(json.dumps(runs[-1]), flush=True)
     return {"command": f"python benchmarks/device_selection.py --model {model} --pool {pool} --pairs {pairs} "
-                       f"--rounds {rounds}",
+                       f"--rounds {rounds} --compare {compare}",
             "runs_of": " ".join(["ecofl", *command(model, pool, rounds, Path("FILE"))[3:]]),
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
             "measured_at": time.strftime("%Y-%m-%d %H:%M"), **plans, "runs": runs, **summary(runs)}
 
 
 def summary(runs: list[dict]) -> dict:
-    """Each plan's median over its compared runs, and every pair's sync-round ratio (every device / selected)."""
+    """Each plan's median over its compared runs, and every pair's sync-round ratio (alternative / chosen)."""
     compared = runs[1:]
-    every = [r["sync_round_s"] for r in compared if r["plan"] == "every device"]
-    kept = [r["sync_round_s"] for r in compared if r["plan"] == "selected"]
-    return {"every_device_median_s": statistics.median(every), "selected_median_s": statistics.median(kept),
-            "pair_ratios": [e / k for e, k in zip(every, kept)]}
+    chosen = [r["sync_round_s"] for r in compared if r["plan"] == "chosen"]
+    other = [r["sync_round_s"] for r in compared if r["plan"] != "chosen"]
+    return {"alternative_median_s": statistics.median(other), "chosen_median_s": statistics.median(chosen),
+            "pair_ratios": [o / c for o, c in zip(other, chosen)]}
 
 
 def render(result: dict) -> str:
-    ratios = result["pair_ratios"]
+    ratios, label = result["pair_ratios"], result["alternative_label"]
     lines = [
         f"Measured with `{result['command']}` on {result['machine']}, {result['measured_at']}: each run is "
-        f"`{result['runs_of']}`; run 1 calibrates and writes FILE with the plan on the devices selection keeps "
-        "and is not compared; a copy of FILE carries the fastest plan on every device at the same speeds. The "
-        "two plans then run alternately.",
+        f"`{result['runs_of']}`; run 1 calibrates and writes FILE with the plan the cost model chooses and is not "
+        f"compared; a copy of FILE carries the fastest plan with {label} at the same speeds. The two plans then "
+        "run alternately.",
         "",
-        f"- selected: {cell(result['selected'])}",
-        f"- every device: {cell(result['every_device'])} (predicted {result['every_device_predicted_s']:.2f} s)",
+        f"- chosen: {cell(result['chosen'])}",
+        f"- {label}: {cell(result['alternative'])} (predicted {result['alternative_predicted_s']:.2f} s)",
         "",
         "| run | plan | devices | sync-round s (median) | predicted s | error | host reference s | load before |",
         "|---:|---|---|---:|---:|---:|---:|---:|",
@@ -124,8 +140,8 @@ def render(result: dict) -> str:
           f"{r['predicted_sync_round_s']:.2f} | {r['error']:+.1%} | {r['host_reference_s']:.3f} | "
           f"{r['load_before']} |" for i, r in enumerate(result["runs"])),
         "",
-        f"Medians of the compared runs: every device {result['every_device_median_s']:.2f} s, selected "
-        f"{result['selected_median_s']:.2f} s. Each pair's every-device sync-round over the selected one's: "
+        f"Medians of the compared runs: {label} {result['alternative_median_s']:.2f} s, chosen "
+        f"{result['chosen_median_s']:.2f} s. Each pair's sync-round with {label} over the chosen plan's: "
         f"{', '.join(f'{r:.3f}' for r in ratios)} (mean {statistics.fmean(ratios):.3f}).",
     ]
     return "\n".join(lines)
@@ -137,12 +153,15 @@ def main() -> int:
     parser.add_argument("--pool", default="mixed-rpi")
     parser.add_argument("--pairs", type=int, default=3, help="runs of each plan, alternating")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="selection",
+                        help="selection: against every device; hybrid: against one device a stage")
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error("--pairs must be at least 1")
-    result = measure(args.model, args.pool, args.pairs, args.rounds)
-    publish(result, ROOT / "benchmarks" / "results" / "device_selection.json", render(result),
-            ROOT / "docs" / "pipeline.md", "device-selection")
+    result = measure(args.model, args.pool, args.pairs, args.rounds, args.compare)
+    name = COMPARISONS[args.compare][2]
+    publish(result, ROOT / "benchmarks" / "results" / f"{name}.json", render(result), ROOT / "docs" / "pipeline.md",
+            name.replace("_", "-"))
     return 0
 
 

@@ -105,3 +105,13 @@ def test_one_device_a_stage_is_kept_where_hybrid_stages_are_predicted_slower():
                                                    hybrid=False)
     assert plan == single and plan.planner == "ecofl"
     assert all(len(stage.devices) == 1 for stage in plan.stages)
+
+
+def test_a_hybrid_plan_replaces_the_planners_own_only_beyond_the_margin(monkeypatch):
+    pool = home(1.0, 1.0, 1.0)  # light weights: one data-parallel stage of three is predicted about 7% faster
+    hybrid, hybrid_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup")
+    own, own_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", hybrid=False)
+    gain = 1 - hybrid_s / own_s
+    assert hybrid.planner == "hpp" and own.planner == "ecofl" and gain > prediction.HYBRID_MARGIN
+    monkeypatch.setattr(prediction, "HYBRID_MARGIN", gain + 0.01)
+    assert prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup") == (own, own_s)

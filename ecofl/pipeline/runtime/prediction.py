@@ -135,6 +135,9 @@ def quickest_to_finish(plans: Sequence[Plan], before: Plan, holders: Holders, ro
 #: A device is left out of a plan only where that is predicted faster by more than this fraction (the margin a
 #: re-tune asks, :class:`~.tuning_settings.Tuning`: planner errors of up to 5-10% are measured here).
 SELECTION_MARGIN = 0.05
+#: A hybrid plan (:data:`~ecofl.pipeline.replan.HYBRID_PLANNER`) replaces the planner's own only where it is
+#: predicted faster by more than this fraction, for the same reason.
+HYBRID_MARGIN = SELECTION_MARGIN
 
 
 def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int,
@@ -160,6 +163,9 @@ def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_
     (:func:`fastest_plan`) on every device of ``pool``, then, one at a time, without the device whose absence
     makes it fastest, for as long as that is predicted faster by more than ``margin`` (the cost model's own
     uncertainty: a device is not idled for a gain the model cannot tell from its error); with its sync-round.
+    With ``hybrid``, on each set of devices the fastest hybrid plan (Asteroid's data-parallel stage groups,
+    :func:`~ecofl.pipeline.replan.full_replans`) replaces the planner's own where it is predicted faster by
+    more than :data:`HYBRID_MARGIN`, or where the planner has none (Eco-FL's on fewer layers than devices).
 
     The portal (device 0) holds the data and is never left out; devices the model does not fit in without the
     one left out are no candidate. A device too slow for the smallest stage the layers allow costs the pipeline
@@ -170,7 +176,14 @@ def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_
 
     def fastest_on(devices: tuple[int, ...]) -> tuple[Plan, float]:
         plans = full_replans(planner, profile, pool, devices, batch_size, hybrid=hybrid, **options)
-        return fastest_plan(plans, profile, pool, emulation, cache_dir)
+        own = [plan for plan in plans if plan.planner == planner]
+        best, seconds = fastest_plan(own or plans, profile, pool, emulation, cache_dir)
+        others = [plan for plan in plans if plan.planner != planner]
+        if own and others:
+            other, other_s = fastest_plan(others, profile, pool, emulation, cache_dir)
+            if other_s < seconds * (1 - HYBRID_MARGIN):
+                return other, other_s
+        return best, seconds
 
     def without(out: int) -> tuple[Plan, float, int] | None:
         try:
