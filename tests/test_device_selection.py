@@ -115,3 +115,14 @@ def test_a_hybrid_plan_replaces_the_planners_own_only_beyond_the_margin(monkeypa
     assert hybrid.planner == "hpp" and own.planner == "ecofl" and gain > prediction.HYBRID_MARGIN
     monkeypatch.setattr(prediction, "HYBRID_MARGIN", gain + 0.01)
     assert prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup") == (own, own_s)
+
+
+def test_a_schedule_of_one_device_a_stage_gets_a_plan_without_hybrid_stages():
+    """The CLI's --schedule async-1f1b (FTPipeHD runs one device a stage) plans with ``hybrid=False``."""
+    from ecofl.pipeline.modes import mode_of
+
+    pool = home(1.0, 1.0, 1.0)  # where a hybrid plan would be chosen (the test above)
+    assert max(len(s.devices) for s in prediction.plan_as_run("ecofl", PROFILE, pool, 24, "cgroup").stages) > 1
+    assert not mode_of("async-1f1b").data_parallel_stages
+    plan = prediction.plan_as_run("ecofl", PROFILE, pool, 24, "cgroup", hybrid=False)
+    assert dataclasses.replace(plan, schedule="async-1f1b").schedule == "async-1f1b"

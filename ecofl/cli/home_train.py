@@ -180,7 +180,8 @@ def _calibrate(args: argparse.Namespace, spec: ZooModel, shape: tuple, profile, 
 
 def _plan(args: argparse.Namespace, profile, pool, mode: Emulation) -> Plan:
     options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
-    plan = plan_as_run(args.planner, profile, pool, args.batch, mode, args.cache_dir, **options)
+    hybrid = args.schedule is None or mode_of(args.schedule).data_parallel_stages
+    plan = plan_as_run(args.planner, profile, pool, args.batch, mode, args.cache_dir, hybrid=hybrid, **options)
     if args.schedule is not None:
         try:
             plan = dataclasses.replace(plan, schedule=args.schedule)

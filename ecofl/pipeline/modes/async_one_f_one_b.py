@@ -24,9 +24,10 @@ class AsyncOneFOneB(Mode):
     kind = ScheduleKind.ASYNC_ONE_F_ONE_B
     steps_after_every_backward = True
     programs_per_call = True
+    data_parallel_stages = False
 
     def check(self, plan: Plan) -> None:
-        if any(len(stage.devices) > 1 for stage in plan.stages):
+        if not self.data_parallel_stages and any(len(stage.devices) > 1 for stage in plan.stages):
             raise ValueError("asynchronous 1F1B runs one device per stage (no data-parallel stages)")
 
     def check_training(self, fault_tolerance: bool, tuning: bool = False) -> None:

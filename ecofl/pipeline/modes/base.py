@@ -29,6 +29,8 @@ class Mode:
     steps_after_every_backward: ClassVar[bool] = False
     #: device programs follow from each call's number of micro-batches, built by the worker (none in the role)
     programs_per_call: ClassVar[bool] = False
+    #: a stage may be a data-parallel group of devices (Asteroid's hybrid stages)
+    data_parallel_stages: ClassVar[bool] = True
 
     def __str__(self) -> str:
         return str(self.kind)

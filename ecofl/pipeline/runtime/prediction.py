@@ -141,17 +141,20 @@ HYBRID_MARGIN = SELECTION_MARGIN
 
 
 def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int,
-                emulation: Emulation | bool | str, cache_dir: str | None = None, **options: object) -> Plan:
+                emulation: Emulation | bool | str, cache_dir: str | None = None, hybrid: bool = True,
+                **options: object) -> Plan:
     """``planner``'s plan for ``pool``; where devices compute for real and ``options`` fix no micro-batch, of its
     plans at each micro-batch size the one predicted fastest with the runtime's overheads (:func:`fastest_plan`),
     and where they are confined, on the devices that make it fastest (:func:`selected_devices`). At host speed
     the devices are processes of this machine at its speed, not the home's (:func:`~ecofl.devices.host_pool`):
-    which of them to leave out would say nothing about the home. The CLI and the confined benchmark plan so."""
+    which of them to leave out would say nothing about the home. The CLI and the confined benchmark plan so;
+    ``hybrid=False`` keeps hybrid stages out (a schedule that runs one device a stage)."""
     emulation = Emulation.parse(emulation)
     if "micro_batch" in options or emulation == Emulation.SLEEP:
         return make_plan(planner, profile, pool, batch_size, **options)
     if emulation == Emulation.CGROUP:
-        return selected_devices(planner, profile, pool, batch_size, emulation, cache_dir, **options)[0]
+        return selected_devices(planner, profile, pool, batch_size, emulation, cache_dir, hybrid=hybrid,
+                                **options)[0]
     return fastest_plan(plans_by_micro_batch(planner, profile, pool, batch_size, **options), profile, pool,
                         emulation, cache_dir)[0]
 
