@@ -88,8 +88,20 @@ def alternative_copy(chosen: Path, alternative: Path, compare: str) -> dict:
     used = {d for s in kept.stages for d in s.devices}
     return {"compare": compare, "alternative_label": label, "chosen": describe_plan(kept, pool),
             "alternative": describe_plan(plan, pool), "alternative_predicted_s": seconds,
-            "same_plan": plan == kept, "speeds": calibration["speeds"],
+            "chosen_planner": kept.planner, "planner": settings["planner"], "speeds": calibration["speeds"],
             "left_out": sorted(set(range(len(pool.devices))) - used)}
+
+
+def nothing_to_compare(plans: dict) -> str | None:
+    """Why the chosen plan is no instance of what ``plans["compare"]`` measures (None where it is): selection
+    left no device out, or the planner's own plan was chosen over the hybrid ones."""
+    if plans["chosen"] == plans["alternative"]:
+        return f"the plan chosen is the one with {plans['alternative_label']}"
+    if plans["compare"] == "selection" and not plans["left_out"]:
+        return "selection kept every device"
+    if plans["compare"] == "hybrid" and plans["chosen_planner"] == plans["planner"]:
+        return f"the {plans['planner']} planner's own plan was chosen"
+    return None
 
 
 def measure(model: str, pool: str, pairs: int, rounds: int, compare: str) -> dict:
@@ -99,9 +111,8 @@ def measure(model: str, pool: str, pairs: int, rounds: int, compare: str) -> dic
         runs = [train(model, pool, rounds, chosen, "chosen")]
         plans = alternative_copy(chosen, alternative, compare)
         print(json.dumps(plans), flush=True)
-        if plans["same_plan"]:
-            raise SystemExit(f"on this calibration the plan chosen is {plans['alternative_label']}'s: nothing to "
-                             "compare; run again")
+        if (reason := nothing_to_compare(plans)) is not None:
+            raise SystemExit(f"on this calibration {reason}: nothing to compare; run again")
         for i in range(pairs):
             for label, file in ((plans["alternative_label"], alternative), ("chosen", chosen)):
                 print(f"pair {i + 1} of {pairs}: {label} ...", flush=True)

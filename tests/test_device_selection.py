@@ -81,7 +81,6 @@ def test_a_device_the_model_needs_for_its_memory_is_kept_however_slow():
     assert 2 in used(plan)
 
 
-
 def test_where_layers_are_fewer_than_devices_hybrid_stages_put_every_device_to_work():
     """Two layers on four devices: Eco-FL's planner gives each stage one device and has no plan; Asteroid's
     hybrid stages (HPP, §3.3) put two devices on each layer, at about half the sync-round of two devices alone."""
@@ -99,12 +98,16 @@ def test_where_layers_are_fewer_than_devices_hybrid_stages_put_every_device_to_w
 
 def test_one_device_a_stage_is_kept_where_hybrid_stages_are_predicted_slower():
     """Heavy weights: a data-parallel group's AllReduce costs more than the balance it brings."""
-    profile = synthetic_profile(6, weight=5e7)
-    plan, seconds = prediction.selected_devices("ecofl", profile, home(1.0, 1.0, 1.0), 24, "cgroup")
-    single, single_s = prediction.selected_devices("ecofl", profile, home(1.0, 1.0, 1.0), 24, "cgroup",
-                                                   hybrid=False)
-    assert plan == single and plan.planner == "ecofl"
+    from ecofl.pipeline.replan import full_replans
+
+    profile, pool = synthetic_profile(6, weight=5e7), home(1.0, 1.0, 1.0)
+    plan, seconds = prediction.selected_devices("ecofl", profile, pool, 24, "cgroup")
+    single = prediction.selected_devices("ecofl", profile, pool, 24, "cgroup", hybrid=False)
+    hybrid = [p for p in full_replans("ecofl", profile, pool, (0, 1, 2), 24, hybrid=True) if p.planner == "hpp"]
+    hybrid_s = [prediction.predict_sync_round(p, profile, pool, "cgroup").sync_round_s for p in hybrid]
+    assert (plan, seconds) == single and plan.planner == "ecofl"
     assert all(len(stage.devices) == 1 for stage in plan.stages)
+    assert hybrid and min(hybrid_s) > seconds * (1 - prediction.HYBRID_MARGIN)
 
 
 def test_a_hybrid_plan_replaces_the_planners_own_only_beyond_the_margin(monkeypatch):
@@ -117,12 +120,17 @@ def test_a_hybrid_plan_replaces_the_planners_own_only_beyond_the_margin(monkeypa
     assert prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup") == (own, own_s)
 
 
-def test_a_schedule_of_one_device_a_stage_gets_a_plan_without_hybrid_stages():
-    """The CLI's --schedule async-1f1b (FTPipeHD runs one device a stage) plans with ``hybrid=False``."""
-    from ecofl.pipeline.modes import mode_of
+def test_the_cli_plans_a_schedule_of_one_device_a_stage_without_hybrid_stages():
+    """``ecofl home train --schedule async-1f1b`` (FTPipeHD runs one device a stage) on a home where a hybrid plan
+    would be chosen (the test above) gets the planner's own plan, in that schedule; 1F1B-Sync the hybrid one."""
+    import argparse
 
-    pool = home(1.0, 1.0, 1.0)  # where a hybrid plan would be chosen (the test above)
-    assert max(len(s.devices) for s in prediction.plan_as_run("ecofl", PROFILE, pool, 24, "cgroup").stages) > 1
-    assert not mode_of("async-1f1b").data_parallel_stages
-    plan = prediction.plan_as_run("ecofl", PROFILE, pool, 24, "cgroup", hybrid=False)
-    assert dataclasses.replace(plan, schedule="async-1f1b").schedule == "async-1f1b"
+    from ecofl.cli.home_train import _plan
+
+    pool = home(1.0, 1.0, 1.0)
+    args = argparse.Namespace(planner="ecofl", batch=24, micro_batch=None, cache_dir=None, schedule="async-1f1b")
+    plan = _plan(args, PROFILE, pool, "cgroup")
+    assert plan.planner == "ecofl" and str(plan.schedule) == "async-1f1b"
+    assert all(len(stage.devices) == 1 for stage in plan.stages)
+    synchronous = _plan(argparse.Namespace(**{**vars(args), "schedule": None}), PROFILE, pool, "cgroup")
+    assert max(len(stage.devices) for stage in synchronous.stages) > 1

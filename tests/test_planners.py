@@ -118,7 +118,6 @@ def test_hpp_dp_equals_brute_force_over_groupings_and_partitions(objective):
     assert replicated >= 5  # data-parallel stages (and their AllReduce) are exercised
 
 
-
 def test_hpp_dp_on_fewer_layers_than_devices_equals_brute_force():
     """Every stage holds a layer: with more devices than layers, some stages are data-parallel groups."""
     rng = np.random.default_rng(6)
@@ -128,6 +127,7 @@ def test_hpp_dp_on_fewer_layers_than_devices_equals_brute_force():
         value, stages = solve(model)
         assert same(value, brute_hpp(model)) and np.isfinite(value)
         assert len(stages) <= profile.num_layers and np.isclose(model.latency(stages), value)
+
 
 def test_algorithm1_respects_memory_and_beats_proportional():
     rng = np.random.default_rng(5)

@@ -190,7 +190,6 @@ def test_full_replan_plans_the_survivors_in_original_indices():
     assert [s.layers for s in plan.stages] == [s.layers for s in direct.stages]
 
 
-
 def test_full_replans_weigh_hybrid_plans_beside_the_planners_own_only_when_asked():
     profile = random_profile(np.random.default_rng(4), 10)
     pool = pool_of(1.0, 0.5, 2.0, 1.0)
@@ -204,6 +203,7 @@ def test_full_replans_weigh_hybrid_plans_beside_the_planners_own_only_when_asked
     assert {plan.planner for plan in ruled} == {"ecofl"}  # options are the planner's own: no hybrid plan
     assert full_replans("hpp", profile, pool, alive={0, 2, 3}, batch_size=8, hybrid=True) == \
         full_replans("hpp", profile, pool, alive={0, 2, 3}, batch_size=8)
+
 
 def test_topology_driven_backups():
     single = three_stage_plan()

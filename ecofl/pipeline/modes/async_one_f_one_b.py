@@ -26,10 +26,6 @@ class AsyncOneFOneB(Mode):
     programs_per_call = True
     data_parallel_stages = False
 
-    def check(self, plan: Plan) -> None:
-        if not self.data_parallel_stages and any(len(stage.devices) > 1 for stage in plan.stages):
-            raise ValueError("asynchronous 1F1B runs one device per stage (no data-parallel stages)")
-
     def check_training(self, fault_tolerance: bool, tuning: bool = False) -> None:
         if fault_tolerance:
             raise ValueError("asynchronous 1F1B has no sync-rounds to replay: run it without fault tolerance")

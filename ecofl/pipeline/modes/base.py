@@ -38,7 +38,10 @@ class Mode:
     # -- compatibility rules ------------------------------------------------------------
 
     def check(self, plan: Plan) -> None:
-        """ValueError if ``plan``'s stages cannot run in this mode (every mode runs any stages by default)."""
+        """ValueError if ``plan``'s stages cannot run in this mode: a data-parallel stage where the mode has none
+        (:attr:`data_parallel_stages`)."""
+        if not self.data_parallel_stages and any(len(stage.devices) > 1 for stage in plan.stages):
+            raise ValueError(f"{self.kind} runs one device per stage (no data-parallel stages)")
 
     def check_training(self, fault_tolerance: bool, tuning: bool = False) -> None:
         """ValueError if a training call cannot run in this mode with these settings."""

@@ -54,7 +54,8 @@ class FaultTolerance:
     slower than expected for ``slowdown_rounds`` sync-rounds, with
     ``adapt_replan`` (full by default: Eco-FL §4.4 re-runs its planner for a
     new device order and partition; lightweight keeps the order and moves
-    cut points by FLOPs); ``planner``: what full and heavy re-plans run.
+    cut points by FLOPs); ``planner``: what full and heavy re-plans run (where devices are confined,
+    with Asteroid's hybrid plans weighed beside its own: :func:`.prediction.preferred_plan`).
     """
 
     heartbeat: LivenessSettings = field(default_factory=LivenessSettings)

@@ -23,8 +23,11 @@ device whose speed drifts:
    (FTPipeHD eqs. 1-3), so the model's passes for each device equal what it
    measured.
 2. **Candidate plans.** The planner plans again at those speeds, once for
-   every micro-batch size it may choose, and each candidate is predicted
-   with the runtime's overheads (the planner's own search leaves them out).
+   every micro-batch size it may choose (where devices are confined, so
+   does Asteroid's, whose hybrid plans are weighed beside the planner's as
+   up front: :func:`.prediction.preferred_plan`), and each candidate is
+   predicted with the runtime's overheads (the planner's own search leaves
+   them out).
 3. **Decide.** The fastest candidate replaces the current plan when, at the
    same speeds, it is predicted faster by more than ``margin`` (the model's
    own uncertainty) and the time it saves over the rounds left exceeds what
@@ -48,12 +51,13 @@ from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pipeline.cost import SyncRoundCost
 from ecofl.pipeline.first_touch import estimated_first_round_extra_s
 from ecofl.pipeline.migration import Holders, migration_s
+from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import full_replan, full_replans, with_speeds
 from ecofl.pipeline.runtime.control_messages import Done
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.prediction import fastest_plan, predict_sync_round
+from ecofl.pipeline.runtime.prediction import predict_sync_round, preferred_plan
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.schedule import PASSES, ActionKind
 
@@ -190,9 +194,10 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     speeds = pipeline_speeds(plan, profile, pool, emulation, measured_pass_s(rounds, pool), cache_dir)
     tuned = with_speeds(pool, speeds)
     current_s = predict_sync_round(plan, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
-    candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive, emulation == Emulation.CGROUP)
-                  if c != plan]
-    best, best_s = fastest_plan(candidates, profile, tuned, emulation, cache_dir) if candidates else (plan, current_s)
+    hybrid = emulation == Emulation.CGROUP and mode_of(plan).data_parallel_stages
+    candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive, hybrid) if c != plan]
+    best, best_s = (preferred_plan(candidates, tuning.planner or plan.planner, profile, tuned, emulation, cache_dir)
+                    if candidates else (plan, current_s))
     moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
     first_round_s = estimated_first_round_extra_s(best, profile, tuned, plan) if best is not plan else 0.0
     pays = (current_s - best_s) * rounds_left > moving_s + first_round_s

@@ -140,6 +140,21 @@ SELECTION_MARGIN = 0.05
 HYBRID_MARGIN = SELECTION_MARGIN
 
 
+def preferred_plan(plans: Sequence[Plan], planner: str, profile: ModelProfile, pool: HomePool,
+                   emulation: Emulation | bool | str, cache_dir: str | None = None) -> tuple[Plan, float]:
+    """Of ``plans`` (``planner``'s own and its hybrid planner's, :func:`~ecofl.pipeline.replan.full_replans`),
+    the fastest of the planner's own (:func:`fastest_plan`) with its sync-round, unless the fastest of the
+    others is predicted faster by more than :data:`HYBRID_MARGIN` or the planner has none."""
+    own = [plan for plan in plans if plan.planner == planner]
+    others = [plan for plan in plans if plan.planner != planner]
+    best, seconds = fastest_plan(own or others, profile, pool, emulation, cache_dir)
+    if own and others:
+        other, other_s = fastest_plan(others, profile, pool, emulation, cache_dir)
+        if other_s < seconds * (1 - HYBRID_MARGIN):
+            return other, other_s
+    return best, seconds
+
+
 def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int,
                 emulation: Emulation | bool | str, cache_dir: str | None = None, hybrid: bool = True,
                 **options: object) -> Plan:
@@ -148,7 +163,8 @@ def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size:
     and where they are confined, on the devices that make it fastest (:func:`selected_devices`). At host speed
     the devices are processes of this machine at its speed, not the home's (:func:`~ecofl.devices.host_pool`):
     which of them to leave out would say nothing about the home. The CLI and the confined benchmark plan so;
-    ``hybrid=False`` keeps hybrid stages out (a schedule that runs one device a stage)."""
+    ``hybrid=False`` weighs only the planner's own plans (for a schedule that runs one device a stage: Asteroid's
+    planner may give a stage several)."""
     emulation = Emulation.parse(emulation)
     if "micro_batch" in options or emulation == Emulation.SLEEP:
         return make_plan(planner, profile, pool, batch_size, **options)
@@ -170,7 +186,8 @@ def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_
     :func:`~ecofl.pipeline.replan.full_replans`) replaces the planner's own where it is predicted faster by
     more than :data:`HYBRID_MARGIN`, or where the planner has none (Eco-FL's on fewer layers than devices).
 
-    The portal (device 0) holds the data and is never left out; devices the model does not fit in without the
+    The portal (device 0) holds the data and selection never leaves it out (Asteroid's planner itself plans
+    without a device only where the model fits in no other way); devices the model does not fit in without the
     one left out are no candidate. A device too slow for the smallest stage the layers allow costs the pipeline
     more than it gives: on the mixed home's calibration of 2026-12-04 18:15 (MobileNetV2, mini-batch 64), the
     Eco-FL planner's fastest plan with the Raspberry Pi (0.025 cores) was predicted at 2.84 s a sync-round and
@@ -179,14 +196,7 @@ def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_
 
     def fastest_on(devices: tuple[int, ...]) -> tuple[Plan, float]:
         plans = full_replans(planner, profile, pool, devices, batch_size, hybrid=hybrid, **options)
-        own = [plan for plan in plans if plan.planner == planner]
-        best, seconds = fastest_plan(own or plans, profile, pool, emulation, cache_dir)
-        others = [plan for plan in plans if plan.planner != planner]
-        if own and others:
-            other, other_s = fastest_plan(others, profile, pool, emulation, cache_dir)
-            if other_s < seconds * (1 - HYBRID_MARGIN):
-                return other, other_s
-        return best, seconds
+        return preferred_plan(plans, planner, profile, pool, emulation, cache_dir)
 
     def without(out: int) -> tuple[Plan, float, int] | None:
         try:
