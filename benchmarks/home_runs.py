@@ -134,11 +134,12 @@ def in_pipeline_prediction(warm: PipelineResult, plan: Plan, profile: ModelProfi
     """The cost model re-learned in the pipeline, as a re-tune re-learns it (FTPipeHD eqs. 1-3,
     :func:`~ecofl.pipeline.runtime.pipeline_tuning.pipeline_speeds`): each device's speed from its forwards and
     backwards in ``warm``'s last sync-round (not its first: that one maps the stage's memory), less what it still
-    mapped anew in it, and ``plan``'s sync-round predicted at those speeds."""
+    mapped anew in it, and ``plan``'s sync-round predicted at those speeds. Unlike a re-tune's, a confined
+    device's speed here may read above its calibration: it predicts the same plan, whose passes stay as short."""
     mapped = warm.first_touched_by_device[-1] if warm.first_touched_by_device else {}
     passes = {d: b.compute_s - mapping_s(mapped.get(d), pool.devices[d])
               for d, b in round_breakdown(warm.timeline, len(warm.sync_round_s)).items()}
-    speeds = pipeline_speeds(plan, profile, pool, Emulation.parse(emulate), passes, cache_dir)
+    speeds = pipeline_speeds(plan, profile, pool, Emulation.parse(emulate), passes, cache_dir, sustained=False)
     predicted = predict_sync_round(plan, profile, with_speeds(pool, speeds), emulate, cache_dir=cache_dir)
     return {"speeds": {str(d): speed for d, speed in sorted(speeds.items())},
             "predicted_sync_round_s": predicted.sync_round_s}

@@ -21,7 +21,9 @@ device whose speed drifts:
    per-operation and per-byte work, all at its speed (:mod:`.prediction`).
    C_d = measured / modelled and the device's speed becomes speed_d / C_d
    (FTPipeHD eqs. 1-3), so the model's passes for each device equal what it
-   measured.
+   measured. A confined device is learned no faster than it calibrated:
+   its short passes run on quota its CFS period refilled while it waited,
+   a speed it does not keep on more work.
 2. **Candidate plans.** The planner plans again at those speeds, once for
    every micro-batch size it may choose (where devices are confined, so
    does Asteroid's, whose hybrid plans are weighed beside the planner's as
@@ -163,14 +165,24 @@ def modelled_pass_s(cost: SyncRoundCost) -> dict[int, float]:
 
 
 def pipeline_speeds(plan: Plan, profile: ModelProfile, pool: HomePool, emulation: Emulation,
-                    measured: Mapping[int, float], cache_dir: str | None = None) -> dict[int, float]:
+                    measured: Mapping[int, float], cache_dir: str | None = None,
+                    sustained: bool = True) -> dict[int, float]:
     """Every device's speed with those that computed in ``plan`` re-estimated from ``measured`` (pass seconds a
-    round): speed / C, C = measured / modelled (FTPipeHD eqs. 1-3, the model with the runtime's overheads)."""
+    round): speed / C, C = measured / modelled (FTPipeHD eqs. 1-3, the model with the runtime's overheads).
+
+    Where devices are confined and ``sustained`` (a re-plan's speeds), a device is learned no faster than
+    ``pool`` says, the speed it kept through its calibration's back-to-back steps under its CPU quota. In the
+    pipeline a device waits between passes, and a short pass runs on quota its CFS period refilled meanwhile:
+    a speed it does not keep on more work. On the mixed home (2026-12-04 22:36) a Raspberry Pi computing one
+    sample of eight read 2.7x its calibrated speed, and the re-tune that gave it a stage of its own predicted
+    1.83 s a sync-round and measured 2.80 s; alone on the last stage (22:39) it read 1.8x."""
     modelled = modelled_pass_s(predict_sync_round(plan, profile, pool, emulation, cache_dir=cache_dir))
     speeds = {d: spec.speed for d, spec in enumerate(pool.devices)}
+    capped = sustained and emulation == Emulation.CGROUP
     for device, seconds in measured.items():
         if seconds > 0 and modelled.get(device, 0.0) > 0:
-            speeds[device] = pool.devices[device].speed * modelled[device] / seconds
+            learned = pool.devices[device].speed * modelled[device] / seconds
+            speeds[device] = min(learned, pool.devices[device].speed) if capped else learned
     return speeds
 
 
