@@ -209,7 +209,8 @@ def markdown(results: dict) -> str:
         "M / (M + S - 1) (fill and drain idle, perfect balance, free communication). `of bound`: efficiency / "
         "bound, measured (the cost model's prediction of the same plan): what the prediction misses is the "
         "runtime's or the host's, what it already predicts is the plan's. `re-learned`: the cost model with "
-        "each device's speed re-learned from its passes in the last warm-up round (as a re-tune re-learns it), "
+        "each device's speed re-learned from its passes in the last warm-up round (as a re-tune re-learns it, "
+        "but not held to its calibration), "
         "predicting the measured rounds, which it did not see (its error in brackets).",
         "",
         "| model | pool | planner | plan (confined, measured speeds) | sync-round s measured | predicted | "

@@ -139,7 +139,7 @@ def in_pipeline_prediction(warm: PipelineResult, plan: Plan, profile: ModelProfi
     mapped = warm.first_touched_by_device[-1] if warm.first_touched_by_device else {}
     passes = {d: b.compute_s - mapping_s(mapped.get(d), pool.devices[d])
               for d, b in round_breakdown(warm.timeline, len(warm.sync_round_s)).items()}
-    speeds = pipeline_speeds(plan, profile, pool, Emulation.parse(emulate), passes, cache_dir, sustained=False)
+    speeds = pipeline_speeds(plan, profile, pool, Emulation.parse(emulate), passes, cache_dir)
     predicted = predict_sync_round(plan, profile, with_speeds(pool, speeds), emulate, cache_dir=cache_dir)
     return {"speeds": {str(d): speed for d, speed in sorted(speeds.items())},
             "predicted_sync_round_s": predicted.sync_round_s}

@@ -88,16 +88,23 @@ def test_a_confined_device_is_learned_no_faster_than_calibrated(tmp_path):
     """Devices 2 (one sample of four beside device 1) and 0 (a stage of its own) read three times their speed,
     as a confined device's short passes do on quota refilled while it waited: a re-plan's speeds keep their
     calibrated ones (a slower reading still counts: device 1 at half); at host speed, and where the reading
-    itself is asked for (``sustained=False``), it is taken as it is."""
+    itself is asked for (no ``calibrated``), it is taken as it is."""
     record_path(str(tmp_path)).write_text(json.dumps({"operation_overhead_s": 0.0, "byte_overhead_s": 0.0}))
     hybrid = Plan("hand", (StagePlan((0, 1), (0,), (4,), 3), StagePlan((2, 4), (1, 2), (3, 1), 1)),
                   micro_batch=4, num_micro_batches=6)
-    for mode, sustained, fast in ((Emulation.CGROUP, True, 1.0), (Emulation.CGROUP, False, 3.0),
-                                  (Emulation.NONE, True, 3.0)):
+    for mode, calibrated, fast in ((Emulation.CGROUP, HOSTS, 1.0), (Emulation.CGROUP, None, 3.0),
+                                   (Emulation.NONE, HOSTS, 3.0)):
         modelled = predict_sync_round(hybrid, QUICK, HOSTS, mode, cache_dir=str(tmp_path))
         replies = replies_as_modelled(hybrid, HOSTS, {0: 1 / 3, 1: 2.0, 2: 1 / 3}, modelled)
-        speeds = pipeline_speeds(hybrid, QUICK, HOSTS, mode, measured_pass_s([replies]), str(tmp_path), sustained)
-        assert speeds == pytest.approx({0: fast, 1: 0.5, 2: fast}), (mode, sustained)
+        speeds = pipeline_speeds(hybrid, QUICK, HOSTS, mode, measured_pass_s([replies]), str(tmp_path), calibrated)
+        assert speeds == pytest.approx({0: fast, 1: 0.5, 2: fast}), (mode, calibrated)
+    # held to the calibration, not to the speeds of the plan it runs: a device re-planned slower may read back up
+    slowed = HomePool("slowed", (DeviceSpec("host", 0.25, 1 << 30, 1e9),) * 3)
+    modelled = predict_sync_round(hybrid, QUICK, slowed, Emulation.CGROUP, cache_dir=str(tmp_path))
+    replies = replies_as_modelled(hybrid, slowed, {0: 1 / 3}, modelled)
+    speeds = pipeline_speeds(hybrid, QUICK, slowed, Emulation.CGROUP, measured_pass_s([replies]), str(tmp_path),
+                             HOSTS)
+    assert speeds[0] == pytest.approx(0.75) and speeds[1] == pytest.approx(0.25)
 
 
 def test_the_plan_is_kept_when_the_memory_its_first_round_maps_costs_more_than_it_saves():

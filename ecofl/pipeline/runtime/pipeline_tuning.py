@@ -166,23 +166,23 @@ def modelled_pass_s(cost: SyncRoundCost) -> dict[int, float]:
 
 def pipeline_speeds(plan: Plan, profile: ModelProfile, pool: HomePool, emulation: Emulation,
                     measured: Mapping[int, float], cache_dir: str | None = None,
-                    sustained: bool = True) -> dict[int, float]:
+                    calibrated: HomePool | None = None) -> dict[int, float]:
     """Every device's speed with those that computed in ``plan`` re-estimated from ``measured`` (pass seconds a
     round): speed / C, C = measured / modelled (FTPipeHD eqs. 1-3, the model with the runtime's overheads).
 
-    Where devices are confined and ``sustained`` (a re-plan's speeds), a device is learned no faster than
-    ``pool`` says, the speed it kept through its calibration's back-to-back steps under its CPU quota. In the
+    Where devices are confined and ``calibrated`` gives their calibration (a re-plan's speeds), a device is
+    learned no faster than there, the speed it kept through back-to-back steps under its CPU quota. In the
     pipeline a device waits between passes, and a short pass runs on quota its CFS period refilled meanwhile:
     a speed it does not keep on more work. On the mixed home (2026-12-04 22:36) a Raspberry Pi computing one
     sample of eight read 2.7x its calibrated speed, and the re-tune that gave it a stage of its own predicted
     1.83 s a sync-round and measured 2.80 s; alone on the last stage (22:39) it read 1.8x."""
     modelled = modelled_pass_s(predict_sync_round(plan, profile, pool, emulation, cache_dir=cache_dir))
     speeds = {d: spec.speed for d, spec in enumerate(pool.devices)}
-    capped = sustained and emulation == Emulation.CGROUP
+    ceiling = calibrated if emulation == Emulation.CGROUP else None
     for device, seconds in measured.items():
         if seconds > 0 and modelled.get(device, 0.0) > 0:
             learned = pool.devices[device].speed * modelled[device] / seconds
-            speeds[device] = min(learned, pool.devices[device].speed) if capped else learned
+            speeds[device] = learned if ceiling is None else min(learned, ceiling.devices[device].speed)
     return speeds
 
 
@@ -199,11 +199,12 @@ def candidate_plans(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: Hom
 
 def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, emulation: Emulation,
            rounds: Sequence[Mapping[int, Done]], after_round: int, holders: Holders, alive: Collection[int],
-           rounds_left: int, cache_dir: str | None = None) -> TuningDecision:
+           rounds_left: int, cache_dir: str | None = None, calibrated: HomePool | None = None) -> TuningDecision:
     """Re-estimate the speeds from ``rounds`` (the workers' replies of the measured ones, warm-up excluded;
     the last is sync-round ``after_round``), re-plan, and choose (see the module docstring). ``pool`` carries
-    the speeds ``plan`` was made on; ``holders``: who holds each layer."""
-    speeds = pipeline_speeds(plan, profile, pool, emulation, measured_pass_s(rounds, pool), cache_dir)
+    the speeds ``plan`` was made on; ``holders``: who holds each layer; ``calibrated``: the devices' calibrated
+    speeds, which a confined device is not learned above (:func:`pipeline_speeds`)."""
+    speeds = pipeline_speeds(plan, profile, pool, emulation, measured_pass_s(rounds, pool), cache_dir, calibrated)
     tuned = with_speeds(pool, speeds)
     current_s = predict_sync_round(plan, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
     hybrid = emulation == Emulation.CGROUP and mode_of(plan).data_parallel_stages

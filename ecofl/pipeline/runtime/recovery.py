@@ -151,7 +151,7 @@ class Recovery:
         started = time.time()
         decision = decide(self.tuning, layout.plan, layout.profile, with_speeds(layout.pool, self.speeds),
                           self.emulation, measured, r, self.layout.holders(), set(self.control.connections),
-                          self.sync_rounds - (r + 1), self.cache_dir)
+                          self.sync_rounds - (r + 1), self.cache_dir, calibrated=layout.pool)
         self.speeds.update(decision.speeds)
         moved = self._reconfigure(decision.plan, r + 1, self.layout.holders()).moved if decision.switched else 0
         self.tuned.append({**decision.to_dict(), "seconds": time.time() - started, "bytes_moved": moved})
@@ -163,7 +163,7 @@ class Recovery:
         started = time.time()
         planned = with_speeds(layout.pool, self.speeds)
         self.speeds.update(pipeline_speeds(layout.plan, layout.profile, planned, self.emulation,
-                                           measured_pass_s([replies], planned), self.cache_dir))
+                                           measured_pass_s([replies], planned), self.cache_dir, layout.pool))
         slowed = set(slow) | {d for d, speed in self.speeds.items()
                               if speed * self.ft.slowdown_ratio < planned.devices[d].speed}
         kind = self.ft.adapt_replan
