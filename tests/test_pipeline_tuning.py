@@ -83,7 +83,6 @@ def test_confined_speeds_count_the_runtimes_overhead_once(tmp_path):
     assert layers_only[0] < 0.75 * measured_pass_s([replies])[0]  # what the layers-only reference would misread
 
 
-
 def test_a_confined_device_is_learned_no_faster_than_calibrated(tmp_path):
     """Devices 2 (one sample of four beside device 1) and 0 (a stage of its own) read three times their speed,
     as a confined device's short passes do on quota refilled while it waited: a re-plan's speeds keep their
@@ -105,6 +104,19 @@ def test_a_confined_device_is_learned_no_faster_than_calibrated(tmp_path):
     speeds = pipeline_speeds(hybrid, QUICK, slowed, Emulation.CGROUP, measured_pass_s([replies]), str(tmp_path),
                              HOSTS)
     assert speeds[0] == pytest.approx(0.75) and speeds[1] == pytest.approx(0.25)
+
+
+def test_the_plan_is_kept_when_the_gain_is_within_the_margin_or_does_not_pay_for_the_migration():
+    rounds = [replies_as_modelled(LOPSIDED, HOSTS, {})]
+    close = decide(Tuning(planner="ecofl", margin=0.9), LOPSIDED, QUICK, HOSTS, Emulation.SLEEP, rounds, 1,
+                   HOLDERS, {0, 1, 2}, rounds_left=10)
+    assert not close.switched and close.plan is LOPSIDED and close.best_s < close.current_s
+    slow_links = HomePool("slow links", (DeviceSpec("host", 1.0, 1 << 30, 1e3),) * 3)
+    costly = decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, slow_links, Emulation.SLEEP,
+                    [replies_as_modelled(LOPSIDED, slow_links, {})], 1, HOLDERS, {0, 1, 2}, rounds_left=1)
+    assert not costly.switched and costly.migration_s > costly.current_s - costly.best_s > 0
+    assert not decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, HOSTS, Emulation.SLEEP, rounds, 1, HOLDERS,
+                      {0, 1, 2}, rounds_left=0).switched
 
 
 def test_the_plan_is_kept_when_the_memory_its_first_round_maps_costs_more_than_it_saves():
