@@ -57,7 +57,7 @@ from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.runtime.pipeline_tuning import decided_plan
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.portal import HomePipeline
-from ecofl.pipeline.runtime.prediction import plan_as_run, predict_sync_round
+from ecofl.pipeline.runtime.prediction import plan_as_run, predict_sync_round, weighs_hybrid
 from ecofl.pipeline.runtime.calibration import ConfinedPool, confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.cli.emulation_option import chosen_emulation
@@ -180,7 +180,7 @@ def _calibrate(args: argparse.Namespace, spec: ZooModel, shape: tuple, profile, 
 
 def _plan(args: argparse.Namespace, profile, pool, mode: Emulation) -> Plan:
     options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
-    hybrid = args.schedule is None or mode_of(args.schedule).data_parallel_stages
+    hybrid = args.schedule is None or weighs_hybrid(args.schedule, mode)
     plan = plan_as_run(args.planner, profile, pool, args.batch, mode, args.cache_dir, hybrid=hybrid, **options)
     if args.schedule is not None:
         try:

@@ -53,13 +53,12 @@ from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pipeline.cost import SyncRoundCost
 from ecofl.pipeline.first_touch import estimated_first_round_extra_s
 from ecofl.pipeline.migration import Holders, migration_s
-from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import full_replan, full_replans, with_speeds
 from ecofl.pipeline.runtime.control_messages import Done
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.prediction import predict_sync_round, preferred_plan
+from ecofl.pipeline.runtime.prediction import predict_sync_round, preferred_plan, weighs_hybrid
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.schedule import PASSES, ActionKind
 
@@ -207,8 +206,8 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     speeds = pipeline_speeds(plan, profile, pool, emulation, measured_pass_s(rounds, pool), cache_dir, calibrated)
     tuned = with_speeds(pool, speeds)
     current_s = predict_sync_round(plan, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
-    hybrid = emulation == Emulation.CGROUP and mode_of(plan).data_parallel_stages
-    candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive, hybrid) if c != plan]
+    candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive, weighs_hybrid(plan, emulation))
+                  if c != plan]
     best, best_s = (preferred_plan(candidates, tuning.planner or plan.planner, profile, tuned, emulation, cache_dir)
                     if candidates else (plan, current_s))
     moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0

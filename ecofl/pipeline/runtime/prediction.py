@@ -140,6 +140,12 @@ SELECTION_MARGIN = 0.05
 HYBRID_MARGIN = SELECTION_MARGIN
 
 
+def weighs_hybrid(plan: Plan | str, emulation: Emulation | bool | str) -> bool:
+    """Whether a plan of ``plan``'s mode (a plan, or its schedule kind) weighs Asteroid's hybrid plans
+    (:func:`preferred_plan`): where devices are confined and the mode runs data-parallel stages."""
+    return Emulation.parse(emulation) == Emulation.CGROUP and mode_of(plan).data_parallel_stages
+
+
 def preferred_plan(plans: Sequence[Plan], planner: str, profile: ModelProfile, pool: HomePool,
                    emulation: Emulation | bool | str, cache_dir: str | None = None) -> tuple[Plan, float]:
     """Of ``plans`` (``planner``'s own and its hybrid planner's, :func:`~ecofl.pipeline.replan.full_replans`),

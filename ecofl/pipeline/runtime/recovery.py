@@ -43,7 +43,6 @@ import numpy as np
 
 from ecofl.errors import UserError
 from ecofl.pipeline.migration import Holders, restore_point
-from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.replan import full_replans, lightweight_replans, shifted_replans, with_speeds
 from ecofl.pipeline.runtime.control_messages import Config, Done, GlobalCopy, Replicate
@@ -56,7 +55,7 @@ from ecofl.pipeline.runtime.faults import FaultEvent, FaultTolerance, Injection,
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.pipeline_tuning import TuningWindow, decide, measured_pass_s, pipeline_speeds
-from ecofl.pipeline.runtime.prediction import fastest_plan, preferred_plan, quickest_to_finish
+from ecofl.pipeline.runtime.prediction import fastest_plan, preferred_plan, quickest_to_finish, weighs_hybrid
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.reconfiguration import reconfigure, restored_from
 from ecofl.pipeline.runtime.slowdown_watch import SlowdownWatch
@@ -288,9 +287,8 @@ class Recovery:
                                                  max(1, self.sync_rounds - version), self.emulation, self.cache_dir)
             except UserError:
                 pass  # the shifted partition does not fit: plan afresh
-        hybrid = self.emulation == Emulation.CGROUP and mode_of(layout.plan).data_parallel_stages
         candidates = full_replans(self.ft.planner, layout.profile, layout.pool, alive, layout.plan.batch_size,
-                                  speeds=self.speeds, hybrid=hybrid)
+                                  speeds=self.speeds, hybrid=weighs_hybrid(layout.plan, self.emulation))
         return preferred_plan(candidates, self.ft.planner, layout.profile, with_speeds(layout.pool, self.speeds),
                               self.emulation, self.cache_dir)[0]
 
