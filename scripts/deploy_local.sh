@@ -264,8 +264,11 @@ if [ "$devices" -gt 0 ]; then
     for ((i = 0; i < homes; i++)); do
         mkdir -p "$work/home-$i"
         openssl rand -hex 32 >"$work/home-$i/secret"  # the home's secret (mode 600), never on a command line
+        # --every-device: the demo shows every home's pipeline across its devices; a home service plans
+        # a confined home's rounds on the devices predicted fastest, for the digits CNN maybe the portal alone.
         start "home-service-$i" ecofl home serve --listen "$(home_host "$i"):$(home_port "$i")" --name "home-$i" \
-            --secret-file "$work/home-$i/secret" --portal-preset nano-10w ${networks:+--kernel-links} --emulate "$emulate"
+            --secret-file "$work/home-$i/secret" --portal-preset nano-10w ${networks:+--kernel-links} \
+            --emulate "$emulate" --every-device
         for ((j = 0; j < devices; j++)); do
             preset=${presets[$((j % 3))]}
             if [ "$emulate" = cgroup ]; then  # its preset's cores; its budget plus its and its worker's runtimes

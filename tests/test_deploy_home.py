@@ -18,14 +18,17 @@ import numpy as np
 import pytest
 import torch
 
+from ecofl.cli.home_status import _last_round
 from ecofl.deploy.device_daemon import REFUSALS_BEFORE_GIVING_UP
 from ecofl.deploy.home_client import train_at_home
 from ecofl.deploy.home_status import home_status
 from ecofl.deploy.home_service import HomeService
 from ecofl.deploy.service_messages import CLIENT
+from ecofl.devices import MBPS, DeviceSpec, preset
 from ecofl.models import build_model
 from ecofl.net.liveness import LivenessSettings
 from ecofl.net.wire import send_message
+from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.model_spec import ZooModel
 from ecofl.train import TrainConfig, train_local
 from ecofl.weights import get_weights, set_weights
@@ -99,6 +102,34 @@ def test_daemons_join_and_the_home_trains_the_same_update_as_one_process(start_w
         finally:
             stop(daemons)
     assert all(d.returncode == 0 for d in daemons)
+
+
+@pytest.mark.parametrize("every_device", [False, True])
+def test_a_home_of_real_devices_is_planned_at_their_speeds_and_leaves_idle_those_that_would_slow_it(
+        start_weights, every_device):
+    """``ecofl home serve --emulate none``: the devices are the home's own machines, planned and predicted at the
+    speeds they report (here the presets they claim), not as processes of the portal's machine. Pipelined over a
+    Jetson Nano and a Raspberry Pi, with the runtime's work per operation at their speed, the small CNN is
+    predicted about ten times slower than on the portal alone, so the round runs on the portal and both devices
+    idle; ``--every-device`` keeps the planner's plan on all three. The update is one process's either way."""
+    x, y = data()
+    portal = DeviceSpec("portal", preset("nano-10w").speed, preset("nano-10w").memory_bytes, 100 * MBPS)
+    with HomeService(SECRET, "real-home", portal=portal, emulate="none", timeout_s=180, heartbeat=SHARED_HOST,
+                     every_device=every_device) as service:
+        assert service.emulate == Emulation.REAL
+        daemons = [start_daemon(service.port, "d0"), start_daemon(service.port, "d1", preset="rpi4")]
+        try:
+            wait_for(lambda: len(service.present()) == 2, timeout_s=LOADED_S)
+            trained = train_at_home(service.address, SECRET, MODEL, start_weights, x, y, CONFIG)
+            for got, want in zip(trained.weights, expected_weights(start_weights, x, y)):
+                np.testing.assert_allclose(got, want, atol=1e-5)
+            (logged,) = home_status(service.address, SECRET)["round_log"]
+            assert sorted(logged["devices"]) == ["d0", "d1"]
+            assert sorted(logged["planned"]) == (["d0", "d1", "portal"] if every_device else ["portal"])
+            said = _last_round(logged)  # what `ecofl home status` prints of it
+            assert ("idle" not in said) if every_device else ("planned on portal (idle: d" in said)
+        finally:
+            stop(daemons)
 
 
 def test_a_daemon_with_the_wrong_secret_is_refused_and_never_gets_data(start_weights):

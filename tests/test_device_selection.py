@@ -72,6 +72,27 @@ def test_devices_that_sleep_to_the_cost_model_keep_the_planners_own_plan():
     assert prediction.plan_as_run("ecofl", PROFILE, pool, 24, "sleep") == make_plan("ecofl", PROFILE, pool, 24)
 
 
+def test_a_deployed_homes_machines_are_predicted_at_their_own_speeds_not_this_hosts():
+    """``real`` (the home service's devices, each its own machine): slower devices, a longer sync-round. At host
+    speed (``none``) the devices are this machine's processes whatever speeds their specs give."""
+    from ecofl.pipeline.planners import make_plan
+
+    fast, slow = home(1.0, 1.0), home(0.5, 0.5)
+    plan = make_plan("ecofl", PROFILE, fast, 24)
+    real = [prediction.predict_sync_round(plan, PROFILE, pool, "real").sync_round_s for pool in (fast, slow)]
+    host = [prediction.predict_sync_round(plan, PROFILE, pool, "none").sync_round_s for pool in (fast, slow)]
+    assert real[1] > 1.5 * real[0]
+    assert host[1] == pytest.approx(host[0])
+
+
+def test_a_deployed_home_leaves_a_device_idle_as_a_confined_one_does_and_host_speed_does_not():
+    pool = home(1.0, 1.0, 0.01)
+    real = prediction.plan_as_run("ecofl", PROFILE, pool, 24, "real", hybrid=False)
+    assert real == prediction.plan_as_run("ecofl", PROFILE, pool, 24, "cgroup", hybrid=False)
+    assert used(real) == {0, 1}
+    assert used(prediction.plan_as_run("ecofl", PROFILE, pool, 24, "none")) == {0, 1, 2}
+
+
 def test_a_device_the_model_needs_for_its_memory_is_kept_however_slow():
     roomy, small = dataclasses.replace(HOST, memory_bytes=1 << 30), dataclasses.replace(HOST, memory_bytes=6 << 20)
     # six layers of 1 MB weights and optimizer state each: device 2 alone cannot hold the four its partner cannot

@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with HomeService(read_secret(args.secret_file), args.name, host, port, portal, emulate=args.emulate,
-                     planner=args.planner, timeout_s=args.timeout, pace_links=not args.kernel_links) as service:
+                     planner=args.planner, timeout_s=args.timeout, pace_links=not args.kernel_links,
+                     every_device=args.every_device) as service:
         print(f"home service {args.name} listening on {service.host}:{service.port}", flush=True)
         if args.port_file:
             with open(args.port_file, "w") as f:

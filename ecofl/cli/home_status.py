@@ -29,4 +29,16 @@ def run(args: argparse.Namespace) -> int:
     for device in report["devices"]:
         print(f"  {device['id']}: {device['name']} speed {device['speed']:.3g}, "
               f"{device['memory_bytes'] / 2**30:.1f} GiB, trains on {device.get('accelerator', 'cpu')}")
+    if report["round_log"]:
+        print(_last_round(report["round_log"][-1]))
     return 0
+
+
+def _last_round(logged: dict) -> str:
+    """The devices the last round was planned on, those left idle, and its sync-round against the prediction."""
+    idle = [name for name in logged["devices"] if name not in logged["planned"]]
+    line = f"last round: planned on {', '.join(logged['planned'])}" + (f" (idle: {', '.join(idle)})" if idle else "")
+    line += f", {logged['pipeline_sync_round_mean_s']:.3g} s a sync-round"
+    if "pipeline_predicted_sync_round_s" in logged:
+        line += f" ({logged['pipeline_predicted_sync_round_s']:.3g} s predicted)"
+    return line

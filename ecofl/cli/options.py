@@ -239,13 +239,17 @@ def add_home_serve(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", default="home", help="the home's name (default home)")
     parser.add_argument("--portal-preset", default=None, help="emulate this preset as the portal device")
     add_planner(parser, "ecofl")
-    add_emulation(parser, default="sleep",
-                  help_text="sleep: devices that claim a preset sleep to the cost model; cgroup: the devices are "
-                            "confined (the portal's stage here, each daemon by whoever started it) and measured "
-                            "for real, links paced; none: real devices (no dilation, budgets or pacing)")
+    add_emulation(parser, default="none",
+                  help_text="none (default): real devices (no dilation, budgets or pacing), planned and predicted "
+                            "at the speeds they measured; sleep: devices that claim a preset sleep to the cost "
+                            "model (demos); cgroup: the devices are confined (the portal's stage here, each daemon "
+                            "by whoever started it) and measured for real, links paced")
     parser.add_argument("--kernel-links", action="store_true",
                         help="emulated devices whose links the kernel shapes (namespaces + tc): "
                              "no pacing in the pipeline")
+    parser.add_argument("--every-device", action="store_true",
+                        help="plan every round on every device present (the planner's own plan); by default, where "
+                             "devices compute for real, a device predicted to slow the home stays idle")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a device may take to join or answer")
     parser.add_argument("--port-file", default=None, help="write the port listened on to this file once ready")
     runs(parser, "home_serve")

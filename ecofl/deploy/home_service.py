@@ -4,8 +4,11 @@ It keeps the registry of the devices joined right now (each a
 :mod:`.device_daemon` on an authenticated connection, with the profile it
 sent and a heartbeat), and trains for the home's ClientApp, which reaches it
 over an authenticated local connection: each request plans the model on the
-portal plus the devices present (:func:`ecofl.pipeline.planners.make_plan`),
-asks the devices the plan uses to join a pipeline session, runs
+portal plus the devices present as the CLI does
+(:func:`ecofl.pipeline.runtime.prediction.plan_as_run`: where the devices
+compute for real, the micro-batch and the devices predicted fastest, a
+device that would slow the home left idle, PipeEdge §III-B), asks the
+devices the plan uses to join a pipeline session, runs
 :func:`ecofl.pipeline.runtime.round_training.train_round` with fault
 tolerance (a device lost mid-round is recovered from, Asteroid §3.4) and
 answers with the trained weights and the measured against the predicted
@@ -63,6 +66,7 @@ from ecofl.net.errors import ChannelClosed
 from ecofl.net.sealed import SealedSocket
 from ecofl.net.schema import MalformedMessage, encode
 from ecofl.net.wire import recv_message, send_message
+from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
 from ecofl.pipeline.runtime.confinement import STARTUP_ALLOWANCE_BYTES
@@ -71,6 +75,7 @@ from ecofl.pipeline.runtime.errors import DevicesLost, HomePipelineError
 from ecofl.pipeline.runtime.faults import FaultTolerance
 from ecofl.pipeline.runtime.model_spec import ZooModel, spec_from_json
 from ecofl.pipeline.runtime.portal import HomePipeline
+from ecofl.pipeline.runtime.prediction import plan_as_run
 from ecofl.pipeline.runtime.round_training import train_round
 from ecofl.train import TrainConfig
 
@@ -85,15 +90,38 @@ def _profile(model: str, shape: tuple[int, ...], classes: int, granularity: str)
     return profile_zoo_model(model, shape, classes, granularity)
 
 
+def plan_round(planner: str, profile: ModelProfile, pool: HomePool, size: int, emulation: Emulation,
+               every_device: bool) -> Plan:
+    """A round's plan on the portal plus the devices present: the planner's own on every device
+    (``every_device``), else as the CLI plans (:func:`~ecofl.pipeline.runtime.prediction.plan_as_run`); the
+    devices it leaves idle are logged."""
+    plan = make_plan(planner, profile, pool, size) if every_device else plan_as_run(planner, profile, pool, size,
+                                                                                    emulation)
+    used = {d for stage in plan.stages for d in stage.devices}
+    idle = [spec.name for d, spec in enumerate(pool.devices) if d not in used]
+    if idle:
+        log.info("planned on %s; idle (predicted faster without them): %s",
+                 ", ".join(pool.devices[d].name for d in sorted(used)), ", ".join(idle))
+    return plan
+
+
 class HomeService:
-    """The registry of a home's devices and its trainer; a context manager that owns its threads and sockets."""
+    """The registry of a home's devices and its trainer; a context manager that owns its threads and sockets.
+
+    ``emulate``: ``none`` (``ecofl home serve``'s default) for devices that are the home's own machines, planned
+    and predicted at the speeds they measured (:attr:`Emulation.REAL`); ``sleep`` (the default here, for tests
+    and demos) for daemons that claim presets and sleep to the cost model; ``cgroup`` for confined ones.
+    ``every_device`` plans every round on every device present, none left idle."""
 
     def __init__(self, secret: bytes, name: str = "home", host: str = "127.0.0.1", port: int = 0,
                  portal: DeviceSpec | None = None, emulate: str = Emulation.SLEEP, planner: str = "ecofl",
                  timeout_s: float = 120.0, beat_timeout_s: float = 5.0, pace_links: bool = True,
-                 heartbeat: LivenessSettings | None = None):
+                 heartbeat: LivenessSettings | None = None, every_device: bool = False):
         self.secret, self.name, self.host, self.port = secret, name, host, port
-        self.emulate = Emulation.parse(emulate)
+        # Unemulated, a home's devices are its own machines, predicted at their speeds (not this machine's)
+        mode = Emulation.parse(emulate)
+        self.emulate = Emulation.REAL if mode == Emulation.NONE else mode
+        self.every_device = every_device  # plan on every device present (the planner's own plan), none left idle
         self.planner, self.timeout_s = planner, timeout_s
         self.pace_links = pace_links  # False: the devices' links are shaped by the kernel (namespaces + tc)
         self.heartbeat = heartbeat or LivenessSettings()  # how long a pipeline worker may stay silent
@@ -102,9 +130,10 @@ class HomeService:
         self.portal = portal or DeviceSpec("portal", 1.0, 4 << 30, 100e6 / 8,  # this machine, as measured
                                            first_touch_s_per_byte=first_touch_seconds_per_byte())
         self.rounds = 0
+        self._planned: list[str] = []  # the devices the last pipeline opened was planned on
         self.sessions = 0  # pipeline sessions the devices were asked to join
         self.sync_rounds = 0  # sync-rounds completed, over every round trained
-        self.round_log: list[dict] = []  # per trained task: devices, measured and predicted sync-round
+        self.round_log: list[dict] = []  # per trained task: devices (joined, planned), measured and predicted
         self._lock = threading.Lock()
         self._train_lock = threading.Lock()
         self._stop = threading.Event()
@@ -280,7 +309,8 @@ class HomeService:
                         raise
                     log.warning("the home's devices changed (%s); re-planning on the devices present", error)
             self.rounds += 1
-            self.round_log.append({"devices": [m.spec.name for m in members], **trained.metrics()})
+            self.round_log.append({"devices": [m.spec.name for m in members], "planned": self._planned,
+                                   **trained.metrics()})
         reply = Trained(len(trained.weights), float(trained.loss), trained.num_samples, trained.metrics(),
                         [m.spec.name for m in members])
         return reply, {f"w{i}": np.asarray(w) for i, w in enumerate(trained.weights)}
@@ -292,8 +322,9 @@ class HomeService:
         profile = _profile(model.name, tuple(model.input_shape), model.num_classes, model.granularity)
 
         def open_pipeline(size: int) -> HomePipeline:
-            plan = make_plan(self.planner, profile, pool, size)
+            plan = plan_round(self.planner, profile, pool, size, self.emulate, self.every_device)
             used = {d for stage in plan.stages for d in stage.devices}
+            self._planned = [pool.devices[d].name for d in sorted(used)]
 
             def departed() -> set[int]:
                 return {d for d in used - {0} if not self.registry.holds(members[d - 1].id)}

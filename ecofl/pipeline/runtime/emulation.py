@@ -1,6 +1,7 @@
 """Emulating a home's devices on one machine (docs/pipeline.md).
 
-Three modes (:class:`Emulation`), named in every result:
+Three modes (:class:`Emulation`), named in every result, and a fourth for
+a deployed home, whose devices are not emulated at all:
 
 - ``cgroup``: each device's worker is confined by the kernel to the
   device's CPU and memory (:mod:`ecofl.cgroups`,
@@ -10,7 +11,11 @@ Three modes (:class:`Emulation`), named in every result:
 - ``sleep``: every device sleeps to the cost model's time (below), so
   measured equals predicted by construction and only overheads are
   measured: the model's figures;
-- ``none``: every device at host speed (real, but all alike).
+- ``none``: every device at host speed (real, but all alike): the devices
+  are processes of this machine, sharing its cores;
+- ``real``: the devices are the home's own machines (the home service's
+  daemons, docs/deploy.md): nothing emulated, and a plan is predicted at
+  the speeds they measured, each on its own cores, not at this machine's.
 
 Links are paced by a token bucket in ``cgroup`` and ``sleep`` mode (or shaped
 by the kernel in network namespaces). What ``sleep`` mode does:
@@ -48,6 +53,24 @@ class Emulation(StrEnum):
     CGROUP = "cgroup"  # confined by cgroups: real CPU quota and memory limit
     SLEEP = "sleep"  # sleeping to the cost model's time: the model's figures
     NONE = "none"  # host speed
+    REAL = "real"  # a deployed home's own machines
+
+    @property
+    def on_this_host(self) -> bool:
+        """The devices are processes of this machine at its speed, sharing its cores (``none``)."""
+        return self is Emulation.NONE
+
+    @property
+    def paces_links(self) -> bool:
+        """The pipeline paces each link to its device's bandwidth (``cgroup``, ``sleep``)."""
+        return self in (Emulation.CGROUP, Emulation.SLEEP)
+
+    @property
+    def at_own_speeds(self) -> bool:
+        """The devices compute for real at speeds of their own (``cgroup``, ``real``): which of them a plan
+        uses, and whether a stage gets several, are the home's to weigh (PipeEdge's selection, Asteroid's
+        hybrid stages)."""
+        return self in (Emulation.CGROUP, Emulation.REAL)
 
     @classmethod
     def parse(cls, value: "str | Emulation") -> "Emulation":

@@ -71,7 +71,8 @@ def runtime_overheads(emulation: Emulation, cache_dir: str | None = None) -> dic
     """The cost models' overhead arguments for a run in ``emulation``: this host's, measured once and cached,
     where devices compute for real; none where they sleep to the model. A confined device's time per byte is
     in the speed it calibrated (its steps carry their tensors through sealed links, :mod:`.link_work`), so
-    confined runs add the per-operation overhead only."""
+    confined runs add the per-operation overhead only. A deployed home's machines (``real``) are charged
+    this host's overheads at their speeds: a device's own were not measured (its speed at join was)."""
     if emulation == Emulation.SLEEP:
         return {}
     if emulation == Emulation.CGROUP:

@@ -112,7 +112,7 @@ class HomePipeline:
         self.invite, self.join_timeout_s, self.cache_dir = invite, join_timeout_s, cache_dir
         self.emulation = Emulation.parse(emulate)
         full_model, layers = model.build()
-        pace = self.emulation != Emulation.NONE and (network is None if pace_links is None else pace_links)
+        pace = self.emulation.paces_links and (network is None if pace_links is None else pace_links)
         self.layout = PipelineLayout(full_model, layers, pool, plan, profile,
                                      sleeps=self.emulation == Emulation.SLEEP, pace_links=pace,
                                      aggregate_every=aggregate_every)

@@ -35,22 +35,22 @@ from ecofl.pipeline.runtime.host_overhead import runtime_overheads
 def predict_sync_round(plan: Plan, profile: ModelProfile, pool: HomePool, emulation: Emulation | bool | str,
                        rounds: int = 1, cache_dir: str | None = None,
                        copy_bytes: Mapping[int, float] | None = None) -> SyncRoundCost:
-    """The cost model's sync-round of ``plan``: on the pool (confined: at the speeds its devices measured), or
-    on its devices as processes of this machine (``emulation`` none). An asynchronous 1F1B plan runs a call's
-    ``rounds`` x M micro-batches as one pass: that pass is predicted. ``copy_bytes``: the bytes each device
-    seals or opens for fault tolerance in a sync-round (:func:`ecofl.pipeline.replication.copy_bytes`), at
-    this host's time per byte of a copy (:mod:`.copy_cost`: over paced links where devices are emulated, else
-    not paced) and the device's speed, beside its passes; devices that sleep to the cost model copy outside it
-    (none charged)."""
+    """The cost model's sync-round of ``plan``: on the pool (confined or real: at the speeds its devices
+    measured), or on its devices as processes of this machine (``emulation`` none). An asynchronous 1F1B plan
+    runs a call's ``rounds`` x M micro-batches as one pass: that pass is predicted. ``copy_bytes``: the bytes
+    each device seals or opens for fault tolerance in a sync-round
+    (:func:`ecofl.pipeline.replication.copy_bytes`), at this host's time per byte of a copy (:mod:`.copy_cost`:
+    over paced links where the pipeline paces them, else not paced) and the device's speed, beside its passes;
+    devices that sleep to the cost model copy outside it (none charged)."""
     per_pass = mode_of(plan).rounds_per_pass(rounds)
     plan, devices, overheads = _as_run(plan, pool, emulation, rounds, cache_dir)
     emulation = Emulation.parse(emulation)
     if copy_bytes and emulation != Emulation.SLEEP:
-        per_byte = host_copy_byte_s(paced=emulation != Emulation.NONE, cache_dir=cache_dir)
+        per_byte = host_copy_byte_s(paced=emulation.paces_links, cache_dir=cache_dir)
         overheads["background"] = {
             d: Background(carried * per_pass, per_byte * carried * per_pass / devices.devices[d].speed)
             for d, carried in copy_bytes.items()}
-    if emulation != Emulation.NONE:  # each device its own cores; confined, the runtime's work at its speed too
+    if not emulation.on_this_host:  # each device its own cores, the runtime's work at its speed too
         return simulate(plan, profile, devices, **overheads)
     return simulate(plan, profile, devices, cores=host_cores(), **overheads)
 
@@ -75,7 +75,7 @@ def _as_run(plan: Plan, pool: HomePool, emulation: Emulation | bool | str, round
     per_pass = mode_of(plan).rounds_per_pass(rounds)
     plan = dataclasses.replace(plan, num_micro_batches=plan.num_micro_batches * per_pass)
     emulation = Emulation.parse(emulation)
-    devices = pool if emulation != Emulation.NONE else host_pool(pool)
+    devices = host_pool(pool) if emulation.on_this_host else pool
     return plan, devices, dict(runtime_overheads(emulation, cache_dir))
 
 
@@ -142,8 +142,9 @@ HYBRID_MARGIN = SELECTION_MARGIN
 
 def weighs_hybrid(plan: Plan | str, emulation: Emulation | bool | str) -> bool:
     """Whether a plan of ``plan``'s mode (a plan, or its schedule kind) weighs Asteroid's hybrid plans
-    (:func:`preferred_plan`): where devices are confined and the mode runs data-parallel stages."""
-    return Emulation.parse(emulation) == Emulation.CGROUP and mode_of(plan).data_parallel_stages
+    (:func:`preferred_plan`): where devices compute at their own speeds (confined, or a deployed home's) and
+    the mode runs data-parallel stages."""
+    return Emulation.parse(emulation).at_own_speeds and mode_of(plan).data_parallel_stages
 
 
 def preferred_plan(plans: Sequence[Plan], planner: str, profile: ModelProfile, pool: HomePool,
@@ -166,15 +167,16 @@ def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size:
                 **options: object) -> Plan:
     """``planner``'s plan for ``pool``; where devices compute for real and ``options`` fix no micro-batch, of its
     plans at each micro-batch size the one predicted fastest with the runtime's overheads (:func:`fastest_plan`),
-    and where they are confined, on the devices that make it fastest (:func:`selected_devices`). At host speed
-    the devices are processes of this machine at its speed, not the home's (:func:`~ecofl.devices.host_pool`):
-    which of them to leave out would say nothing about the home. The CLI and the confined benchmark plan so;
+    and where they compute at their own speeds (confined, or a deployed home's machines), on the devices that
+    make it fastest (:func:`selected_devices`). At host speed the devices are processes of this machine at its
+    speed, not the home's (:func:`~ecofl.devices.host_pool`): which of them to leave out would say nothing
+    about the home. The CLI, the home service and the confined benchmark plan so;
     ``hybrid=False`` weighs only the planner's own plans (for a schedule that runs one device a stage: Asteroid's
     planner may give a stage several)."""
     emulation = Emulation.parse(emulation)
     if "micro_batch" in options or emulation == Emulation.SLEEP:
         return make_plan(planner, profile, pool, batch_size, **options)
-    if emulation == Emulation.CGROUP:
+    if emulation.at_own_speeds:
         return selected_devices(planner, profile, pool, batch_size, emulation, cache_dir, hybrid=hybrid,
                                 **options)[0]
     return fastest_plan(plans_by_micro_batch(planner, profile, pool, batch_size, **options), profile, pool,
