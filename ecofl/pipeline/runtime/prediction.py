@@ -199,7 +199,8 @@ def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_
     one left out are no candidate. A device too slow for the smallest stage the layers allow costs the pipeline
     more than it gives: on the mixed home's calibration of 2026-12-04 18:15 (MobileNetV2, mini-batch 64), the
     Eco-FL planner's fastest plan with the Raspberry Pi (0.025 cores) was predicted at 2.84 s a sync-round and
-    without it at 2.66 s. A device left out idles; a re-plan after a failure may use it."""
+    without it at 2.66 s. A device left out idles: the pipeline starts no worker for it, so a re-plan after a
+    failure plans without it, unless it joins."""
     kept = tuple(range(len(pool.devices)))
 
     def fastest_on(devices: tuple[int, ...]) -> tuple[Plan, float]:
