@@ -10,12 +10,18 @@ carries the plan the choice is compared with, at the same measured speeds (a lef
 whole-model calibration):
 
 - ``--compare selection``: the fastest plan on every device (no device left out);
-- ``--compare hybrid``: the fastest plan with one device a stage (no hybrid stage; devices still selected).
+- ``--compare hybrid``: the fastest plan with one device a stage (no hybrid stage; devices still selected);
+- ``--compare micro-batch``: the fastest plan at the next larger micro-batch the planners may take (fewer
+  operations a round, a larger fill and drain), or where the chosen one is the largest, the next smaller, on
+  the same devices. The cost model chooses the micro-batch; this measures whether its choice pays where the
+  two are predicted close.
 
 Then the two plans run alternately, ``--pairs`` times each, so that both see the same host.
 
 Needs root (cgroups). Writes benchmarks/results/device_selection.json and the "device-selection" section of
-docs/pipeline.md (``--compare hybrid``: hybrid_stages.json, "hybrid-stages").
+docs/pipeline.md (``--compare hybrid``: hybrid_stages.json, "hybrid-stages"; ``--compare micro-batch``:
+micro_batch_choice.json, "micro-batch-choice"); on another ``--pool``, the pool's name appended
+(``micro_batch_choice_ecofl_3stage.json``, "micro-batch-choice-ecofl-3stage").
 """
 
 from __future__ import annotations
@@ -39,10 +45,12 @@ from benchmarks.markdown_section import cell, publish  # noqa: E402
 from benchmarks.steady_runs import host_reference_s  # noqa: E402
 from ecofl.cli.calibration_file import load_calibration  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
-from ecofl.pipeline.runtime.prediction import selected_devices  # noqa: E402
+from ecofl.pipeline.replan import full_replans  # noqa: E402
+from ecofl.pipeline.runtime.prediction import preferred_plan, selected_devices  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
 CLASSES = 10  # Fashion-MNIST
+DEFAULT_POOL = "mixed-rpi"  # another pool's results and section have its name appended
 
 
 def command(model: str, pool: str, rounds: int, calibration: Path) -> list[str]:
@@ -67,10 +75,29 @@ def train(model: str, pool: str, rounds: int, calibration: Path, label: str) -> 
             "host_reference_s": round(reference, 4), "load_before": round(load, 2)}
 
 
-#: Per comparison: the alternative plan's label, how :func:`selected_devices` makes it, the results' name.
+def at_the_next_micro_batch(planner: str, profile, pool, batch: int, chosen) -> tuple:
+    """The plan predicted fastest (the planner's own and Asteroid's, as chosen) on the chosen plan's devices at
+    the next larger micro-batch the planners may take, or where there is none the next smaller one; with its
+    sync-round."""
+    devices = tuple(sorted({d for s in chosen.stages for d in s.devices}))
+    plans = full_replans(planner, profile, pool, devices, batch, hybrid=True)
+    sizes = sorted({plan.micro_batch for plan in plans})
+    larger = [size for size in sizes if size > chosen.micro_batch]
+    smaller = [size for size in sizes if size < chosen.micro_batch]
+    if not larger and not smaller:
+        raise SystemExit(f"the planners take no micro-batch but {chosen.micro_batch}: nothing to compare")
+    size = larger[0] if larger else smaller[-1]
+    return preferred_plan([plan for plan in plans if plan.micro_batch == size], planner, profile, pool, "cgroup")
+
+
+#: Per comparison: the alternative plan's label, how it is made (planner, profile, pool, batch, chosen plan),
+#: the results' name.
 COMPARISONS = {
-    "selection": ("every device", {"margin": 1.0}, "device_selection"),
-    "hybrid": ("one device a stage", {"hybrid": False}, "hybrid_stages"),
+    "selection": ("every device", lambda *home: selected_devices(*home[:4], "cgroup", margin=1.0),
+                  "device_selection"),
+    "hybrid": ("one device a stage", lambda *home: selected_devices(*home[:4], "cgroup", hybrid=False),
+               "hybrid_stages"),
+    "micro-batch": ("the next micro-batch", at_the_next_micro_batch, "micro_batch_choice"),
 }
 
 
@@ -81,8 +108,8 @@ def alternative_copy(chosen: Path, alternative: Path, compare: str) -> dict:
     confined, kept, _ = load_calibration(chosen, settings, load_pool(settings["pool"]))
     pool = confined.pool
     profile = profile_zoo_model(settings["model"], tuple(settings["input_shape"]), CLASSES, settings["granularity"])
-    label, choice, _ = COMPARISONS[compare]
-    plan, seconds = selected_devices(settings["planner"], profile, pool, settings["batch"], "cgroup", **choice)
+    label, alternative_of, _ = COMPARISONS[compare]
+    plan, seconds = alternative_of(settings["planner"], profile, pool, settings["batch"], kept)
     calibration["plan"] = plan.to_dict()
     alternative.write_text(json.dumps(calibration, indent=2) + "\n")
     used = {d for s in kept.stages for d in s.devices}
@@ -161,16 +188,17 @@ def render(result: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="mobilenet_v2")
-    parser.add_argument("--pool", default="mixed-rpi")
+    parser.add_argument("--pool", default=DEFAULT_POOL)
     parser.add_argument("--pairs", type=int, default=3, help="runs of each plan, alternating")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="selection",
-                        help="selection: against every device; hybrid: against one device a stage")
+                        help="selection: against every device; hybrid: against one device a stage; "
+                             "micro-batch: against the next micro-batch size")
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error("--pairs must be at least 1")
     result = measure(args.model, args.pool, args.pairs, args.rounds, args.compare)
-    name = COMPARISONS[args.compare][2]
+    name = COMPARISONS[args.compare][2] + ("" if args.pool == DEFAULT_POOL else "_" + args.pool.replace("-", "_"))
     publish(result, ROOT / "benchmarks" / "results" / f"{name}.json", render(result), ROOT / "docs" / "pipeline.md",
             name.replace("_", "-"))
     return 0
