@@ -408,6 +408,27 @@ def test_a_worker_over_its_real_memory_limit_is_named_out_of_memory_and_nothing_
 
 
 @needs_cgroups
+def test_a_device_the_plan_left_out_joins_in_its_own_cgroup_and_the_result_is_exact():
+    """Device selection may leave a device out of the plan (no worker); one that joins later (``join:D@R``) runs
+    confined like the others. Its limits were once only the plan's devices', and its join failed (KeyError)."""
+    from pipeline_kit import PROFILE, WITHOUT_BATCH_NORM, assert_same, data, single_process
+
+    home3 = HomePool("three", tuple(DeviceSpec(f"d{i}", 0.2, GB, 1e9) for i in range(3)))
+    two_stages = Plan("hand", (StagePlan((0, 2), (0,), (4,), 3), StagePlan((3, 4), (1,), (4,), 1)), 4, 6)
+    x, y = data()
+    with HomePipeline(WITHOUT_BATCH_NORM, home3, two_stages, profile=PROFILE, emulate="cgroup", timeout_s=120,
+                      fault_tolerance=FaultTolerance(heartbeat=FAST_HEARTBEAT)) as home:
+        start = home.weights
+        result = home.train(None, x, y, 6, lr=0.1, inject=[Injection.parse("join:2@3")])
+        final_plan, confined = home.plan, home.confinement_report()
+    [event] = result.events
+    assert event["kind"] == "join" and event["device"] == 2
+    assert 2 in {d for stage in final_plan.stages for d in stage.devices}
+    assert confined[2]["cpu_quota"] == pytest.approx(0.2, rel=0.05)
+    assert_same(single_process(WITHOUT_BATCH_NORM, start, x, y, two_stages, 6, lr=0.1), result.weights)
+
+
+@needs_cgroups
 def test_a_quota_cut_is_detected_from_measured_times_and_the_slowed_device_gets_less_work():
     """Eco-FL §4.4 for real: device 1's quota is divided by 4 at round 2 (the portal is not told); the portal
     sees its compute times grow and re-plans it to less work."""

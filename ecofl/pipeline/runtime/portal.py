@@ -121,9 +121,10 @@ class HomePipeline:
         # The devices whose workers run on this machine need its GPUs; a remote one (a daemon) has its own.
         check_accelerators([pool.devices[d] for d in self.local_devices], f"pool {pool.name}")
         confinement = None
-        if self.emulation == Emulation.CGROUP:
-            confinement = (Confinement.of_pool(pool, self.local_devices) if limits is None
-                           else Confinement({d: limits[d] for d in self.local_devices}))
+        if self.emulation == Emulation.CGROUP:  # every device that may run here: the plan's and any that joins
+            here = list(range(len(pool.devices))) if local_devices is None else self.local_devices
+            confinement = (Confinement.of_pool(pool, here) if limits is None
+                           else Confinement({d: limits[d] for d in here}))
         self.control = ControlPlane(
             [d.name for d in pool.devices], secret if secret is not None else new_secret(), timeout_s,
             host=network.portal_address if network is not None else host,  # namespaces: links shaped by the kernel
