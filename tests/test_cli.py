@@ -42,6 +42,12 @@ def test_an_unknown_command_or_a_bad_option_is_one_line_naming_the_choices(capsy
     assert err.count("\n") == 1 and "'digits', 'fashion_mnist', 'mnist', 'cifar10'" in err
 
 
+def test_an_injected_event_at_a_device_the_home_lacks_is_refused_before_anything_runs(capsys):
+    assert main(["home", "train", "--model", "cnn", "--pool", "ecofl-3stage", "--dataset", "digits", "--rounds", "2",
+                 "--emulate", "sleep", "--inject", "kill:7@1"]) == 2
+    assert "kill:7@1 names device 7: the home's devices are 0-2" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", [["--help"], ["home", "train", "--help"], ["plan", "--help"],
                                      ["home", "infer", "--help"], ["data", "partition", "--help"]])
 def test_help_imports_no_torch(command):

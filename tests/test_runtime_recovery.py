@@ -18,10 +18,11 @@ from ecofl.net.liveness import SILENT
 from ecofl.pipeline.migration import layer_owners
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime import HomePipeline
+from ecofl.pipeline.runtime.errors import HomePipelineError
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
 from ecofl.pipeline.schedule import ScheduleError
-from pipeline_kit import (FAST_HEARTBEAT, PROFILE, THREE_STAGES, WITHOUT_BATCH_NORM, assert_same, data, pool,
-                          single_process, synthetic_profile, train_exactly)
+from pipeline_kit import (FAST_HEARTBEAT, PROFILE, THREE_STAGES, WITHOUT_BATCH_NORM, assert_gone, assert_same, data,
+                          pool, single_process, synthetic_profile, train_exactly)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -122,6 +123,39 @@ def test_injection_syntax():
     for bad in ("kill:1", "slow:1@3", "melt:1@2", "slow:1*0@2"):
         with pytest.raises(UserError):
             Injection.parse(bad)
+
+
+def test_an_event_that_would_strike_no_stage_is_refused_before_the_first_round():
+    """Device selection may leave a device out of the plan: a kill, freeze or slow-down of it (or of a device the
+    pool does not have) once struck nothing and was logged as if it had."""
+    from ecofl.errors import UserError
+    from ecofl.pipeline.runtime.faults import check_targets
+
+    def events(*texts: str) -> list[Injection]:
+        return [Injection.parse(text) for text in texts]
+
+    check_targets(events("kill:1@3", "slow:0*2@2", "join:2@2", "kill:2@3", "freeze:2@2"), {0, 1}, 3)
+    for refused, reason in ((("kill:2@3",), "no stage in the plan"), (("slow:2*2@3",), "no stage in the plan"),
+                            (("join:2@4", "kill:2@3"), "no stage in the plan"), (("kill:5@1",), "devices are 0-2"),
+                            (("join:3@1",), "devices are 0-2")):
+        with pytest.raises(UserError, match=reason):
+            check_targets(events(*refused), {0, 1}, 3)
+    x, y = data()
+    two_stages = Plan("hand", (StagePlan((0, 2), (0,), (4,), 3), StagePlan((3, 4), (1,), (4,), 1)), 4, 6)
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), two_stages, profile=PROFILE, emulate="none", timeout_s=60,
+                      fault_tolerance=FaultTolerance(heartbeat=FAST_HEARTBEAT)) as home:
+        with pytest.raises(UserError, match="kill:2@3: device 2 has no stage"):
+            home.train(None, x, y, 4, lr=0.1, inject=events("kill:2@3"))
+
+
+def test_a_second_strike_at_a_device_already_lost_fails_the_run_and_says_why():
+    x, y = data()
+    with HomePipeline(WITHOUT_BATCH_NORM, pool(3), THREE_STAGES, profile=PROFILE, emulate="none", timeout_s=60,
+                      fault_tolerance=FaultTolerance(heartbeat=FAST_HEARTBEAT)) as home:
+        pids = list(home.worker_pids.values())
+        with pytest.raises(HomePipelineError, match="cannot kill device 1 at sync-round 4: it is not in the home"):
+            home.train(None, x, y, 6, lr=0.1, inject=[Injection.parse("kill:1@2"), Injection.parse("kill:1@4")])
+    assert_gone(pids)
 
 
 def slowed(events: list[str]):

@@ -25,13 +25,13 @@ class FaultInjector:
         """Arm the kills and freezes aimed at a phase of sync-round ``r``, start its slow-downs; the devices
         that join before it."""
         for event in self._due(r, ("kill", "freeze"), aimed=True):
-            if event.device not in self.control.connections:
-                raise HomePipelineError(f"cannot aim {event.kind} at device {event.device}: it is not in the home")
+            self._present(event, f"aim {event.kind} at")
             self.control.send(event.device, Arm(event.kind, event.phase, event.count))
             self.control.gather(Armed, [event.device])
             self.log.events.append(FaultEvent(event.kind, event.device, r, phase=event.phase))  # timed on strike
         confinement = self.control.devices.confinement
         for event in self._due(r, ("slow",)):
+            self._present(event, "slow")
             if confinement is not None and event.device in confinement.limits:
                 confinement.slow(event.device, event.factor)  # a real load: the worker is not told
             else:
@@ -42,8 +42,16 @@ class FaultInjector:
     def after_send(self, r: int) -> None:
         """Sync-round ``r`` has started: the kills and freezes not aimed at a phase strike now."""
         for event in self._due(r, ("kill", "freeze")):
+            self._present(event, event.kind)
             self.control.devices.signal(event.device, signal.SIGKILL if event.kind == "kill" else signal.SIGSTOP)
             self.log.record(FaultEvent(event.kind, event.device, r))
+
+    def _present(self, event: Injection, verb: str) -> None:
+        """``event``'s device is in the home now (it may have been lost, or left out of the plan and never joined;
+        :func:`~.faults.check_targets` refuses the latter before the first round)."""
+        if event.device not in self.control.connections:
+            raise HomePipelineError(f"cannot {verb} device {event.device} at sync-round {event.round}: it is not in "
+                                    "the home (lost, or never given a stage)")
 
     def _due(self, r: int, kinds: tuple[str, ...], aimed: bool = False) -> list[Injection]:
         """The injections of ``kinds`` (``aimed``: at a phase) at sync-round ``r``, each fired once."""

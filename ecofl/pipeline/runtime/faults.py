@@ -28,6 +28,7 @@ failure while recovering from a first).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ecofl import names
@@ -106,6 +107,21 @@ class Injection:
         if not factor > 0:
             raise UserError(f"bad event {text!r}: the slow-down factor must be positive")
         return cls("slow", int(match.group(6)), int(match.group(8)), factor)
+
+
+def check_targets(injections: Sequence[Injection], plan_devices: Collection[int], pool_size: int) -> None:
+    """Every injected event names a device of the pool, and a kill, freeze or slow-down one with a stage by then:
+    in the plan the pipeline starts from, or joined at an earlier or the same sync-round. Otherwise the event
+    would strike nothing (device selection may leave a device out of the plan): a UserError before any round."""
+    for event in injections:
+        named = f"{event.kind}:{event.device}@{event.round}"
+        if not 0 <= event.device < pool_size:
+            raise UserError(f"{named} names device {event.device}: the home's devices are 0-{pool_size - 1}")
+        joins = any(e.kind == "join" and e.device == event.device and e.round <= event.round for e in injections)
+        if event.kind != "join" and event.device not in plan_devices and not joins:
+            raise UserError(f"{named}: device {event.device} has no stage in the plan (device selection may have "
+                            f"left it out), so nothing would be struck; it can be after it joins "
+                            f"(join:{event.device}@R)")
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from ecofl.pipeline.runtime.confinement import Confinement
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.errors import HomePipelineError
-from ecofl.pipeline.runtime.faults import FaultTolerance, Injection
+from ecofl.pipeline.runtime.faults import FaultTolerance, Injection, check_targets
 from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.model_spec import ModelSpec
 from ecofl.pipeline.runtime.tuning_settings import Tuning
@@ -248,6 +248,7 @@ class HomePipeline:
             raise ValueError(f"sync_rounds must be at least 1, got {sync_rounds}")
         if inject and self.fault_tolerance is None:
             raise ValueError("injected events need fault tolerance on")
+        check_targets(inject, self.layout.devices, len(self.layout.pool))
         mode = mode_of(self.plan)
         mode.check_training(fault_tolerance=self.fault_tolerance is not None, tuning=self.tuning is not None)
         keys = self.layout.keys
