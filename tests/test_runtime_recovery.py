@@ -134,10 +134,11 @@ def test_an_event_that_would_strike_no_stage_is_refused_before_the_first_round()
     def events(*texts: str) -> list[Injection]:
         return [Injection.parse(text) for text in texts]
 
-    check_targets(events("kill:1@3", "slow:0*2@2", "join:2@2", "kill:2@3", "freeze:2@2"), {0, 1}, 3)
+    check_targets(events("kill:1@3", "slow:0*2@2", "join:2@2", "kill:2@3", "freeze:2@2", "join:1@5"), {0, 1}, 3)
     for refused, reason in ((("kill:2@3",), "no stage in the plan"), (("slow:2*2@3",), "no stage in the plan"),
                             (("join:2@4", "kill:2@3"), "no stage in the plan"), (("kill:5@1",), "devices are 0-2"),
-                            (("join:3@1",), "devices are 0-2")):
+                            (("join:3@1",), "devices are 0-2"), (("join:1@2",), "in the pipeline already"),
+                            (("join:1@2", "kill:1@2"), "in the pipeline already")):
         with pytest.raises(UserError, match=reason):
             check_targets(events(*refused), {0, 1}, 3)
     x, y = data()

@@ -110,9 +110,10 @@ class Injection:
 
 
 def check_targets(injections: Sequence[Injection], plan_devices: Collection[int], pool_size: int) -> None:
-    """Every injected event names a device of the pool, and a kill, freeze or slow-down one with a stage by then:
-    in the plan the pipeline starts from, or joined at an earlier or the same sync-round. Otherwise the event
-    would strike nothing (device selection may leave a device out of the plan): a UserError before any round."""
+    """Every injected event names a device of the pool; a kill, freeze or slow-down one with a stage by then (in
+    the plan the pipeline starts from, or joined at an earlier or the same sync-round); a join one out of the
+    pipeline by then (not in that plan, or killed or frozen before). Otherwise the event would strike nothing
+    (device selection may leave a device out of the plan): a UserError before any round."""
     for event in injections:
         named = f"{event.kind}:{event.device}@{event.round}"
         if not 0 <= event.device < pool_size:
@@ -122,6 +123,11 @@ def check_targets(injections: Sequence[Injection], plan_devices: Collection[int]
             raise UserError(f"{named}: device {event.device} has no stage in the plan (device selection may have "
                             f"left it out), so nothing would be struck; it can be after it joins "
                             f"(join:{event.device}@R)")
+        lost = any(e.kind in ("kill", "freeze") and e.device == event.device and e.round < event.round
+                   for e in injections)
+        if event.kind == "join" and event.device in plan_devices and not lost:
+            raise UserError(f"{named}: device {event.device} is in the pipeline already; it can join again after "
+                            f"a kill or freeze")
 
 
 @dataclass(frozen=True)
