@@ -53,7 +53,7 @@ from ecofl.pipeline.planners import check_planner
 from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.replication import copy_bytes
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
-from ecofl.pipeline.runtime.faults import FaultTolerance, Injection, check_targets
+from ecofl.pipeline.runtime.faults import FaultTolerance, Injection, check_devices
 from ecofl.pipeline.runtime.pipeline_tuning import decided_plan
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.portal import HomePipeline
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     spec = ZooModel(args.model, shape, data.num_classes, args.granularity)
     plan = _plan(args, profile, pool, mode)
     events = [Injection.parse(text) for text in args.inject]
-    check_targets(events, range(len(pool.devices)), len(pool.devices))  # before calibrating: the devices exist
+    check_devices(events, len(pool.devices))  # before calibrating; whether each strikes a stage, once planned
     try:  # before any device calibrates: async 1F1B has no sync-rounds to replay or re-tune between
         mode_of(plan).check_training(fault_tolerance=bool(events or args.fault_tolerance), tuning=tuning is not None)
     except ValueError as error:

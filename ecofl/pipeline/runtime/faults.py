@@ -109,15 +109,25 @@ class Injection:
         return cls("slow", int(match.group(6)), int(match.group(8)), factor)
 
 
+def _named(event: Injection) -> str:
+    return f"{event.kind}:{event.device}@{event.round}"
+
+
+def check_devices(injections: Sequence[Injection], pool_size: int) -> None:
+    """Every injected event names a device of the pool (a UserError otherwise)."""
+    for event in injections:
+        if not 0 <= event.device < pool_size:
+            raise UserError(f"{_named(event)} names device {event.device}: the home's devices are 0-{pool_size - 1}")
+
+
 def check_targets(injections: Sequence[Injection], plan_devices: Collection[int], pool_size: int) -> None:
     """Every injected event names a device of the pool; a kill, freeze or slow-down one with a stage by then (in
     the plan the pipeline starts from, or joined at an earlier or the same sync-round); a join one out of the
     pipeline by then (not in that plan, or killed or frozen before). Otherwise the event would strike nothing
     (device selection may leave a device out of the plan): a UserError before any round."""
+    check_devices(injections, pool_size)
     for event in injections:
-        named = f"{event.kind}:{event.device}@{event.round}"
-        if not 0 <= event.device < pool_size:
-            raise UserError(f"{named} names device {event.device}: the home's devices are 0-{pool_size - 1}")
+        named = _named(event)
         joins = any(e.kind == "join" and e.device == event.device and e.round <= event.round for e in injections)
         if event.kind != "join" and event.device not in plan_devices and not joins:
             raise UserError(f"{named}: device {event.device} has no stage in the plan (device selection may have "
