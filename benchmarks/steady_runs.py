@@ -139,11 +139,18 @@ def round_per_stage_cpu(run: dict) -> float:
     return run["mean_round_s"] / run["cpu_s_per_round_by_job"][busiest]["MainThread"]
 
 
+def spread(values: list[float]) -> float:
+    """How far apart ``values`` are: the largest over the smallest, less one."""
+    return max(values) / min(values) - 1
+
+
 def summary(runs: list[dict], pairs: int) -> dict:
-    """The plain runs' spread (the first run calibrated and is not compared) and each fault-tolerant run's cost
+    """The plain runs' spread (the first run calibrated and is not compared), of their sync-rounds and of their
+    seconds a round per stage-thread CPU-second (the host's speed during each run factored out), and each
+    fault-tolerant run's cost
     against the plain runs either side (runs 2, 4, ... of the ``pairs`` alternating with plain runs 1, 3, ...):
     of its mean of all rounds, of its rounds from :data:`STEADY_FROM` on, and per stage-thread CPU-second."""
-    plain = [r["sync_round_s"] for r in runs[1:] if not r["fault_tolerance"]]
+    plain = [r for r in runs[1:] if not r["fault_tolerance"]]
 
     def costs_by(figure) -> list[float]:
         return [figure(runs[i]) / ((figure(runs[i - 1]) + figure(runs[i + 1])) / 2) - 1
@@ -151,7 +158,8 @@ def summary(runs: list[dict], pairs: int) -> dict:
 
     costs = {"": costs_by(lambda r: r["mean_round_s"]), "_steady": costs_by(lambda r: r["steady_mean_round_s"]),
              "_per_stage_cpu": costs_by(round_per_stage_cpu)}
-    result = {"plain_spread": max(plain) / min(plain) - 1}
+    result = {"plain_spread": spread([r["sync_round_s"] for r in plain]),
+              "plain_spread_per_stage_cpu": spread([round_per_stage_cpu(r) for r in plain])}
     for suffix, values in costs.items():
         result[f"fault_tolerance{suffix}_costs"] = values
         result[f"fault_tolerance{suffix}_cost"] = sum(values) / len(values) if values else None
@@ -248,7 +256,10 @@ def render(result: dict) -> str:
           f"{_stages(r['cpu_s_per_round'])} | {_stages(_not_the_stages_thread(r))} | {round_per_stage_cpu(r):.2f} | "
           f"{r['host_reference_s']:.3f} | {r['load_before']} |" for i, r in enumerate(runs)),
         "",
-        f"Plain runs' medians (runs 2 on) within {result['plain_spread']:.1%} of each other."
+        f"Plain runs' medians (runs 2 on) within {result['plain_spread']:.1%} of each other"
+        + (f"; their seconds a round per CPU-second of the busiest device's stage thread (the host's speed during "
+           f"each run factored out) within {result['plain_spread_per_stage_cpu']:.1%}."
+           if "plain_spread_per_stage_cpu" in result else ".")
         + (f" Fault tolerance, each run's mean of all rounds against the plain runs' either side: "
            f"{_costs(costs)}; of its rounds from round {STEADY_FROM + 1} on: {_costs(steady_costs)}; "
            f"per CPU-second of the busiest device's stage thread: {_costs(per_cpu)}." if costs else ""),
