@@ -32,6 +32,8 @@ def test_a_slower_host_moves_the_raw_cost_and_not_the_cost_per_stage_cpu_second(
     assert figures["fault_tolerance_costs"] == pytest.approx([0.0])
     assert figures["fault_tolerance_per_stage_cpu_costs"] == pytest.approx([0.1])
     assert figures["plain_spread"] == pytest.approx(0.2)
+    assert figures["plain_spread_per_stage_cpu"] == pytest.approx(0.0)  # the same 5 s a round per CPU-second
     table = render({"command": "c", "runs_of": "r", "machine": "m", "measured_at": "t", "runs": runs,
                     "kills": [], **figures})
     assert "per CPU-second of the busiest device's stage thread: +10.0% (mean +10.0%)" in table
+    assert "factored out) within 0.0%" in table
