@@ -25,13 +25,13 @@ from ecofl.device_dynamics import resolve_pool
 from ecofl.devices import HomePool
 from ecofl.fl.federation_setup import PipelineHomeSettings
 from ecofl.pipeline.plan import Plan
-from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.profile import ModelProfile, profile_zoo_model
 from ecofl.pipeline.runtime import HomePipeline, ZooModel
 from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation, default_emulation
 from ecofl.net.liveness import LivenessSettings
 from ecofl.pipeline.runtime.faults import FaultTolerance
+from ecofl.pipeline.runtime.prediction import plan_as_run
 from ecofl.pipeline.runtime.round_training import PipelineTraining, train_round
 from ecofl.train import TrainConfig
 from ecofl.weights import Weights
@@ -43,15 +43,17 @@ def home_plan(
     batch_size: int, emulation: Emulation = Emulation.SLEEP,
 ) -> tuple[HomePool, ModelProfile, Plan, dict[int, DeviceLimits] | None]:
     """The pool, the host profile, the plan for one mini-batch size and, confined, the devices' limits (once per
-    process; confined devices first time the model in their cgroups and the plan is made on those speeds)."""
+    process; confined devices first time the model in their cgroups and the plan is made on those speeds). The
+    plan is made as ``ecofl home train`` makes it (:func:`~ecofl.pipeline.runtime.prediction.plan_as_run`):
+    where devices compute for real, at the micro-batch size predicted fastest with the runtime's overheads, and
+    confined, on the devices that make it fastest."""
     profile = profile_zoo_model(model, tuple(input_shape), num_classes, granularity)
     pool = resolve_pool(pool_name)
-    plan = make_plan(planner, profile, pool, batch_size)
     if emulation != Emulation.CGROUP:
-        return pool, profile, plan, None
+        return pool, profile, plan_as_run(planner, profile, pool, batch_size, emulation), None
     spec = ZooModel(model, tuple(input_shape), num_classes, granularity)
     confined, plan = plan_on_measured_speeds(
-        lambda devices: make_plan(planner, profile, devices, batch_size), profile, pool,
+        lambda devices: plan_as_run(planner, profile, devices, batch_size, Emulation.CGROUP), profile, pool,
         lambda work: confine_pool(spec, tuple(input_shape), profile, pool, work))
     return confined.pool, profile, plan, confined.limits
 
