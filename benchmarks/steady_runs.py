@@ -146,10 +146,10 @@ def spread(values: list[float]) -> float:
 
 def summary(runs: list[dict], pairs: int) -> dict:
     """The plain runs' spread (the first run calibrated and is not compared), of their sync-rounds and of their
-    seconds a round per stage-thread CPU-second (the host's speed during each run factored out), and each
-    fault-tolerant run's cost
-    against the plain runs either side (runs 2, 4, ... of the ``pairs`` alternating with plain runs 1, 3, ...):
-    of its mean of all rounds, of its rounds from :data:`STEADY_FROM` on, and per stage-thread CPU-second."""
+    seconds a round per stage-thread CPU-second (the host's speed during each run factored out); and each
+    fault-tolerant run's cost against the plain runs either side (runs 2, 4, ... of the ``pairs`` alternating
+    with plain runs 1, 3, ...): of its mean of all rounds, of its rounds from :data:`STEADY_FROM` on, and per
+    stage-thread CPU-second."""
     plain = [r for r in runs[1:] if not r["fault_tolerance"]]
 
     def costs_by(figure) -> list[float]:
@@ -256,10 +256,9 @@ def render(result: dict) -> str:
           f"{_stages(r['cpu_s_per_round'])} | {_stages(_not_the_stages_thread(r))} | {round_per_stage_cpu(r):.2f} | "
           f"{r['host_reference_s']:.3f} | {r['load_before']} |" for i, r in enumerate(runs)),
         "",
-        f"Plain runs' medians (runs 2 on) within {result['plain_spread']:.1%} of each other"
-        + (f"; their seconds a round per CPU-second of the busiest device's stage thread (the host's speed during "
-           f"each run factored out) within {result['plain_spread_per_stage_cpu']:.1%}."
-           if "plain_spread_per_stage_cpu" in result else ".")
+        f"Plain runs' medians (runs 2 on) within {result['plain_spread']:.1%} of each other; their seconds a "
+        f"round per CPU-second of the busiest device's stage thread (the host's speed during each run factored out) "
+        f"within {result['plain_spread_per_stage_cpu']:.1%}."
         + (f" Fault tolerance, each run's mean of all rounds against the plain runs' either side: "
            f"{_costs(costs)}; of its rounds from round {STEADY_FROM + 1} on: {_costs(steady_costs)}; "
            f"per CPU-second of the busiest device's stage thread: {_costs(per_cpu)}." if costs else ""),
