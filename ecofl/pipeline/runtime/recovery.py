@@ -277,8 +277,9 @@ class Recovery:
     def _replan(self, kind: str, holders: Holders, version: int) -> Plan:
         """A plan for the devices connected now to run from sync-round ``version``, ``holders`` holding its
         layers: lightweight (:func:`lightweight_recovery_plan`) where its partition fits, else the planner's, of
-        its micro-batch sizes the one predicted fastest as the pipeline runs, and where devices are confined,
-        Asteroid's hybrid plans weighed beside it as the CLI plans up front (:func:`.prediction.preferred_plan`)."""
+        its micro-batch sizes the one predicted fastest as the pipeline runs, and where devices compute at their own
+        speeds (:func:`.prediction.weighs_hybrid`), Asteroid's hybrid plans weighed beside it as the CLI plans up
+        front (:func:`.prediction.preferred_plan`)."""
         layout = self.layout
         alive = set(self.control.connections)
         if kind == "lightweight":
