@@ -23,9 +23,14 @@ synthetic data) and pool:
    each device's speed from its passes in the second warm-up, as a re-tune
    re-learns it), predicting rounds it did not see. **Pipeline efficiency** = measured
    throughput / the sum of every device's own training throughput of the
-   whole model in its cgroup (its micro-batch over its measured step time;
-   target: at least 0.85). Each device's quota, memory limit, cgroup peak
-   and worker peak RSS are recorded.
+   whole model in its cgroup, timed at the samples per call it computes in
+   the plan (:func:`ecofl.pipeline.runtime.calibration.whole_model_at_shares`;
+   target: at least 0.85): against the schedule's bound M / (M + S - 1),
+   which holds at equal calls, it shows what fill and drain, imbalance and
+   hand-offs cost. Beside it, the same over the devices' throughput at the
+   samples per call of their first calibration (4-16; what a smaller call
+   costs too). Each device's quota, memory limit, cgroup peak and worker
+   peak RSS are recorded.
 4. Beside it, the same planner on the presets with every device sleeping to
    the cost model (``--emulate sleep``): the model's figure, where measured
    equals predicted by construction.
@@ -62,6 +67,7 @@ import dataclasses
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -83,7 +89,7 @@ from ecofl.pipeline.planners import make_plan  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import ZooModel  # noqa: E402
 from ecofl.pipeline.runtime.calibration import (  # noqa: E402
-    ConfinedPool, Workload, confine_pool, plan_on_measured_speeds)
+    ConfinedPool, Workload, calibrated_on, confine_pool, plan_on_measured_speeds, whole_model_at_shares)
 from ecofl.pipeline.runtime.host_overhead import operation_overhead_record  # noqa: E402
 from ecofl.pipeline.runtime.prediction import plan_as_run  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
@@ -111,17 +117,18 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     print(f"{model} on {presets.name}: each device times the model in its cgroup ...", file=sys.stderr, flush=True)
     reference = {"before_calibration": host_reference_s()}
     calibrated: dict[Workload, ConfinedPool] = {}
+    def calibrate(work: Workload) -> ConfinedPool:
+        return confine_pool(spec, SHAPE, profile, presets, work, cache_dir=cache_dir)
+
     confined, plan = plan_on_measured_speeds(lambda devices: plan_as_run(planner, profile, devices, args.batch,
                                                                          "cgroup", cache_dir),
-                                             profile, presets,
-                                             lambda work: confine_pool(spec, SHAPE, profile, presets, work,
-                                                                       cache_dir=cache_dir),
-                                             calibrated)
+                                             profile, presets, calibrate, calibrated)
     whole = next(c for w, c in calibrated.items() if all(work.layers is None for _, work in w))
+    at_shares = calibrated_on(whole_model_at_shares(plan, range(len(presets.devices))), calibrated, calibrate)
     reference["before_run"] = host_reference_s()
     run = run_plan(spec, confined.pool, plan, profile, emulate="cgroup", limits=confined.limits, rounds=args.rounds,
                    timeout_s=args.timeout, cache_dir=cache_dir, relearn=True)
-    alone = sum(m["micro_batch"] / m["step_s"] for m in whole.measured.values())  # the whole model, each alone
+    alone = alone_throughput(at_shares)
     reference["after_run"] = host_reference_s()
     print(f"  confined: {run['sync_round_s']:.3f} s measured, {run['predicted_sync_round_s']:.3f} s predicted "
           f"({100 * run['planner_error']:.1f}%; re-learned in the pipeline "
@@ -133,13 +140,27 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
         "model": model, "granularity": args.granularity, "pool": presets.name, "planner": planner, "scale": factor,
         "measured_speeds": {str(d): m for d, m in confined.measured.items()},
         "whole_model_speeds": {str(d): m for d, m in whole.measured.items()},
+        "alone_at_shares_speeds": {str(d): m for d, m in at_shares.measured.items()},
         "devices_alone_throughput": alone, "efficiency": run["throughput"] / alone,
+        "alone_at_first_calibration": {"throughput": alone_throughput(whole),
+                                       "samples_per_call": operating_samples(whole)},
         "bound": schedule_bound(run), "of_bound": run["throughput"] / alone / schedule_bound(run),
         "predicted_of_bound": predicted_of_bound(run, alone),
         "confined": {**run, "plan_text": describe_plan(plan, confined.pool)},
         "sleep": {**sleep, "plan_text": describe_plan(preset_plan, presets)},
         "host_reference_s": {moment: round(seconds, 4) for moment, seconds in reference.items()},
     }
+
+
+def alone_throughput(calibrated: ConfinedPool) -> float:
+    """The sum of the devices' own training throughput of the whole model, each at the samples per call it
+    measured at."""
+    return sum(m["micro_batch"] / m["step_s"] for m in calibrated.measured.values())
+
+
+def operating_samples(calibrated: ConfinedPool) -> int:
+    """The samples per call most of ``calibrated``'s devices measured at."""
+    return int(statistics.median(m["micro_batch"] for m in calibrated.measured.values()))
 
 
 def schedule_bound(run: dict) -> float:
@@ -169,6 +190,15 @@ def breakdown_cells(breakdown: dict | None) -> str:
     return (f"{m['compute_s']:.2f} / {p['compute_s']:.2f} | {m['idle_s']:.2f} / {p['idle_s']:.2f} "
             f"| {m['handoffs_waited']}: {m['handoff_wait_s']:.2f} s "
             f"| {p['handoffs_waited']}: {p['handoff_wait_s']:.2f} s")
+
+
+def efficiency_cell(row: dict) -> str:
+    """The row's efficiency at the plan's calls, and beside it at the first calibration's where they differ."""
+    first = row.get("alone_at_first_calibration")
+    if first is None or abs(first["throughput"] - row["devices_alone_throughput"]) < 1e-9:
+        return f"{row['efficiency']:.2f}"
+    at_first = row["confined"]["throughput"] / first["throughput"]
+    return f"{row['efficiency']:.2f} ({at_first:.2f} at x{first['samples_per_call']})"
 
 
 def relearned_cell(relearned: dict | None) -> str:
@@ -204,7 +234,9 @@ def markdown(results: dict) -> str:
         "**Sleep**: the same planner on the presets, every device sleeping to the cost model (the model's "
         "figure: measured = predicted by construction). Links paced at 100 Mbps in both. `efficiency`: "
         "confined throughput / the sum of the devices' own training throughput of the whole model in their "
-        "cgroups (at the samples per call they first calibrated at). `bound`: the most a synchronous schedule "
+        "cgroups, each timed at the samples per call it computes in the plan (in brackets: at the samples per "
+        "call of their first calibration, xN, where they differ; a device trains fewer samples a second in "
+        "smaller calls). `bound`: the most a synchronous schedule "
         "of M micro-batches over S stages could reach, "
         "M / (M + S - 1) (fill and drain idle, perfect balance, free communication). `of bound`: efficiency / "
         "bound, measured (the cost model's prediction of the same plan): what the prediction misses is the "
@@ -223,7 +255,7 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {model_cell(row)} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} "
             f"| {c['sync_round_s']:.3f} | {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% "
-            f"| {relearned_cell(c.get('in_pipeline'))} | {row['efficiency']:.2f} "
+            f"| {relearned_cell(c.get('in_pipeline'))} | {efficiency_cell(row)} "
             f"| {schedule_bound(c):.2f} | {row['efficiency'] / schedule_bound(c):.2f} "
             f"({predicted_of_bound(c, row['devices_alone_throughput']):.2f}) "
             f"| {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")

@@ -32,6 +32,7 @@ from ecofl.pipeline.runtime.calibration import (
     ConfinedPool,
     Work,
     Workload,
+    calibrated_on,
     describe_workload,
     measure_speeds,
     measured_pool,
@@ -42,6 +43,7 @@ from ecofl.pipeline.runtime.calibration import (
     shared_by_kind,
     speed_from_step,
     whole_model,
+    whole_model_at_shares,
 )
 from ecofl.pipeline.runtime.confinement import Confinement, check_fits, pool_limits
 from ecofl.pipeline.runtime.emulation import Emulation
@@ -216,6 +218,28 @@ def test_a_plan_gives_each_device_its_stage_to_time_and_an_idle_device_the_whole
         (0, Work(4, (0, 1))), (1, Work(4, (0, 1))), (2, Work(8, (2, 3))), (3, Work(4)))
     assert describe_workload(plan_workload(two_stages(1), range(2))) == "0: 0-1 x8, 1: 2-3 x8"
     assert describe_workload(whole_model(range(3), 4)) == "whole model x4"
+
+
+def test_each_device_times_the_whole_model_alone_at_the_samples_it_computes_per_call_in_the_plan():
+    """The devices' own throughput beside which a pipeline's efficiency is its schedule's: a replica at its
+    share, a device of a stage at the micro-batch, one the plan leaves idle at the operating micro-batch; a
+    workload measured already (by devices confined alike) is not measured again."""
+    replicated = Plan("hpp", (StagePlan((0, 1), (0, 1), (2, 6), 2), StagePlan((2, 3), (2,), (8,), 1)), 8, 4)
+    assert whole_model_at_shares(replicated, range(4)) == ((0, Work(2)), (1, Work(6)), (2, Work(8)), (3, Work(6)))
+    limits = {d: DeviceLimits(1.0, GB) for d in range(2)}
+    measured: list[Workload] = []
+
+    def measure(workload: Workload) -> ConfinedPool:
+        measured.append(workload)
+        reports = {d: {"micro_batch": work.samples, "layers": None, "step_s": 1.0} for d, work in workload}
+        return ConfinedPool(HomePool("home", (DeviceSpec("a", 1.0, GB, 1e9),) * 2), limits, reports, workload)
+
+    cache: dict[Workload, ConfinedPool] = {}
+    chain = whole_model_at_shares(two_stages(1), range(2))
+    assert calibrated_on(chain, cache, measure).workload == chain == whole_model(range(2), 8)
+    assert calibrated_on(whole_model(range(2), 8), cache, measure) is cache[chain] and measured == [chain]
+    calibrated_on(whole_model(range(2), 4), cache, measure)
+    assert measured == [chain, whole_model(range(2), 4)]
 
 
 def test_devices_time_the_whole_model_then_their_own_stages_and_the_plan_is_predicted_on_those():

@@ -93,6 +93,16 @@ def plan_workload(plan: Plan, devices: Iterable[int]) -> Workload:
     return tuple((d, work.get(d, idle)) for d in sorted(devices))
 
 
+def whole_model_at_shares(plan: Plan, devices: Iterable[int]) -> Workload:
+    """Each of ``devices`` times the whole model at the samples per call it computes in ``plan`` (its share of
+    a micro-batch; one the plan leaves idle, the plan's operating micro-batch): the devices' own throughput at
+    the plan's call sizes, beside which a pipeline's efficiency is its schedule's (fill and drain, imbalance,
+    hand-offs), not its smaller calls' (a device trains fewer samples a second at 4 per call than at 16)."""
+    shares = {d: share for stage in plan.stages for d, share in zip(stage.devices, stage.shares) if share}
+    idle = operating_micro_batch(plan)
+    return tuple((d, Work(shares.get(d, idle))) for d in sorted(devices))
+
+
 def describe_workload(workload: Workload) -> str:
     """E.g. ``whole model x4`` or ``0: 0-7 x4, 1: 8-13 x4``."""
     works = {work for _, work in workload}
@@ -300,17 +310,23 @@ def plan_on_measured_speeds(plan_for: Callable[[HomePool], Plan], profile: Model
     workload = whole_model(devices, operating_micro_batch(plan_for(presets)))
     plans: list[Plan] = []
     for _ in range(MAX_CALIBRATIONS):
-        if not _known(workload, calibrated):
-            calibrated[workload] = measure(workload)
-        plans.append(plan_for(calibrated[workload].pool))
+        plans.append(plan_for(calibrated_on(workload, calibrated, measure).pool))
         workload = plan_workload(plans[-1], devices)
         if _known(workload, calibrated):
             break
-    if not _known(workload, calibrated):
-        calibrated[workload] = measure(workload)
+    calibrated_on(workload, calibrated, measure)
     measured = [(plan, calibrated[plan_workload(plan, devices)]) for plan in plans]
     plan, confined = min(measured, key=lambda pair: seconds_per_sample(pair[0], profile, pair[1].pool))
     return confined, plan
+
+
+def calibrated_on(workload: Workload, calibrated: dict[Workload, ConfinedPool],
+                  measure: Callable[[Workload], ConfinedPool]) -> ConfinedPool:
+    """The devices' speeds on ``workload``: from ``calibrated`` where they (or devices confined alike) measured
+    it already, else measured now (``measure(workload)``) and added to it."""
+    if not _known(workload, calibrated):
+        calibrated[workload] = measure(workload)
+    return calibrated[workload]
 
 
 def _known(workload: Workload, calibrated: dict[Workload, ConfinedPool]) -> bool:
