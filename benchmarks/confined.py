@@ -54,6 +54,12 @@ mini-batch (more micro-batches, a higher bound on efficiency) goes to a section 
     .venv/bin/python benchmarks/confined.py --batch 256 --models mobilenet_v2 --pools ecofl-3stage:ecofl:1 \
         --json benchmarks/results/confined_batch256.json --section confined-batch256
 
+the same with the micro-batch fixed (more micro-batches: a higher bound, more operations a round) to another:
+
+    .venv/bin/python benchmarks/confined.py --batch 256 --micro-batch 8 --models mobilenet_v2 \
+        --pools ecofl-3stage:ecofl:1 --json benchmarks/results/confined_batch256_mb8.json \
+        --section confined-batch256-mb8
+
 and the models split at every leaf module (a planner's finer choice of cuts) to one of its own too:
 
     .venv/bin/python benchmarks/confined.py --granularity fine --models efficientnet_b0 \
@@ -113,15 +119,17 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     spec = ZooModel(model, SHAPE, CLASSES, args.granularity)
     profile = profile_zoo_model(model, SHAPE, CLASSES, args.granularity, cache_dir)
     presets = scaled(load_pool(pool_name), factor)
-    preset_plan = make_plan(planner, profile, presets, args.batch)
+    fixed = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
+    preset_plan = make_plan(planner, profile, presets, args.batch, **fixed)
     print(f"{model} on {presets.name}: each device times the model in its cgroup ...", file=sys.stderr, flush=True)
     reference = {"before_calibration": host_reference_s()}
     calibrated: dict[Workload, ConfinedPool] = {}
+
     def calibrate(work: Workload) -> ConfinedPool:
         return confine_pool(spec, SHAPE, profile, presets, work, cache_dir=cache_dir)
 
     confined, plan = plan_on_measured_speeds(lambda devices: plan_as_run(planner, profile, devices, args.batch,
-                                                                         "cgroup", cache_dir),
+                                                                         "cgroup", cache_dir, **fixed),
                                              profile, presets, calibrate, calibrated)
     whole = next(c for w, c in calibrated.items() if all(work.layers is None for _, work in w))
     at_shares = calibrated_on(whole_model_at_shares(plan, range(len(presets.devices))), calibrated, calibrate)
@@ -306,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="measured sync-rounds per run (after two warm-ups)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="fix the micro-batch size (default: of the planner's plans at each size, the one the "
+                             "cost model predicts fastest)")
     parser.add_argument("--pools", default=",".join(f"{p}:{planner}:{f:g}" for p, planner, f in CASES),
                         help="pool:planner:speed-scale triples, comma-separated")
     parser.add_argument("--granularity", default="block", choices=GRANULARITIES,
