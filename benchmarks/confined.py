@@ -172,7 +172,9 @@ def operating_samples(calibrated: ConfinedPool) -> int:
 
 
 def schedule_bound(run: dict) -> float:
-    """M / (M + S - 1): a synchronous pipeline's busy fraction with perfectly balanced stages and free links."""
+    """M / (M + S - 1): a synchronous pipeline's busy fraction with stages of equal time and free links (where
+    one stage is short its device idles more, but its idle costs the home little of its throughput, and the fill
+    and drain take less than S - 1 whole stages: a plan can pass it)."""
     m, stages = run["num_micro_batches"], len(run["stages"])
     return m / (m + stages - 1)
 
@@ -244,9 +246,9 @@ def markdown(results: dict) -> str:
         "confined throughput / the sum of the devices' own training throughput of the whole model in their "
         "cgroups, each timed at the samples per call it computes in the plan (in brackets: at the samples per "
         "call of their first calibration, xN, where they differ; a device trains fewer samples a second in "
-        "smaller calls). `bound`: the most a synchronous schedule "
-        "of M micro-batches over S stages could reach, "
-        "M / (M + S - 1) (fill and drain idle, perfect balance, free communication). `of bound`: efficiency / "
+        "smaller calls). `bound`: a synchronous schedule's busy fraction, "
+        "M / (M + S - 1) for M micro-batches over S stages of equal time and free communication (fill and drain "
+        "idle; a plan whose short stage's device idles more than the rest can pass it). `of bound`: efficiency / "
         "bound, measured (the cost model's prediction of the same plan): what the prediction misses is the "
         "runtime's or the host's, what it already predicts is the plan's. `re-learned`: the cost model with "
         "each device's speed re-learned from its passes in the last warm-up round (as a re-tune re-learns it, "
