@@ -9,6 +9,7 @@ import pytest
 
 from ecofl.devices import HomePool
 from ecofl.errors import UserError
+from ecofl.pipeline.replan import HYBRID_PLANNERS, full_replans
 from ecofl.pipeline.runtime import prediction
 from pipeline_kit import HOST, synthetic_profile
 
@@ -103,15 +104,16 @@ def test_a_device_the_model_needs_for_its_memory_is_kept_however_slow():
 
 
 def test_where_layers_are_fewer_than_devices_hybrid_stages_put_every_device_to_work():
-    """Two layers on four devices: Eco-FL's planner gives each stage one device and has no plan; Asteroid's
-    hybrid stages (HPP, §3.3) put two devices on each layer, at about half the sync-round of two devices alone."""
+    """Two layers on four devices: Eco-FL's planner gives each stage one device and has no plan; the hybrid plans
+    (Asteroid's data-parallel stage groups, HPP §3.3, and plain data parallelism, the one-stage point of its
+    space) put every device to work, at about half the sync-round of two devices alone."""
     profile = synthetic_profile(2, weight=1e4)
     pool = home(1.0, 1.0, 1.0, 1.0)
     plan, seconds = prediction.selected_devices("ecofl", profile, pool, 24, "cgroup")
     with pytest.raises(UserError):
         prediction.selected_devices("ecofl", profile, pool, 24, "cgroup", hybrid=False)
     _, two_s = prediction.selected_devices("ecofl", profile, home(1.0, 1.0), 24, "cgroup", hybrid=False)
-    assert plan.planner == "hpp" and used(plan) == {0, 1, 2, 3}
+    assert plan.planner in HYBRID_PLANNERS["ecofl"] and used(plan) == {0, 1, 2, 3}
     assert seconds == pytest.approx(prediction.predict_sync_round(plan, profile, pool, "cgroup").sync_round_s)
     assert seconds < 0.6 * two_s
     assert prediction.plan_as_run("ecofl", profile, pool, 24, "cgroup") == plan
@@ -119,8 +121,6 @@ def test_where_layers_are_fewer_than_devices_hybrid_stages_put_every_device_to_w
 
 def test_one_device_a_stage_is_kept_where_hybrid_stages_are_predicted_slower():
     """Heavy weights: a data-parallel group's AllReduce costs more than the balance it brings."""
-    from ecofl.pipeline.replan import full_replans
-
     profile, pool = synthetic_profile(6, weight=5e7), home(1.0, 1.0, 1.0)
     plan, seconds = prediction.selected_devices("ecofl", profile, pool, 24, "cgroup")
     single = prediction.selected_devices("ecofl", profile, pool, 24, "cgroup", hybrid=False)
@@ -131,12 +131,27 @@ def test_one_device_a_stage_is_kept_where_hybrid_stages_are_predicted_slower():
     assert hybrid and min(hybrid_s) > seconds * (1 - prediction.HYBRID_MARGIN)
 
 
+def test_identical_devices_whose_hand_offs_outweigh_their_weights_train_data_parallel():
+    """Plain data parallelism is the one-stage point of Asteroid's hybrid space, weighed beside its plans: wide
+    activations and light weights make every pipeline's hand-offs cost more than one all-reduce; heavy weights
+    (the test above) the reverse."""
+    profile, pool = synthetic_profile(6, activation=2e6, weight=1e3), home(1.0, 1.0, 1.0, 1.0)
+    plan, seconds = prediction.selected_devices("ecofl", profile, pool, 24, "cgroup")
+    pipelined = [prediction.selected_devices("ecofl", profile, pool, 24, "cgroup", hybrid=False)[1]]
+    pipelined += [predicted_s for hpp in full_replans("ecofl", profile, pool, range(4), 24, hybrid=True)
+                  if hpp.planner == "hpp" and len(hpp.stages) > 1
+                  for predicted_s in [prediction.predict_sync_round(hpp, profile, pool, "cgroup").sync_round_s]]
+    assert plan.planner == "dp" and len(plan.stages) == 1 and used(plan) == {0, 1, 2, 3}
+    assert seconds < min(pipelined) * (1 - prediction.HYBRID_MARGIN)
+    assert prediction.plan_as_run("ecofl", profile, pool, 24, "cgroup") == plan
+
+
 def test_a_hybrid_plan_replaces_the_planners_own_only_beyond_the_margin(monkeypatch):
-    pool = home(1.0, 1.0, 1.0)  # light weights: one data-parallel stage of three is predicted about 7% faster
+    pool = home(1.0, 1.0, 1.0)  # light weights: a data-parallel stage is predicted faster than the margin asks
     hybrid, hybrid_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup")
     own, own_s = prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup", hybrid=False)
     gain = 1 - hybrid_s / own_s
-    assert hybrid.planner == "hpp" and own.planner == "ecofl" and gain > prediction.HYBRID_MARGIN
+    assert hybrid.planner in HYBRID_PLANNERS["ecofl"] and own.planner == "ecofl" and gain > prediction.HYBRID_MARGIN
     monkeypatch.setattr(prediction, "HYBRID_MARGIN", gain + 0.01)
     assert prediction.selected_devices("ecofl", PROFILE, pool, 24, "cgroup") == (own, own_s)
 

@@ -196,7 +196,7 @@ def test_full_replans_weigh_hybrid_plans_beside_the_planners_own_only_when_asked
     own = full_replans("ecofl", profile, pool, alive={0, 2, 3}, batch_size=8)
     both = full_replans("ecofl", profile, pool, alive={0, 2, 3}, batch_size=8, hybrid=True)
     assert {plan.planner for plan in own} == {"ecofl"}
-    assert both[:len(own)] == own and {plan.planner for plan in both[len(own):]} == {"hpp"}
+    assert both[:len(own)] == own and {plan.planner for plan in both[len(own):]} == {"hpp", "dp"}
     assert all({d for s in plan.stages for d in s.devices} <= {0, 2, 3} for plan in both)
     ruled = full_replans("ecofl", profile, pool, alive={0, 2, 3}, batch_size=8, hybrid=True,
                          micro_batch_rule="largest")

@@ -135,7 +135,7 @@ def quickest_to_finish(plans: Sequence[Plan], before: Plan, holders: Holders, ro
 #: A device is left out of a plan only where that is predicted faster by more than this fraction (the margin a
 #: re-tune asks, :class:`~.tuning_settings.Tuning`: planner errors of up to 5-10% are measured here).
 SELECTION_MARGIN = 0.05
-#: A hybrid plan (:data:`~ecofl.pipeline.replan.HYBRID_PLANNER`) replaces the planner's own only where it is
+#: A hybrid plan (:data:`~ecofl.pipeline.replan.HYBRID_PLANNERS`) replaces the planner's own only where it is
 #: predicted faster by more than this fraction, for the same reason.
 HYBRID_MARGIN = SELECTION_MARGIN
 
