@@ -477,9 +477,13 @@ def test_a_quota_cut_is_detected_from_measured_times_and_the_slowed_device_gets_
     assert all(e["kind"] == "slow" for e in result.events), result.events
 
     def work_of(plan: Plan, device: int) -> float:
-        """The host profile's forward seconds of the device's layers (the first conv is a fifth of the second)."""
+        """The host profile's forward seconds a sync-round of the device's layers at its share of each micro-batch
+        (the first conv is a fifth of the second; a re-plan may be hybrid or data-parallel, the slowed device
+        taking fewer samples rather than fewer layers)."""
         stage = next(s for s in plan.stages if device in s.devices)
-        return float(profile.layer_times(plan.micro_batch)[0][stage.layers[0] : stage.layers[1] + 1].sum())
+        share = stage.shares[stage.devices.index(device)]
+        forward = profile.layer_times(share)[0][stage.layers[0] : stage.layers[1] + 1].sum()
+        return float(forward) * plan.num_micro_batches
 
     assert 1 not in {d for s in final_plan.stages for d in s.devices} or \
         work_of(final_plan, 1) < work_of(THREE_STAGES, 1)

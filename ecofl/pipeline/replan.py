@@ -150,9 +150,10 @@ def full_replan(
 #: (``hybrid`` of :func:`full_replans`). Eco-FL's planner gives each stage one device (§4.2, eq. 1); Asteroid's
 #: gives a stage a data-parallel group of devices where that balances the stages better (HPP, §3.3), by its own
 #: objective (Asteroid eqs. 4-8), which leaves out the runtime's work per operation. Plain data parallelism is
-#: the one-stage point of the same space: a home of identical devices on fast links can train fastest so
-#: (Asteroid Table 4's Env A of five Nanos, confined: HPP's plan at 0.86-0.88 of DP's throughput, 0.93 predicted;
-#: docs/RESULTS.md).
+#: the one-stage point of the same space (at the largest micro-batch its devices hold,
+#: :func:`~ecofl.pipeline.planners.plans_by_micro_batch`): a home of identical devices on fast links can train
+#: fastest so (Asteroid Table 4's Env A of five Nanos, confined: HPP's plan at 0.86-0.88 of DP's throughput,
+#: 0.93 predicted; docs/RESULTS.md).
 HYBRID_PLANNERS: dict[str, tuple[str, ...]] = {"ecofl": ("hpp", "dp")}
 
 
@@ -166,21 +167,12 @@ def full_replans(planner: str, profile: ModelProfile, pool: HomePool, alive: Col
     plans, refusal = [], None
     for name in planners:
         try:
-            plans += _plans_of(name, profile, survivors, batch_size, **options)
+            plans += plans_by_micro_batch(name, profile, survivors, batch_size, **options)
         except UserError as error:  # e.g. Eco-FL's planner on fewer layers than devices, or memory
             refusal = refusal or error
     if not plans:
         raise refusal
     return [_in_pool_indices(plan, original) for plan in plans]
-
-
-def _plans_of(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int, **options: object) -> list[Plan]:
-    """``planner``'s plans at each micro-batch size it may choose (:func:`plans_by_micro_batch`); data
-    parallelism's own plan, at the largest micro-batch its devices hold: it has no pipeline to fill, and the
-    pipelines' sizes (a few samples a call) would leave devices without a share."""
-    if planner == "dp" and not options:
-        return [make_plan(planner, profile, pool, batch_size)]
-    return plans_by_micro_batch(planner, profile, pool, batch_size, **options)
 
 
 #: Most cut-point vectors :func:`shifted_replans` returns (the cost model predicts each during a recovery).

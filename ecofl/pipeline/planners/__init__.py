@@ -93,7 +93,11 @@ def plans_by_micro_batch(planner: str, profile: ModelProfile, pool: HomePool, ba
     """``planner``'s plan at each micro-batch size it may choose (:func:`.memory.micro_batch_candidates`), for
     a caller that compares them with costs the planner's own estimate leaves out (the runtime's per-operation
     work, :func:`ecofl.pipeline.runtime.prediction.fastest_plan`); a size the devices' memory refuses is left
-    out (if every size is, the last refusal is raised)."""
+    out (if every size is, the last refusal is raised). Data parallelism has no pipeline to fill: its one plan
+    is at the largest micro-batch its devices hold (a pipeline's few samples a call would leave devices without
+    a share)."""
+    if planner == "dp" and "micro_batch" not in options:
+        return [make_plan(planner, profile, pool, batch_size, **options)]
     plans, refused = [], None
     for size in micro_batch_candidates(batch_size, len(pool)):
         try:
