@@ -9,6 +9,7 @@ import pytest
 
 from ecofl.devices import HomePool
 from ecofl.errors import UserError
+from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.replan import HYBRID_PLANNERS, full_replans
 from ecofl.pipeline.runtime import prediction
 from pipeline_kit import HOST, synthetic_profile
@@ -144,6 +145,32 @@ def test_identical_devices_whose_hand_offs_outweigh_their_weights_train_data_par
     assert plan.planner == "dp" and len(plan.stages) == 1 and used(plan) == {0, 1, 2, 3}
     assert seconds < min(pipelined) * (1 - prediction.HYBRID_MARGIN)
     assert prediction.plan_as_run("ecofl", profile, pool, 24, "cgroup") == plan
+
+
+def test_a_hybrid_plan_that_beats_each_single_removal_does_not_stop_the_selection_short(monkeypatch):
+    """Removal is greedy: where a hybrid plan on every device beats each set of one device fewer, the selection
+    that weighs hybrid plans stops there, while the planner's own goes on to a set of two fewer that is faster
+    than both; the two are selected apart and the faster kept (the hybrid one only beyond the margin)."""
+    own_s = {(0, 1, 2, 3): 1.0, (0, 1, 2): 0.9, (0, 1, 3): 0.95, (0, 2, 3): 0.95, (0, 1): 0.5, (0, 2): 0.8}
+    hybrid_s = {(0, 1, 2, 3): 0.7}
+
+    def plans(planner, profile, pool, devices, batch_size, hybrid=False, **options):
+        devices = tuple(devices)
+        stage = StagePlan((0, 5), devices, (1,) * len(devices), 1)
+        return [Plan(name, (stage,), len(devices), 1) for name in ("ecofl", "hpp")[:1 + hybrid]]
+
+    def fastest(candidates, profile, pool, emulation, cache_dir=None):
+        timed = [(plan, (hybrid_s if plan.planner == "hpp" else own_s).get(used_devices, 9.0))
+                 for plan in candidates for used_devices in [tuple(sorted(used(plan)))]]
+        return min(timed, key=lambda pair: pair[1])
+
+    monkeypatch.setattr(prediction, "full_replans", plans)
+    monkeypatch.setattr(prediction, "fastest_plan", fastest)
+    plan, seconds = prediction.selected_devices("ecofl", PROFILE, home(1.0, 1.0, 1.0, 1.0), 24, "cgroup")
+    assert (plan.planner, used(plan), seconds) == ("ecofl", {0, 1}, 0.5)
+    hybrid_s[(0, 1, 2, 3)] = 0.45
+    plan, seconds = prediction.selected_devices("ecofl", PROFILE, home(1.0, 1.0, 1.0, 1.0), 24, "cgroup")
+    assert (plan.planner, used(plan), seconds) == ("hpp", {0, 1, 2, 3}, 0.45)
 
 
 def test_a_hybrid_plan_replaces_the_planners_own_only_beyond_the_margin(monkeypatch):

@@ -190,9 +190,14 @@ def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_
     (:func:`fastest_plan`) on every device of ``pool``, then, one at a time, without the device whose absence
     makes it fastest, for as long as that is predicted faster by more than ``margin`` (the cost model's own
     uncertainty: a device is not idled for a gain the model cannot tell from its error); with its sync-round.
-    With ``hybrid``, on each set of devices the fastest hybrid plan (Asteroid's data-parallel stage groups,
-    :func:`~ecofl.pipeline.replan.full_replans`) replaces the planner's own where it is predicted faster by
-    more than :data:`HYBRID_MARGIN`, or where the planner has none (Eco-FL's on fewer layers than devices).
+    With ``hybrid``, the same selection runs again with the hybrid plans (Asteroid's data-parallel stage groups
+    and plain data parallelism, :func:`~ecofl.pipeline.replan.full_replans`) weighed on each set of devices
+    (:func:`preferred_plan`), and its plan replaces the planner's own where it is predicted faster by more than
+    :data:`HYBRID_MARGIN`, or where the planner has none (Eco-FL's on fewer layers than devices). Two paths,
+    because the removal is greedy: a hybrid plan that keeps a slow device busy with a small share can beat
+    each single removal and still lose to two (the FedAvg CNN on the mixed home's presets, mini-batch 64:
+    Asteroid's plan on all four devices predicted at 0.217 s a sync-round, the Eco-FL planner's on the TX2 and
+    the phone at 0.168 s, this host's records).
 
     The portal (device 0) holds the data and selection never leaves it out (Asteroid's planner itself plans
     without a device only where the model fits in no other way); devices the model does not fit in without the
@@ -201,11 +206,32 @@ def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_
     Eco-FL planner's fastest plan with the Raspberry Pi (0.025 cores) was predicted at 2.84 s a sync-round and
     without it at 2.66 s. A device left out idles: the pipeline starts no worker for it, so a re-plan after a
     failure plans without it, unless it joins."""
-    kept = tuple(range(len(pool.devices)))
+    planned: dict[tuple[int, ...], list[Plan]] = {}
 
-    def fastest_on(devices: tuple[int, ...]) -> tuple[Plan, float]:
-        plans = full_replans(planner, profile, pool, devices, batch_size, hybrid=hybrid, **options)
+    def plans_on(devices: tuple[int, ...]) -> list[Plan]:
+        if devices not in planned:
+            planned[devices] = full_replans(planner, profile, pool, devices, batch_size, hybrid=hybrid, **options)
+        return planned[devices]
+
+    def fastest_on(devices: tuple[int, ...], weighing_hybrid: bool) -> tuple[Plan, float]:
+        plans = plans_on(devices)
+        if not weighing_hybrid:
+            plans = [plan for plan in plans if plan.planner == planner] or plans
         return preferred_plan(plans, planner, profile, pool, emulation, cache_dir)
+
+    own, own_s = _selected(lambda devices: fastest_on(devices, False), len(pool.devices), margin)
+    if not hybrid:
+        return own, own_s
+    mixed, mixed_s = _selected(lambda devices: fastest_on(devices, True), len(pool.devices), margin)
+    return (mixed, mixed_s) if mixed_s < own_s * (1 - HYBRID_MARGIN) else (own, own_s)
+
+
+def _selected(fastest_on: Callable[[tuple[int, ...]], tuple[Plan, float]], devices: int,
+              margin: float) -> tuple[Plan, float]:
+    """Greedy removal (:func:`selected_devices`): from every device, without the one (never the portal, 0)
+    whose absence makes ``fastest_on`` fastest, while that is faster by more than ``margin``; a set the model
+    does not fit in (a :class:`UserError`) is no candidate."""
+    kept = tuple(range(devices))
 
     def without(out: int) -> tuple[Plan, float, int] | None:
         try:
