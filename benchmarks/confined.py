@@ -172,9 +172,10 @@ def operating_samples(calibrated: ConfinedPool) -> int:
 
 
 def schedule_bound(run: dict) -> float:
-    """M / (M + S - 1): a synchronous pipeline's busy fraction with stages of equal time and free links (where
-    one stage is short its device idles more, but its idle costs the home little of its throughput, and the fill
-    and drain take less than S - 1 whole stages: a plan can pass it)."""
+    """M / (M + S - 1): a synchronous pipeline's busy fraction with stages of equal time and free links. A plan
+    can pass it: where one stage is short, the fill and drain take less than S - 1 whole stages and the other
+    devices are busier than this; the short stage's device idles more, which costs the home little where it is a
+    small part of the home's speed (the Raspberry Pi's)."""
     m, stages = run["num_micro_batches"], len(run["stages"])
     return m / (m + stages - 1)
 

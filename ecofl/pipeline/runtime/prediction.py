@@ -222,8 +222,8 @@ def selected_devices(planner: str, profile: ModelProfile, pool: HomePool, batch_
     own, own_s = _selected(lambda devices: fastest_on(devices, False), len(pool.devices), margin)
     if not hybrid:
         return own, own_s
-    mixed, mixed_s = _selected(lambda devices: fastest_on(devices, True), len(pool.devices), margin)
-    return (mixed, mixed_s) if mixed_s < own_s * (1 - HYBRID_MARGIN) else (own, own_s)
+    weighed, weighed_s = _selected(lambda devices: fastest_on(devices, True), len(pool.devices), margin)
+    return (weighed, weighed_s) if weighed_s < own_s * (1 - HYBRID_MARGIN) else (own, own_s)
 
 
 def _selected(fastest_on: Callable[[tuple[int, ...]], tuple[Plan, float]], devices: int,
