@@ -26,8 +26,8 @@ device whose speed drifts:
    a speed it does not keep on more work.
 2. **Candidate plans.** The planner plans again at those speeds, once for
    every micro-batch size it may choose (where devices compute at their
-   own speeds, confined or a deployed home's, so does Asteroid's, whose
-   hybrid plans are weighed beside the planner's as up front:
+   own speeds, confined or a deployed home's, so do Asteroid's planner and
+   plain data parallelism, whose plans are weighed beside the planner's as up front:
    :func:`.prediction.preferred_plan`), and each candidate is predicted
    with the runtime's overheads (the planner's own search leaves them out).
 3. **Decide.** The fastest candidate replaces the current plan when, at the

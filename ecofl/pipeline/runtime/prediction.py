@@ -141,9 +141,9 @@ HYBRID_MARGIN = SELECTION_MARGIN
 
 
 def weighs_hybrid(plan: Plan | str, emulation: Emulation | bool | str) -> bool:
-    """Whether a plan of ``plan``'s mode (a plan, or its schedule kind) weighs Asteroid's hybrid plans
-    (:func:`preferred_plan`): where devices compute at their own speeds (confined, or a deployed home's) and
-    the mode runs data-parallel stages."""
+    """Whether a plan of ``plan``'s mode (a plan, or its schedule kind) weighs the hybrid plans (Asteroid's and
+    plain data parallelism, :func:`preferred_plan`): where devices compute at their own speeds (confined, or a
+    deployed home's) and the mode runs data-parallel stages."""
     return Emulation.parse(emulation).at_own_speeds and mode_of(plan).data_parallel_stages
 
 

@@ -278,8 +278,8 @@ class Recovery:
         """A plan for the devices connected now to run from sync-round ``version``, ``holders`` holding its
         layers: lightweight (:func:`lightweight_recovery_plan`) where its partition fits, else the planner's, of
         its micro-batch sizes the one predicted fastest as the pipeline runs, and where devices compute at their own
-        speeds (:func:`.prediction.weighs_hybrid`), Asteroid's hybrid plans weighed beside it as the CLI plans up
-        front (:func:`.prediction.preferred_plan`)."""
+        speeds (:func:`.prediction.weighs_hybrid`), the hybrid plans (Asteroid's, plain data parallelism) weighed
+        beside it as the CLI plans up front (:func:`.prediction.preferred_plan`)."""
         layout = self.layout
         alive = set(self.control.connections)
         if kind == "lightweight":
