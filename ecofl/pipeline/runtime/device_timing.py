@@ -7,7 +7,7 @@ measures the CPU each byte it maps anew costs on a fresh mapping of its own
 (:func:`~.process_memory.first_touch_cpu_s_per_byte`; docs/pipeline.md, "A
 new stage's first round"); says ``ready``; and once the
 portal has put it under its own quota and said ``go``, times its steps at
-its pace, each followed by what its links seal and open for it
+its pace, each pass followed by the hand-offs its stage makes after it
 (:mod:`.link_work`), for at least ``--seconds`` and then until it knows its
 mean step to ``--precision`` (at most ``--max-seconds``).
 """
@@ -32,7 +32,7 @@ from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.emulation import saved_bytes
 from ecofl.pipeline.runtime.heap import freeze_heap
 from ecofl.pipeline.runtime.layer_abort import abort_between_layers
-from ecofl.pipeline.runtime.link_work import LoopbackLinks, carried_per_step
+from ecofl.pipeline.runtime.link_work import LoopbackLinks, hand_offs_per_pass
 from ecofl.pipeline.runtime.model_spec import spec_from_json
 from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REQUESTS, Timed, read_line, write_line
 from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte
@@ -141,40 +141,46 @@ def main() -> int:
     gradient = None if is_last else torch.randn(shape, generator=generator)  # as the next stage sends it
 
     weights = list(stage.parameters())
+    held: list[torch.Tensor] = []  # a forward's output (the loss on the last stage), until its backward
 
-    def train() -> None:
+    def forward() -> None:
         stage.zero_grad(set_to_none=True)
         inputs = x.detach().requires_grad_(sends_gradient)  # a new tensor, as a received one is: it gets the hooks
         with saved_bytes(weights):  # as a stage's forward runs: its memory ledger counts what autograd saves
             out = stage(inputs)
-        if is_last:
-            torch.nn.functional.cross_entropy(out, y).backward()
-        else:
-            out.backward(gradient)
+        held.append(torch.nn.functional.cross_entropy(out, y) if is_last else out)
+
+    def backward() -> None:
+        out = held.pop()
+        out.backward() if is_last else out.backward(gradient)
 
     def infer() -> None:  # as a streaming stage runs (.stream_stage)
         with torch.no_grad():
             stage(x)
 
-    step = train if training else infer
     output = torch.zeros(shape)  # what the links carry on: its size, not its values, is their work
-    carried = carried_per_step(x.detach(), output, first, is_last, args.objective)  # what its links seal and open
+    hand_offs = hand_offs_per_pass(x.detach(), output, first, is_last, args.objective)
+    passes = list(zip((forward, backward) if training else (infer,), hand_offs))
+
+    def step(pace: CpuPace) -> None:
+        """One micro-batch as the stage runs it in the pipeline: each pass at the device's pace (``pace``), then
+        the hand-offs that follow it (:mod:`.link_work`); the links' threads are not paced: the kernel's quota
+        holds them."""
+        for run_pass, tensors in passes:
+            pace.call(run_pass)
+            for tensor in tensors:
+                links.hand_off(tensor, pace)
+
     # with a stage's hooks (.stage: each layer checks for an abort), as its passes run in the pipeline
     with abort_between_layers(stage, never_aborted), LoopbackLinks() as links:
         for _ in range(2):  # at the start-up quota: what the first steps map and set up is not in the timed ones
-            step()
+            step(CpuPace(None))
         first_touch = first_touch_cpu_s_per_byte()
-        links.carry(carried)
         write_line(sys.stdout, Timed(None, first_touch))  # ready
         read_line(sys.stdin.readline(), CALIBRATION_REQUESTS)  # Go, or MalformedMessage
         pace = CpuPace.of_this_process()  # under its own quota now: each step at the device's pace, as in the pipeline
-
-        def step_and_links() -> None:  # the links' threads are not paced: the kernel's quota holds them
-            pace.call(step)
-            links.carry(carried)
-
         max_seconds = CALIBRATION_EXTENSION * args.seconds if args.max_seconds is None else args.max_seconds
-        seconds, cpu_s, error = timed_calls(step_and_links, args.seconds, precision=args.precision,
+        seconds, cpu_s, error = timed_calls(lambda: step(pace), args.seconds, precision=args.precision,
                                             max_seconds=max_seconds)
         known = None if math.isinf(error) else error
         write_line(sys.stdout, Timed(seconds, cpu_s_per_step=cpu_s, relative_error=known))

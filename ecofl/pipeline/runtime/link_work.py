@@ -9,19 +9,30 @@ CPU quota as the stage's forwards and backwards. On Eco-FL's 3-stage testbed
 sync-round, 0.7 s at its 0.1 cores: that was the part of its measured
 compute the cost model had not predicted (0.81 s of 7.02 s).
 
-So a device calibrating its stage (:mod:`.calibration`) carries, after each
-training step, the tensors its links carry for one micro-batch through a
-real pair of sealed links inside its own process (:class:`LoopbackLinks`).
-Each tensor crossing the pair is sealed once and opened once, as one a
-device sends plus one it receives:
+So a device calibrating its stage (:mod:`.calibration`) makes, after each of
+its passes, the hand-offs its stage makes after that pass in the pipeline,
+through a real pair of sealed links inside its own process
+(:class:`LoopbackLinks`): posted to the sender thread, waited for until it
+has left as a device of less than one core waits (:mod:`.hand_off`), and
+taken and opened at the other end. Each tensor crossing the pair is sealed
+once and opened once, as one a device sends plus one it receives:
 
-- a stage after the first receives its input and sends back the input's
-  gradient, both of the input's size: one carry of the input;
-- a stage before the last sends its output and receives the output's
-  gradient: one carry of the output.
+- a stage before the last, after its forward: its output (which it sends;
+  it receives the output's gradient of that size);
+- a stage after the first, after its backward: its input's gradient (which
+  it sends back; it received the input of that size).
 
 A stage streaming inference (PipeEdge) opens its input and seals its
-output, one carry: of its output, or, on the last stage, of its input.
+output, one hand-off after its forward: of its output, or, on the last
+stage, of its input.
+
+The pattern is the pipeline's, not a loop's: a pass, then its hand-off's
+wake-ups in the device's throttled cgroup, then the next pass. On the mixed
+home's Raspberry Pi (0.025 cores, a CFS period of 40 ms), a stage sharing
+MobileNetV2's layers 16-21 at one sample ran 0.03 s a micro-batch between
+its passes in the pipeline that its calibration, which carried both
+tensors after a step of both passes, had not timed (docs/pipeline.md, "The
+mixed home's CLI runs").
 
 Its step time then holds its links' CPU at its own pace, and its speed
 (:func:`.calibration.speed_from_step`) carries it into the plan and the
@@ -36,21 +47,23 @@ import socket
 
 import torch
 
-from ecofl.net.links import PeerLink
+from ecofl.net.links import PeerLink, never_aborted
 from ecofl.net.sealed import SealedSocket
+from ecofl.pipeline.runtime.cpu_pace import CpuPace
+from ecofl.pipeline.runtime.hand_off import hand_off_first
 
 KEY_BYTES = 32  # AES-256-GCM, as the home's channels (ecofl.net.sealed)
 CARRY_TIMEOUT_S = 60.0
 
 
-def carried_per_step(stage_input: torch.Tensor, stage_output: torch.Tensor, first_layer: int, is_last: bool,
-                     objective: str = "training") -> list[torch.Tensor]:
-    """The tensors one step's links seal and open once each (see the module docstring); ``objective``:
-    ``training`` or ``inference``."""
+def hand_offs_per_pass(stage_input: torch.Tensor, stage_output: torch.Tensor, first_layer: int, is_last: bool,
+                       objective: str = "training") -> list[list[torch.Tensor]]:
+    """For each of a step's passes (training: forward, backward; inference: forward), the tensors its
+    hand-offs seal and open once each (see the module docstring); ``objective``: ``training`` or ``inference``."""
     receives, sends = first_layer > 0, not is_last
     if objective == "inference":
-        return [stage_output] if sends else [stage_input] if receives else []
-    return [tensor for tensor, used in ((stage_input, receives), (stage_output, sends)) if used]
+        return [[stage_output] if sends else [stage_input] if receives else []]
+    return [[stage_output] if sends else [], [stage_input] if receives else []]
 
 
 class LoopbackLinks:
@@ -62,11 +75,11 @@ class LoopbackLinks:
         self._sending = PeerLink(SealedSocket(near, forward, backward), peer=0)
         self._receiving = PeerLink(SealedSocket(far, backward, forward), peer=0)
 
-    def carry(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Send each tensor across and take it at the other end (sealed, sent, received and opened)."""
-        for tag, tensor in enumerate(tensors):
-            self._sending.post(tensor, tag)
-        return [self._receiving.take(tag, CARRY_TIMEOUT_S) for tag in range(len(tensors))]
+    def hand_off(self, tensor: torch.Tensor, pace: CpuPace) -> torch.Tensor:
+        """Send ``tensor`` across as a stage hands it off (on a device of less than one core, ``pace``, waiting
+        until it has left) and take it at the other end (sealed, sent, received and opened)."""
+        hand_off_first(pace, [self._sending.post(tensor, 0)], CARRY_TIMEOUT_S, never_aborted)
+        return self._receiving.take(0, CARRY_TIMEOUT_S)
 
     def close(self) -> None:
         self._sending.close()
