@@ -170,6 +170,7 @@ def main() -> int:
             pace.call(run_pass)
             for tensor in tensors:
                 links.hand_off(tensor, pace)
+        links.received()
 
     # with a stage's hooks (.stage: each layer checks for an abort), as its passes run in the pipeline
     with abort_between_layers(stage, never_aborted), LoopbackLinks() as links:

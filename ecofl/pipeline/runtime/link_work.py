@@ -14,7 +14,8 @@ its passes, the hand-offs its stage makes after that pass in the pipeline,
 through a real pair of sealed links inside its own process
 (:class:`LoopbackLinks`): posted to the sender thread, waited for until it
 has left as a device of less than one core waits (:mod:`.hand_off`), and
-taken and opened at the other end. Each tensor crossing the pair is sealed
+opened at the other end while the next pass runs, as a stage's reader
+thread opens what it receives. Each tensor crossing the pair is sealed
 once and opened once, as one a device sends plus one it receives:
 
 - a stage before the last, after its forward: its output (which it sends;
@@ -74,12 +75,21 @@ class LoopbackLinks:
         forward, backward = os.urandom(KEY_BYTES), os.urandom(KEY_BYTES)
         self._sending = PeerLink(SealedSocket(near, forward, backward), peer=0)
         self._receiving = PeerLink(SealedSocket(far, backward, forward), peer=0)
+        self._in_flight: list[torch.Tensor] = []  # handed off, not yet collected at the other end
 
-    def hand_off(self, tensor: torch.Tensor, pace: CpuPace) -> torch.Tensor:
-        """Send ``tensor`` across as a stage hands it off (on a device of less than one core, ``pace``, waiting
-        until it has left) and take it at the other end (sealed, sent, received and opened)."""
-        hand_off_first(pace, [self._sending.post(tensor, 0)], CARRY_TIMEOUT_S, never_aborted)
-        return self._receiving.take(0, CARRY_TIMEOUT_S)
+    def hand_off(self, tensor: torch.Tensor, pace: CpuPace) -> None:
+        """Send ``tensor`` across as a stage hands it off: sealed and written, on a device of less than one core
+        (``pace``) waited for until it has left. The other end opens it meanwhile, as a stage's reader thread
+        opens what it receives while the stage computes on (:meth:`received` collects it)."""
+        hand_off_first(pace, [self._sending.post(tensor, len(self._in_flight))], CARRY_TIMEOUT_S, never_aborted)
+        self._in_flight.append(tensor)
+
+    def received(self) -> list[torch.Tensor]:
+        """What the other end opened of the hand-offs since the last call, in their order (waiting for any
+        still on its way)."""
+        got = [self._receiving.take(tag, CARRY_TIMEOUT_S) for tag in range(len(self._in_flight))]
+        self._in_flight.clear()
+        return got
 
     def close(self) -> None:
         self._sending.close()
