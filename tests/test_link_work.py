@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from ecofl.pipeline.runtime import device_timing
+from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.host_overhead import record_path, runtime_overheads
-from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.link_work import LoopbackLinks, hand_offs_per_pass
 from ecofl.pipeline.runtime.model_spec import LayerList
 from ecofl.pipeline.runtime.pipe_messages import CALIBRATION_REPLIES, Go, line_of, read_line
