@@ -75,20 +75,20 @@ class LoopbackLinks:
         forward, backward = os.urandom(KEY_BYTES), os.urandom(KEY_BYTES)
         self._sending = PeerLink(SealedSocket(near, forward, backward), peer=0)
         self._receiving = PeerLink(SealedSocket(far, backward, forward), peer=0)
-        self._in_flight: list[torch.Tensor] = []  # handed off, not yet collected at the other end
+        self._in_flight = 0  # hand-offs not yet collected at the other end
 
     def hand_off(self, tensor: torch.Tensor, pace: CpuPace) -> None:
         """Send ``tensor`` across as a stage hands it off: sealed and written, on a device of less than one core
         (``pace``) waited for until it has left. The other end opens it meanwhile, as a stage's reader thread
         opens what it receives while the stage computes on (:meth:`received` collects it)."""
-        hand_off_first(pace, [self._sending.post(tensor, len(self._in_flight))], CARRY_TIMEOUT_S, never_aborted)
-        self._in_flight.append(tensor)
+        hand_off_first(pace, [self._sending.post(tensor, self._in_flight)], CARRY_TIMEOUT_S, never_aborted)
+        self._in_flight += 1
 
     def received(self) -> list[torch.Tensor]:
         """What the other end opened of the hand-offs since the last call, in their order (waiting for any
         still on its way)."""
-        got = [self._receiving.take(tag, CARRY_TIMEOUT_S) for tag in range(len(self._in_flight))]
-        self._in_flight.clear()
+        got = [self._receiving.take(tag, CARRY_TIMEOUT_S) for tag in range(self._in_flight)]
+        self._in_flight = 0
         return got
 
     def close(self) -> None:
