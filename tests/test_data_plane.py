@@ -158,9 +158,10 @@ def test_links_carry_tagged_tensors_of_every_dtype_in_order_per_tag():
 def test_ring_all_reduce_gives_every_rank_the_same_sum(n):
     listeners, ranks = meshes(n)
     inputs = [torch.randn(1001, generator=torch.Generator().manual_seed(r)) for r in range(n)]
+    given = [tensor.clone() for tensor in inputs]
     results: dict[int, torch.Tensor] = {}
     threads = [threading.Thread(target=lambda r=r: results.__setitem__(
-        r, ranks[r].all_reduce(inputs[r].clone(), tuple(range(n)), tag=99))) for r in range(n)]
+        r, ranks[r].all_reduce(given[r], tuple(range(n)), tag=99))) for r in range(n)]
     try:
         for thread in threads:
             thread.start()
@@ -170,6 +171,7 @@ def test_ring_all_reduce_gives_every_rank_the_same_sum(n):
         for r in range(n):
             torch.testing.assert_close(results[r], expected)
             assert torch.equal(results[r], results[0])  # bitwise the same on every replica
+            assert results[r] is given[r]  # summed in place: no copy of the whole tensor
     finally:
         close_all(listeners, ranks)
 

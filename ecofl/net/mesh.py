@@ -165,7 +165,10 @@ class EpochMesh:
 
     def all_reduce(self, tensor: torch.Tensor, ranks: tuple[int, ...], tag: int,
                    abort: AbortCheck = never_aborted, bucket: TokenBucket | None = None) -> torch.Tensor:
-        """Sum ``tensor`` (1-D) over ``ranks`` (this rank among them) with a ring; every rank gets the same sum.
+        """Sum ``tensor`` (1-D) over ``ranks`` (this rank among them) with a ring, in place: every rank's
+        ``tensor`` holds the same sum on return (and is returned). Only the chunks sent are copied, as a send
+        may still be in flight when its chunk changes; on a slow device each copy of a stage's gradients is a
+        visible part of its all-reduce.
 
         ``bucket`` paces this rank's sends (an emulated link; None: the kernel's pace).
 
@@ -179,17 +182,17 @@ class EpochMesh:
             return tensor
         position = ranks.index(self.rank)
         after, before = ranks[(position + 1) % n], ranks[(position - 1) % n]
-        chunks = [c.clone() for c in torch.tensor_split(tensor, n)]
+        chunks = torch.tensor_split(tensor, n)  # views of tensor
         tickets = []
         for step in range(n - 1):
             tickets.append(self.send(after, chunks[(position - step) % n].clone(), tag, bucket))
-            chunks[(position - step - 1) % n] += self.recv(before, tag, abort=abort)
+            chunks[(position - step - 1) % n].add_(self.recv(before, tag, abort=abort))
         for step in range(n - 1):
             tickets.append(self.send(after, chunks[(position - step + 1) % n].clone(), tag, bucket))
-            chunks[(position - step) % n] = self.recv(before, tag, abort=abort)
+            chunks[(position - step) % n].copy_(self.recv(before, tag, abort=abort))
         for ticket in tickets:
             ticket.wait(self.timeout_s, abort, "the stage's all-reduce")
-        return torch.cat(chunks)
+        return tensor
 
     def _link(self, rank: int) -> PeerLink:
         try:
