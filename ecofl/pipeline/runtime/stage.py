@@ -255,6 +255,7 @@ class ShareExecutor:
         self.reached("allreduce")
         started = self.pace.begin()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        # summed in place: a lone gradient's flat view is its own storage, which the sum replaces anyway
         flat = self.mesh.all_reduce(host_copy(_flatten_dense_tensors(grads)), role.replicas, ALLREDUCE_TAG,
                                     self.abort, self.ring_link).to(self.device)
         for p, reduced in zip(self.params, _unflatten_dense_tensors(flat, grads)):
