@@ -299,7 +299,7 @@ def _flush(
         if n > 1:
             links = pool.bandwidth_bps[np.ix_(stage.devices, stage.devices)]
             slowest = float(links[~np.eye(n, dtype=bool)].min())
-            allreduce = 2 * (n - 1) / n * float(profile.weight_bytes[first : last + 1].sum()) / slowest
+            allreduce = ring_allreduce_s(float(profile.weight_bytes[first : last + 1].sum()), n, slowest)
             for d in stage.devices:
                 timeline.append(TimelineEvent(d, s, ActionKind.ALLREDUCE, -1, start, start + allreduce))
         host_step = _step_s(profile, stage.layers)
@@ -314,6 +314,12 @@ def _flush(
         ends.append(end)
         durations.append(allreduce + slowest_step)
     return ends, durations
+
+
+def ring_allreduce_s(nbytes: float, devices: int, link_bps: float) -> float:
+    """Seconds a ring all-reduce of ``nbytes`` over ``devices`` takes on links of ``link_bps`` bytes/s: each
+    device sends 2(n-1)/n of the bytes (reduce-scatter, then all-gather; Asteroid eq. 5)."""
+    return 2 * (devices - 1) / devices * nbytes / link_bps
 
 
 def _step_s(profile: ModelProfile, layers: tuple[int, int]) -> float:

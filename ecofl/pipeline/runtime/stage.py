@@ -50,6 +50,7 @@ from ecofl.pipeline.instructions import (
     SendActivation,
     SendGrad,
 )
+from ecofl.pipeline.cost import ring_allreduce_s
 from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.emulation import MemoryLedger, dilate, saved_bytes
@@ -250,26 +251,37 @@ class ShareExecutor:
         self._hand_off_first(r, len(self.role.sources))
 
     def _reduce_grads(self, r: "_SyncRound", m: int) -> None:
-        """Sum gradients over the stage's replicas, average float buffers by share (Asteroid §4)."""
+        """Sum gradients over the stage's replicas, average float buffers by share (Asteroid §4): in one ring."""
         role = self.role
         self.reached("allreduce")
         started = self.pace.begin()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        # summed in place: a lone gradient's flat view is its own storage, which the sum replaces anyway
-        flat = self.mesh.all_reduce(host_copy(_flatten_dense_tensors(grads)), role.replicas, ALLREDUCE_TAG,
-                                    self.abort, self.ring_link).to(self.device)
-        for p, reduced in zip(self.params, _unflatten_dense_tensors(flat, grads)):
+        summed = self._all_reduce_together(grads + [b * role.replica_weight for b in self.buffers])
+        for p, reduced in zip(self.params, summed):
             p.grad = reduced
-        if self.buffers:
-            flat = host_copy(_flatten_dense_tensors([b * role.replica_weight for b in self.buffers]))
-            flat = self.mesh.all_reduce(flat, role.replicas, ALLREDUCE_TAG, self.abort, self.ring_link).to(self.device)
-            for b, reduced in zip(self.buffers, _unflatten_dense_tensors(flat, self.buffers)):
-                b.copy_(reduced)
+        for b, reduced in zip(self.buffers, summed[len(grads):]):
+            b.copy_(reduced)
         emulated = None
-        if role.allreduce_bps is not None:  # ring all-reduce, Asteroid eq. 5
-            n = len(role.replicas)
-            emulated = 2 * (n - 1) / n * _bytes(self.params) / role.allreduce_bps
+        if role.allreduce_bps is not None:  # the cost model's ring, on the gradients' bytes
+            emulated = ring_allreduce_s(_bytes(self.params), len(role.replicas), role.allreduce_bps)
         r.stats.events.append((ActionKind.ALLREDUCE, -1, started[0], self._end(started, emulated)))
+
+    def _all_reduce_together(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``tensors`` summed over the stage's replicas, flattened into one ring all-reduce per dtype (one in
+        all, as a rule): every ring costs each device 2(n-1) steps of wake-ups, and on a device of a fortieth of
+        a core each wake-up may wait out a CFS period (benchmarks/allreduce_confined.py). Summed in place: a
+        lone tensor's flat view is its own storage, which the sum replaces anyway."""
+        summed: list[torch.Tensor] = list(tensors)
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, tensor in enumerate(tensors):
+            by_dtype.setdefault(tensor.dtype, []).append(i)
+        for indices in by_dtype.values():  # in the parameters' order: the same rings on every replica
+            group = [tensors[i] for i in indices]
+            flat = self.mesh.all_reduce(host_copy(_flatten_dense_tensors(group)), self.role.replicas, ALLREDUCE_TAG,
+                                        self.abort, self.ring_link).to(self.device)
+            for i, reduced in zip(indices, _unflatten_dense_tensors(flat, group)):
+                summed[i] = reduced
+        return summed
 
     def _optimizer_step(self, r: "_SyncRound", m: int) -> None:
         """FedProx term, then one optimizer step for the mini-batch (Eco-FL §4.1 flush); asynchronous
