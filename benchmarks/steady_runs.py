@@ -132,11 +132,21 @@ def _not_the_stages_thread(run: dict) -> list[float | None]:
             for cpu, jobs in zip(run["cpu_s_per_round"], run["cpu_s_per_round_by_job"])]
 
 
-def round_per_stage_cpu(run: dict) -> float:
-    """A run's mean sync-round over the CPU seconds a round of its stage thread (``MainThread``) on the device its
-    plan is predicted to keep busiest."""
-    busiest = max(range(len(run["predicted_busy_fraction"])), key=run["predicted_busy_fraction"].__getitem__)
-    return run["mean_round_s"] / run["cpu_s_per_round_by_job"][busiest]["MainThread"]
+def busiest_stage(run: dict) -> int:
+    """The stage ``run``'s own prediction keeps busiest."""
+    busy = run["predicted_busy_fraction"]
+    return max(range(len(busy)), key=busy.__getitem__)
+
+
+def plain_busiest_stage(runs: list[dict]) -> int:
+    """The stage the plain runs' plan is predicted to keep busiest: one device for every run of the plan (a
+    fault-tolerant run's prediction adds its copies' time and may name another)."""
+    return busiest_stage(next(r for r in runs[1:] if not r["fault_tolerance"]))
+
+
+def round_per_stage_cpu(run: dict, stage: int) -> float:
+    """A run's mean sync-round over the CPU seconds a round of ``stage``'s thread (``MainThread``)."""
+    return run["mean_round_s"] / run["cpu_s_per_round_by_job"][stage]["MainThread"]
 
 
 def spread(values: list[float]) -> float:
@@ -151,15 +161,19 @@ def summary(runs: list[dict], pairs: int) -> dict:
     with plain runs 1, 3, ...): of its mean of all rounds, of its rounds from :data:`STEADY_FROM` on, and per
     stage-thread CPU-second."""
     plain = [r for r in runs[1:] if not r["fault_tolerance"]]
+    busiest = plain_busiest_stage(runs)
+
+    def per_stage_cpu(run: dict) -> float:
+        return round_per_stage_cpu(run, busiest)
 
     def costs_by(figure) -> list[float]:
         return [figure(runs[i]) / ((figure(runs[i - 1]) + figure(runs[i + 1])) / 2) - 1
                 for i in range(2, 2 * pairs + 2, 2)]
 
     costs = {"": costs_by(lambda r: r["mean_round_s"]), "_steady": costs_by(lambda r: r["steady_mean_round_s"]),
-             "_per_stage_cpu": costs_by(round_per_stage_cpu)}
+             "_per_stage_cpu": costs_by(per_stage_cpu)}
     result = {"plain_spread": spread([r["sync_round_s"] for r in plain]),
-              "plain_spread_per_stage_cpu": spread([round_per_stage_cpu(r) for r in plain])}
+              "plain_spread_per_stage_cpu": spread([per_stage_cpu(r) for r in plain])}
     for suffix, values in costs.items():
         result[f"fault_tolerance{suffix}_costs"] = values
         result[f"fault_tolerance{suffix}_cost"] = sum(values) / len(values) if values else None
@@ -241,6 +255,7 @@ def render(result: dict) -> str:
     runs, kills = result["runs"], result["kills"]
     costs, steady_costs = result["fault_tolerance_costs"], result["fault_tolerance_steady_costs"]
     per_cpu = result["fault_tolerance_per_stage_cpu_costs"]
+    busiest = plain_busiest_stage(runs)  # a kill's runs end on another plan: their own busiest stage
     lines = [
         f"Measured with `{result['command']}` on {result['machine']}, {result['measured_at']}: each run is "
         f"`{result['runs_of']}` (`--fault-tolerance`, `--inject {KILL}` where said), all on one calibration "
@@ -253,7 +268,8 @@ def render(result: dict) -> str:
         *(f"| {i + 1} | {'on' if r['fault_tolerance'] else 'off'}{', ' + r['inject'] if r['inject'] else ''} | "
           f"{r['sync_round_s']:.2f} | {r['predicted_sync_round_s']:.2f} | {r['error']:+.1%} | "
           f"{r['mean_round_s']:.2f} | {r['steady_mean_round_s']:.2f} | "
-          f"{_stages(r['cpu_s_per_round'])} | {_stages(_not_the_stages_thread(r))} | {round_per_stage_cpu(r):.2f} | "
+          f"{_stages(r['cpu_s_per_round'])} | {_stages(_not_the_stages_thread(r))} | "
+          f"{round_per_stage_cpu(r, busiest_stage(r) if r['inject'] else busiest):.2f} | "
           f"{r['host_reference_s']:.3f} | {r['load_before']} |" for i, r in enumerate(runs)),
         "",
         f"Plain runs' medians (runs 2 on) within {result['plain_spread']:.1%} of each other; their seconds a "
