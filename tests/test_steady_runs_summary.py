@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.steady_runs import render, round_per_stage_cpu, summary  # noqa: E402
+from benchmarks.steady_runs import plain_busiest_stage, render, round_per_stage_cpu, summary  # noqa: E402
 
 
 def run(round_s: float, stage_cpu_s: float, fault_tolerance: bool) -> dict:
@@ -27,7 +27,8 @@ def test_a_slower_host_moves_the_raw_cost_and_not_the_cost_per_stage_cpu_second(
     """Plain runs at 5 s on 1 CPU-s and, on a host a fifth slower, 6 s on 1.2 CPU-s; a fault-tolerant run
     between them at 5.5 s on 1.0 CPU-s costs 0% raw (against their 5.5 s mean) and +10% per CPU-second."""
     runs = [run(5.0, 1.0, False), run(5.0, 1.0, False), run(5.5, 1.0, True), run(6.0, 1.2, False)]
-    assert round_per_stage_cpu(runs[3]) == pytest.approx(5.0)  # the busiest device's stage thread, not the first's
+    assert plain_busiest_stage(runs) == 1
+    assert round_per_stage_cpu(runs[3], 1) == pytest.approx(5.0)  # the busiest device's stage thread
     figures = summary(runs, pairs=1)
     assert figures["fault_tolerance_costs"] == pytest.approx([0.0])
     assert figures["fault_tolerance_per_stage_cpu_costs"] == pytest.approx([0.1])
@@ -37,3 +38,15 @@ def test_a_slower_host_moves_the_raw_cost_and_not_the_cost_per_stage_cpu_second(
                     "kills": [], **figures})
     assert "per CPU-second of the busiest device's stage thread: +10.0% (mean +10.0%)" in table
     assert "factored out) within 0.0%" in table
+
+
+def test_every_run_of_the_plan_is_gauged_on_the_device_the_plain_runs_keep_busiest():
+    """A fault-tolerant run's own prediction (its copies' time added) names the first device busiest; its
+    figure still divides by the second device's stage thread, as the plain runs' does."""
+    runs = [run(5.0, 1.0, False), run(5.0, 1.0, False), run(5.5, 1.0, True), run(5.0, 1.0, False)]
+    runs[2]["predicted_busy_fraction"] = [0.95, 0.9]
+    figures = summary(runs, pairs=1)
+    assert figures["fault_tolerance_per_stage_cpu_costs"] == pytest.approx([0.1])  # not 5.5 / 0.1 s
+    table = render({"command": "c", "runs_of": "r", "machine": "m", "measured_at": "t", "runs": runs,
+                    "kills": [], **figures})
+    assert "| 5.50 | 0.100 | 1.0 |" in table  # its row: 5.5 s a round over 1.0 CPU-s
