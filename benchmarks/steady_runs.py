@@ -141,7 +141,10 @@ def busiest_stage(run: dict) -> int:
 def plain_busiest_stage(runs: list[dict]) -> int:
     """The stage the plain runs' plan is predicted to keep busiest: one device for every run of the plan (a
     fault-tolerant run's prediction adds its copies' time and may name another)."""
-    return busiest_stage(next(r for r in runs[1:] if not r["fault_tolerance"]))
+    plain = [r for r in runs[1:] if not r["fault_tolerance"]]
+    if not plain:
+        raise ValueError("no plain run after the calibrating one: nothing to gauge the plan's runs by")
+    return busiest_stage(plain[0])
 
 
 def round_per_stage_cpu(run: dict, stage: int) -> float:

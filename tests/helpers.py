@@ -1,15 +1,18 @@
-"""What many tests need, defined once: polling for a condition, free loopback ports, a home's secret, and the
-cgroups marker. (Finding the processes a test started is :mod:`processes`; pipelines to test, :mod:`pipeline_kit`.)"""
+"""What many tests need, defined once: polling for a condition, free loopback ports, a home's secret, the
+cgroups marker, and workers' epoch meshes on loopback. (Finding the processes a test started is
+:mod:`processes`; pipelines to test, :mod:`pipeline_kit`.)"""
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from typing import Callable
 
 import pytest
 
 from ecofl.cgroups import find_hierarchy
+from ecofl.net.mesh import DataListener, EpochMesh
 
 #: The home secret of every test home (32 bytes, as ``ecofl.net.auth.new_secret`` makes them).
 SECRET = bytes(range(32))
@@ -64,3 +67,26 @@ def answer_of(sock: socket.socket) -> object:
         return recv_message(sock)[0]
     except (ChannelClosed, ConnectionResetError, BrokenPipeError):
         return "closed"
+
+
+def meshes(n: int, epoch: int = 0) -> tuple[list[DataListener], list[EpochMesh]]:
+    """``n`` workers' listeners and their epoch meshes, built concurrently (as workers do)."""
+    listeners = [DataListener("127.0.0.1", SECRET) for _ in range(n)]
+    addresses = [listener.address for listener in listeners]
+    built: dict[int, EpochMesh] = {}
+    threads = [threading.Thread(target=lambda r=r: built.__setitem__(
+        r, EpochMesh(listeners[r], SECRET, epoch, r, addresses, timeout_s=30))) for r in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(built) == list(range(n))
+    return listeners, [built[r] for r in range(n)]
+
+
+def close_all(listeners: list[DataListener], meshes_: list[EpochMesh]) -> None:
+    """Close ``meshes_``, then their workers' ``listeners``."""
+    for mesh in meshes_:
+        mesh.close()
+    for listener in listeners:
+        listener.close()

@@ -30,7 +30,7 @@ from ecofl.pipeline.runtime.byte_stream import (MAX_PIECE_BYTES, MIN_PIECE_BYTES
 from ecofl.pipeline.runtime.migration_io import exchange_layer_states
 from ecofl.pipeline.runtime import replica
 from ecofl.pipeline.runtime.replica import ReplicaExchange
-from helpers import SECRET, answer_of, wait_for
+from helpers import SECRET, answer_of, close_all, meshes, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -107,28 +107,6 @@ def test_records_are_sealed_and_open_only_in_order_untouched():
     (foreign,) = sealed_records(b"first", keys=channel_keys(SECRET, b"x" * 32, b"y" * 32, "test"))
     with pytest.raises(ChannelClosed, match="failed authentication"):
         opened(foreign, 1)  # sealed for another connection
-
-
-def meshes(n: int, epoch: int = 0) -> tuple[list[DataListener], list[EpochMesh]]:
-    """``n`` workers' listeners and their epoch meshes, built concurrently (as workers do)."""
-    listeners = [DataListener("127.0.0.1", SECRET) for _ in range(n)]
-    addresses = [listener.address for listener in listeners]
-    built: dict[int, EpochMesh] = {}
-    threads = [threading.Thread(target=lambda r=r: built.__setitem__(
-        r, EpochMesh(listeners[r], SECRET, epoch, r, addresses, timeout_s=30))) for r in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert sorted(built) == list(range(n))
-    return listeners, [built[r] for r in range(n)]
-
-
-def close_all(listeners, meshes_) -> None:
-    for mesh in meshes_:
-        mesh.close()
-    for listener in listeners:
-        listener.close()
 
 
 def test_links_carry_tagged_tensors_of_every_dtype_in_order_per_tag():

@@ -18,7 +18,7 @@ from ecofl.devices import DeviceSpec, HomePool
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.runtime.stage import ShareExecutor
 from ecofl.pipeline.runtime.topology import worker_roles
-from test_data_plane import close_all, meshes
+from helpers import close_all, meshes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,6 +62,7 @@ def flush(modules: list[nn.Module]) -> list[int]:
 def replica(seed: int, buffer_dtype: torch.dtype = torch.float32) -> nn.Module:
     torch.manual_seed(seed)
     module = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.Linear(4, 3))
+    module[1].num_batches_tracked.fill_(5 + seed)  # each replica's own count
     module[1].running_var = module[1].running_var.to(buffer_dtype)  # a replica's float buffers, possibly wider
     module[1].running_mean.uniform_(-1, 1)
     module[1].running_var.uniform_(0.5, 2)
@@ -84,17 +85,21 @@ def test_a_replicated_stage_sums_gradients_and_averages_buffers_by_share_in_one_
         floats = [b for b in module.buffers() if b.is_floating_point()]
         for got, a, b in zip(floats, *buffers):
             torch.testing.assert_close(got, weights[0] * a + weights[1] * b)
-    assert [m[1].num_batches_tracked.item() for m in modules] == [0, 0]  # integer buffers are each replica's own
+    assert [m[1].num_batches_tracked.item() for m in modules] == [5, 6]  # integer buffers are each replica's own
     for p, q in zip(modules[0].parameters(), modules[1].parameters()):
         assert torch.equal(p.grad, q.grad)  # bitwise the same on both replicas
 
 
 def test_buffers_of_another_float_type_take_a_ring_of_their_own():
     modules = [replica(0, torch.float64), replica(1, torch.float64)]
-    expected = [(SHARES[0] * a + SHARES[1] * b) / sum(SHARES)
-                for a, b in zip(modules[0][1].running_var.clone(), modules[1][1].running_var.clone())]
+    weights = [share / sum(SHARES) for share in SHARES]
+    var, mean = ([weights[0] * getattr(modules[0][1], name) + weights[1] * getattr(modules[1][1], name)
+                  for name in ("running_var", "running_mean")])
+    grad = modules[0][0].weight.grad + modules[1][0].weight.grad
     calls = flush(modules)
-    assert calls == [2, 2]
+    assert calls == [2, 2]  # float32 (the gradients, running_mean), then float64 (running_var)
     for module in modules:
-        assert module[1].running_var.dtype == torch.float64
-        torch.testing.assert_close(module[1].running_var, torch.stack(expected))
+        assert module[1].running_var.dtype == torch.float64 and module[0].weight.grad.dtype == torch.float32
+        torch.testing.assert_close(module[1].running_var, var)
+        torch.testing.assert_close(module[1].running_mean, mean)
+        torch.testing.assert_close(module[0].weight.grad, grad)

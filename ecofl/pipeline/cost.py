@@ -316,9 +316,10 @@ def _flush(
     return ends, durations
 
 
-def ring_allreduce_s(nbytes: float, devices: int, link_bps: float) -> float:
-    """Seconds a ring all-reduce of ``nbytes`` over ``devices`` takes on links of ``link_bps`` bytes/s: each
-    device sends 2(n-1)/n of the bytes (reduce-scatter, then all-gather; Asteroid eq. 5)."""
+def ring_allreduce_s(nbytes: float | np.ndarray, devices: int, link_bps: float) -> float | np.ndarray:
+    """Seconds a ring all-reduce of ``nbytes`` (or of each of an array of sizes) over ``devices`` takes on
+    links of ``link_bps`` bytes/s: each device sends 2(n-1)/n of the bytes (reduce-scatter, then all-gather;
+    Asteroid eq. 5)."""
     return 2 * (devices - 1) / devices * nbytes / link_bps
 
 

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ecofl.devices import HomePool
+from ecofl.pipeline.cost import ring_allreduce_s
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.planners.allocation import RangeTimes, allocate
 from ecofl.pipeline.planners.memory import micro_batch_candidates, raise_infeasible, stage_in_flight
@@ -117,7 +118,7 @@ class HppModel:
         g = b - a
         if g == 1 or not self.training:
             return np.zeros_like(weights)
-        return 2 * (g - 1) / g * weights / self._slowest_link(self._group(a, b), self._group(a, b))
+        return ring_allreduce_s(weights, g, self._slowest_link(self._group(a, b), self._group(a, b)))
 
     def portal_s(self, a: int, b: int) -> tuple[float, float]:
         """Inference: seconds of a micro-batch's inputs from the portal to group order[a:b], and of its outputs back.
