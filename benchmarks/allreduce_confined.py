@@ -22,10 +22,12 @@ quota spent. Two policies, alternating round by round:
 
 Each flattens what it sends first (a copy of the same bytes). Reported per
 policy: an all-reduce's seconds from the last device entering it to the
-last leaving it (median, mean, max over its rounds), a device's process
-CPU in it, and the cost model's link time for it.
+last leaving it (median, mean, max over its rounds), each device's process
+CPU in it, and the cost model's time for the ring.
 
     .venv/bin/python benchmarks/allreduce_confined.py [--cores 0.025,0.08] [--ranges 16-21,17-21] [--rounds 32]
+
+(``--table-from JSON``: summarize a results file's rounds again, run nothing.)
 
 Needs root and writable cgroups; writes benchmarks/results/allreduce_confined.json and the "allreduce-confined"
 section of docs/pipeline.md.
@@ -110,13 +112,14 @@ def measure(cores: list[float], grads: int, buffers: int, args: argparse.Namespa
     secret = os.urandom(32).hex()
     groups, children = [], []
     try:
-        for rank, share in enumerate(cores):
+        for rank in range(len(cores)):
             groups.append(found.create(f"allreduce-{rank}", DeviceLimits(cores=1.0, memory_bytes=MEMORY_BYTES)))
             children.append(subprocess.Popen(
                 groups[-1].entry_command() + [sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}))
             setup = {"secret": secret, "rank": rank, "devices": len(cores), "rate": args.mbps * 1e6 / 8,
-                     "grads": grads, "buffers": buffers, "rounds": args.rounds, "busy_s": args.busy_ms / 1e3, "policies": POLICIES}
+                     "grads": grads, "buffers": buffers, "rounds": args.rounds, "busy_s": args.busy_ms / 1e3,
+                     "policies": POLICIES}
             children[-1].stdin.write(json.dumps(setup) + "\n")
             children[-1].stdin.flush()
         addresses = [json.loads(child.stdout.readline()) for child in children]
@@ -142,16 +145,23 @@ def measure(cores: list[float], grads: int, buffers: int, args: argparse.Namespa
     return rounds
 
 
-def summarize(rounds: list[list[dict]], policy: str, nbytes: int, devices: int, rate: float) -> dict:
+def summarize(rounds: list[list[dict]], policy: str) -> dict:
     """A policy's all-reduces, each from the moment the last device entered it to the moment the last left it
-    (the one that entered first waits for the others; host-wide monotonic clock), and the CPU of the device
-    that spent the most."""
+    (the one that entered first waits for the others; host-wide monotonic clock), and each device's CPU in
+    one."""
     spans = [max(r["left"] for r in same) - max(r["entered"] for r in same)
              for same in zip(*rounds) if same[0]["policy"] == policy]
-    cpu = max(statistics.mean(r["cpu_s"] for r in device if r["policy"] == policy) for device in rounds)
     return {"policy": policy, "rounds": len(spans), "wall_median_s": statistics.median(spans),
-            "wall_mean_s": statistics.mean(spans), "wall_max_s": max(spans), "cpu_s": cpu,
-            "link_s": ring_allreduce_s(nbytes, devices, rate)}
+            "wall_mean_s": statistics.mean(spans), "wall_max_s": max(spans),
+            "cpu_s_by_device": [statistics.mean(r["cpu_s"] for r in device if r["policy"] == policy)
+                                for device in rounds]}
+
+
+def with_summaries(results: dict) -> dict:
+    """``results`` with each row's policies summarized from its rounds."""
+    for row in results["rows"]:
+        row["policies"] = [summarize(row["rounds"], policy) for policy in POLICIES]
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +172,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mbps", type=float, default=100.0, help="the ring's links")
     parser.add_argument("--busy-ms", type=float, default=2.0, help="CPU each device burns before an all-reduce")
     parser.add_argument("--rounds", type=int, default=32, help="all-reduces per range, the policies alternating")
+    parser.add_argument("--table-from", metavar="JSON", help="run nothing: summarize a results file's rounds again")
     args = parser.parse_args(argv)
+    path = ROOT / "benchmarks" / "results" / "allreduce_confined.json"
+    if args.table_from:
+        results = with_summaries(json.loads(Path(args.table_from).read_text()))
+    else:
+        results = with_summaries(run(args, " ".join(["python benchmarks/allreduce_confined.py",
+                                                     *(sys.argv[1:] if argv is None else argv)])))
+    publish(results, path, render(results), ROOT / "docs" / "pipeline.md", "allreduce-confined")
+    return 0
+
+
+def run(args: argparse.Namespace, command: str) -> dict:
+    """Each layer range's all-reduces on confined devices: the rounds of every device."""
     cores = [float(c) for c in args.cores.split(",")]
     load = os.getloadavg()[0]
     rate = args.mbps * 1e6 / 8
@@ -172,16 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         grads, buffers = range_sizes(args.model, first, last)
         print(f"layers {first}-{last}: {4 * grads / 1e6:.2f} MB of gradients, {4 * buffers / 1e3:.1f} kB of "
               f"buffers, {args.rounds} all-reduces ...", file=sys.stderr, flush=True)
-        rounds = measure(cores, grads, buffers, args)
         rows.append({"layers": [first, last], "grad_bytes": 4 * grads, "buffer_bytes": 4 * buffers,
-                     "model_link_s": ring_allreduce_s(4 * grads, len(cores), rate), "rounds": rounds,
-                     "policies": [summarize(rounds, p, 4 * (grads + buffers), len(cores), rate) for p in POLICIES]})
-    command = " ".join(["python benchmarks/allreduce_confined.py", *(sys.argv[1:] if argv is None else argv)])
-    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "load_before": round(load, 2), "cores": cores,
-               "model": args.model, "mbps": args.mbps, "busy_ms": args.busy_ms, "rows": rows, "command": command}
-    publish(results, ROOT / "benchmarks" / "results" / "allreduce_confined.json", render(results),
-            ROOT / "docs" / "pipeline.md", "allreduce-confined")
-    return 0
+                     "model_link_s": ring_allreduce_s(4 * grads, len(cores), rate),
+                     "rounds": measure(cores, grads, buffers, args)})
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "load_before": round(load, 2), "cores": cores,
+            "model": args.model, "mbps": args.mbps, "busy_ms": args.busy_ms, "rows": rows, "command": command}
 
 
 def render(results: dict) -> str:
@@ -190,18 +208,19 @@ def render(results: dict) -> str:
     lines = [f"Measured with `{results['command']}` ({results['date']}, load {results['load_before']} before): "
              f"{results['model']}'s layer ranges all-reduced by {len(results['cores'])} confined processes of "
              f"{cores} cores on loopback links paced at {results['mbps']:g} Mbps, each after {results['busy_ms']:g} "
-             "ms of CPU at its quota, the policies alternating (each first in every other pair); an all-reduce's seconds "
-             "from the last device entering it to the last leaving it. `link`: the cost model's time for the "
-             "bytes (2(n-1)/n of them on the slowest link). `CPU`: a process's in an all-reduce, of the device "
-             "that spent the most.",
-             "", "| layers | gradients MB | buffers kB | policy | rounds | wall median s | mean | max | link s | "
-             "CPU s |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "ms of CPU at its quota, the policies alternating (each first in every other pair); an all-reduce's "
+             "seconds from the last device entering it to the last leaving it. `cost model`: the ring's time the "
+             "cost model charges, 2(n-1)/n of the gradients' bytes on the slowest link (the buffers, about 1% "
+             f"more, not counted). `CPU`: each device's process in an all-reduce ({cores} cores).",
+             "", "| layers | gradients MB | buffers kB | policy | rounds | wall median s | mean | max | cost model s | "
+             "CPU ms by device |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for row in results["rows"]:
         first, last = row["layers"]
         for p in row["policies"]:
+            cpu = ", ".join(f"{1e3 * c:.1f}" for c in p["cpu_s_by_device"])
             lines.append(f"| {first}-{last} | {row['grad_bytes'] / 1e6:.2f} | {row['buffer_bytes'] / 1e3:.1f} | "
                          f"{p['policy']} | {p['rounds']} | {p['wall_median_s']:.3f} | {p['wall_mean_s']:.3f} | "
-                         f"{p['wall_max_s']:.3f} | {p['link_s']:.3f} | {p['cpu_s']:.4f} |")
+                         f"{p['wall_max_s']:.3f} | {row['model_link_s']:.3f} | {cpu} |")
     return "\n".join(lines)
 
 
