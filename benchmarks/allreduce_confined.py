@@ -51,7 +51,8 @@ from benchmarks.markdown_section import publish  # noqa: E402
 from ecofl.cgroups import DeviceLimits, find_hierarchy, remove_stale  # noqa: E402
 from ecofl.models.layers import layer_sequence  # noqa: E402
 from ecofl.models.registry import build_model  # noqa: E402
-from ecofl.pipeline.cost import ring_allreduce_s  # noqa: E402
+from ecofl.pipeline.cost import ring_allreduce_s, ring_messages_s  # noqa: E402
+from ecofl.pipeline.runtime.host_overhead import host_operation_overhead_s  # noqa: E402
 
 POLICIES = ("two rings", "one ring")
 MEMORY_BYTES = 2 << 30
@@ -158,9 +159,15 @@ def summarize(rounds: list[list[dict]], policy: str) -> dict:
 
 
 def with_summaries(results: dict) -> dict:
-    """``results`` with each row's policies summarized from its rounds."""
+    """``results`` with each row's policies summarized from its rounds, and the cost model's time for its ring:
+    the gradients' bytes on the link and the runtime's time for the ring's messages at the slowest device's
+    cores (its speed, as a confined device measures it, is a little under its cores)."""
+    messages = ring_messages_s(len(results["cores"]), results.setdefault("operation_overhead_s",
+                                                                         host_operation_overhead_s()),
+                               min(results["cores"]))
     for row in results["rows"]:
         row["policies"] = [summarize(row["rounds"], policy) for policy in POLICIES]
+        row["model_s"] = row["model_link_s"] + messages
     return results
 
 
@@ -172,11 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mbps", type=float, default=100.0, help="the ring's links")
     parser.add_argument("--busy-ms", type=float, default=2.0, help="CPU each device burns before an all-reduce")
     parser.add_argument("--rounds", type=int, default=32, help="all-reduces per range, the policies alternating")
-    parser.add_argument("--table-from", metavar="JSON", help="run nothing: summarize a results file's rounds again")
+    parser.add_argument("--table-from", metavar="JSON",
+                        help="run nothing: summarize a results file's rounds again (into it, and the doc's section)")
     args = parser.parse_args(argv)
     path = ROOT / "benchmarks" / "results" / "allreduce_confined.json"
-    if args.table_from:
-        results = with_summaries(json.loads(Path(args.table_from).read_text()))
+    if args.table_from:  # written back where it was read
+        path = Path(args.table_from)
+        results = with_summaries(json.loads(path.read_text()))
     else:
         results = with_summaries(run(args, " ".join(["python benchmarks/allreduce_confined.py",
                                                      *(sys.argv[1:] if argv is None else argv)])))
@@ -199,7 +208,8 @@ def run(args: argparse.Namespace, command: str) -> dict:
                      "model_link_s": ring_allreduce_s(4 * grads, len(cores), rate),
                      "rounds": measure(cores, grads, buffers, args)})
     return {"date": time.strftime("%Y-%m-%d %H:%M"), "load_before": round(load, 2), "cores": cores,
-            "model": args.model, "mbps": args.mbps, "busy_ms": args.busy_ms, "rows": rows, "command": command}
+            "model": args.model, "mbps": args.mbps, "busy_ms": args.busy_ms, "rows": rows, "command": command,
+            "operation_overhead_s": host_operation_overhead_s()}
 
 
 def render(results: dict) -> str:
@@ -209,18 +219,19 @@ def render(results: dict) -> str:
              f"{results['model']}'s layer ranges all-reduced by {len(results['cores'])} confined processes of "
              f"{cores} cores on loopback links paced at {results['mbps']:g} Mbps, each after {results['busy_ms']:g} "
              "ms of CPU at its quota, the policies alternating (each first in every other pair); an all-reduce's "
-             "seconds from the last device entering it to the last leaving it. `cost model`: the ring's time the "
-             "cost model charges, 2(n-1)/n of the gradients' bytes on the slowest link (the buffers, about 1% "
-             f"more, not counted). `CPU`: each device's process in an all-reduce ({cores} cores).",
-             "", "| layers | gradients MB | buffers kB | policy | rounds | wall median s | mean | max | cost model s | "
-             "CPU ms by device |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+             "seconds from the last device entering it to the last leaving it. `link`: 2(n-1)/n of the gradients' "
+             "bytes on the slowest link (the buffers, about 1% more, not counted); `cost model`: that and the "
+             f"runtime's {1e3 * results['operation_overhead_s']:.2f} ms a message for the ring's 4(n-1) messages "
+             f"at the slowest device's cores. `CPU`: each device's process in an all-reduce ({cores} cores).",
+             "", "| layers | gradients MB | buffers kB | policy | rounds | wall median s | mean | max | link s | "
+             "cost model s | CPU ms by device |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in results["rows"]:
         first, last = row["layers"]
         for p in row["policies"]:
             cpu = ", ".join(f"{1e3 * c:.1f}" for c in p["cpu_s_by_device"])
             lines.append(f"| {first}-{last} | {row['grad_bytes'] / 1e6:.2f} | {row['buffer_bytes'] / 1e3:.1f} | "
                          f"{p['policy']} | {p['rounds']} | {p['wall_median_s']:.3f} | {p['wall_mean_s']:.3f} | "
-                         f"{p['wall_max_s']:.3f} | {row['model_link_s']:.3f} | {cpu} |")
+                         f"{p['wall_max_s']:.3f} | {row['model_link_s']:.3f} | {row['model_s']:.3f} | {cpu} |")
     return "\n".join(lines)
 
 

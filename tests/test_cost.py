@@ -103,6 +103,21 @@ def test_replicated_stage_all_reduces_and_splits_samples():
     assert cost.stage_memory_bytes[0] == memory_per_stage(plan, profile)[0]
 
 
+def test_a_ring_charges_its_messages_at_the_slowest_replicas_speed():
+    """Each of the 4(n-1) messages a replica sends and receives costs the runtime's time per operation at the
+    group's slowest speed, beside the bytes' time on the link."""
+    weight, overhead = 4e6, 0.001
+    profile = synthetic_profile(2, weight=weight, step=0.001)
+    pool = HomePool("p", (DeviceSpec("fast", 1.0, 1 << 30, 100 * MBPS), DeviceSpec("slow", 0.25, 1 << 30, 100 * MBPS),
+                          DeviceSpec("next", 1.0, 1 << 30, 100 * MBPS)))
+    plan = Plan("t", (StagePlan((0, 0), (0, 1), (4, 4), 3), StagePlan((1, 1), (2,), (8,), 1)), 8, 2)
+    timeline = simulate(plan, profile, pool, operation_overhead_s=overhead).timeline
+    allreduce = {e.device: e.end - e.start for e in timeline if e.kind == "allreduce"}
+    assert allreduce == pytest.approx({d: weight / (100 * MBPS) + 4 * overhead / 0.25 for d in (0, 1)})
+    without = simulate(plan, profile, pool).timeline
+    assert [e.end - e.start for e in without if e.kind == "allreduce"] == pytest.approx([weight / (100 * MBPS)] * 2)
+
+
 def test_devices_never_overlap_their_own_compute():
     profile = synthetic_profile(6, activation=50_000.0)
     cost = simulate(chain_plan(6, 4, 16), profile, uniform_pool(6))

@@ -24,7 +24,9 @@ What is simulated (choices documented here, not in the papers):
   the last stage are not modelled.
 - **Flush.** When all of a replicated stage's devices have finished their
   last backward, they ring-all-reduce the stage's gradients,
-  2(n-1)/n x W_s / (slowest link in the group) (Asteroid eq. 5); then every
+  2(n-1)/n x W_s / (slowest link in the group) (Asteroid eq. 5), plus the
+  runtime's time per operation for each of the 4(n-1) messages a device
+  sends and receives in the ring, at the group's slowest speed; then every
   device runs its optimizer step (profiled host time / speed).
 - **Shared cores** (``cores=C``, devices that are processes of one machine,
   as when a home is run at host speed on this one): an operation starts when
@@ -172,7 +174,7 @@ def simulate(plan: Plan, profile: ModelProfile, pool: HomePool, cores: int | Non
     timeline: list[TimelineEvent] = []
     rule = Fifo() if cores is None else ProcessorSharing(cores)
     run(workers, schedule, rule, timeline)
-    flush_end, flush_s = _flush(plan, profile, pool, workers, timeline, rule)
+    flush_end, flush_s = _flush(plan, profile, pool, workers, timeline, rule, operation_overhead_s)
     sync_round = max(flush_end)
     busy = [max((w.busy for w in ws), default=0.0) for ws in workers]
     ssb = _static_bubble(workers)
@@ -278,9 +280,10 @@ def _spread(workers: list[list[Worker]], num_micro_batches: int, seconds: Mappin
 
 def _flush(
     plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[list[Worker]], timeline: list[TimelineEvent],
-    rule: DispatchRule,
+    rule: DispatchRule, operation_overhead_s: float,
 ) -> tuple[list[float], list[float]]:
-    """All-reduce inside replicated stages (Asteroid eq. 5), then each device's optimizer step.
+    """All-reduce inside replicated stages (Asteroid eq. 5, and the runtime's time for the ring's messages:
+    :func:`ring_messages_s`), then each device's optimizer step.
 
     Returns each stage's end time and its flush duration (all-reduce + slowest step); asynchronous 1F1B
     has no flush (its steps followed every backward).
@@ -300,6 +303,7 @@ def _flush(
             links = pool.bandwidth_bps[np.ix_(stage.devices, stage.devices)]
             slowest = float(links[~np.eye(n, dtype=bool)].min())
             allreduce = ring_allreduce_s(float(profile.weight_bytes[first : last + 1].sum()), n, slowest)
+            allreduce += ring_messages_s(n, operation_overhead_s, min(pool.devices[d].speed for d in stage.devices))
             for d in stage.devices:
                 timeline.append(TimelineEvent(d, s, ActionKind.ALLREDUCE, -1, start, start + allreduce))
         host_step = _step_s(profile, stage.layers)
@@ -321,6 +325,15 @@ def ring_allreduce_s(nbytes: float | np.ndarray, devices: int, link_bps: float) 
     links of ``link_bps`` bytes/s: each device sends 2(n-1)/n of the bytes (reduce-scatter, then all-gather;
     Asteroid eq. 5)."""
     return 2 * (devices - 1) / devices * nbytes / link_bps
+
+
+def ring_messages_s(devices: int, operation_overhead_s: float, slowest_speed: float) -> float:
+    """The runtime's own time in a ring all-reduce over ``devices``, beyond its bytes on the links: each device
+    sends and receives 2(n-1) messages, each charged the runtime's time per operation (host seconds) at the
+    slowest member's speed, as it holds up the ring. On a confined pair of the Raspberry Pi's and the phone's
+    quotas the ring took 0.06-0.08 s longer than its bytes' time, about this (benchmarks/allreduce_confined.py,
+    docs/pipeline.md "A replicated stage's flush in one ring")."""
+    return 4 * (devices - 1) * operation_overhead_s / slowest_speed
 
 
 def _step_s(profile: ModelProfile, layers: tuple[int, int]) -> float:
