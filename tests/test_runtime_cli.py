@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ecofl.cli import main
+from ecofl.pipeline.runtime.slowdown_watch import SlowdownWatch
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -170,10 +171,12 @@ def test_home_train_help_documents_aimed_failures(capsys):
     assert "kill:D@R[:PHASE[:K]]" in text and "backward" in text and "recover" in text
 
 
-def test_a_re_tunes_after_leaves_out_the_rounds_a_recovery_ran_on_another_plan(tmp_path, capsys):
+def test_a_re_tunes_after_leaves_out_the_rounds_a_recovery_ran_on_another_plan(tmp_path, capsys, monkeypatch):
     """Re-tuned after round 1, then device 1 is killed as round 4 starts: rounds 4 and 5, and those replayed
     before them, run on the survivor's plan, so the re-tune's plan is set against what is left of rounds 2 and 3
-    (less round 2 where it switched)."""
+    (less round 2 where it switched). No device is found slow: on a loaded machine the sleeping devices fall
+    behind the model's time, and a re-plan for that is not what this test is about."""
+    monkeypatch.setattr(SlowdownWatch, "slow_devices", lambda self, *args, **kwargs: [])
     assert main(["home", "train", "--model", "cnn", "--pool", "nano-10w,tx2-maxn", "--dataset", "digits",
                  "--batch", "16", "--rounds", "6", "--cache-dir", str(tmp_path), "--emulate", "sleep",
                  "--tune-after", "2", "--inject", "kill:1@4", "--json"]) == 0
