@@ -4,18 +4,17 @@ A data-parallel group of a home (Asteroid's HPP: a stage replicated over
 devices) sums its gradients at the flush with a ring all-reduce on sealed
 links (:meth:`ecofl.net.mesh.EpochMesh.all_reduce`), and averages its float
 buffers (batch-norm statistics) the same way. The cost model charges the
-ring its bytes on the slowest link, 2(n-1)/n of the gradients (Asteroid eq.
-5). On a device of a fortieth of a core each ring also costs wake-ups: a
-reader or sender thread that wakes in a throttled cgroup may wait out a CFS
-period (40 ms at 0.025 cores), and a ring of n devices has 2(n-1) steps,
-each a send and a receive.
+ring its gradients' bytes on the slowest link, 2(n-1)/n of them (Asteroid
+eq. 5), and the runtime's time per operation for each of the 4(n-1)
+messages a device sends and receives, at the slowest device's speed
+(:func:`ecofl.pipeline.cost.ring_messages_s`).
 
 Here two processes, each in a cgroup of its own (``--cores``: the mixed
 home's Raspberry Pi and phone by default), all-reduce a layer range's
 gradients and float buffers (``--model``, ``--ranges``) on loopback links
 paced at ``--mbps`` as a stage's ring is. Before each all-reduce each burns
 ``--busy-ms`` of CPU at its quota (its last backward), so it enters with its
-quota spent. Two policies, alternating round by round:
+quota spent. Two policies, alternating (each first in every other pair):
 
 - ``two rings``: the gradients, then the buffers (what the runtime did until 2026-12-05);
 - ``one ring``: both in one tensor (:meth:`ecofl.pipeline.runtime.stage.ShareExecutor._reduce_grads`).
@@ -162,9 +161,7 @@ def with_summaries(results: dict) -> dict:
     """``results`` with each row's policies summarized from its rounds, and the cost model's time for its ring:
     the gradients' bytes on the link and the runtime's time for the ring's messages at the slowest device's
     cores (its speed, as a confined device measures it, is a little under its cores)."""
-    messages = ring_messages_s(len(results["cores"]), results.setdefault("operation_overhead_s",
-                                                                         host_operation_overhead_s()),
-                               min(results["cores"]))
+    messages = ring_messages_s(len(results["cores"]), results["operation_overhead_s"], min(results["cores"]))
     for row in results["rows"]:
         row["policies"] = [summarize(row["rounds"], policy) for policy in POLICIES]
         row["model_s"] = row["model_link_s"] + messages

@@ -103,3 +103,22 @@ def test_buffers_of_another_float_type_take_a_ring_of_their_own():
         torch.testing.assert_close(module[1].running_var, var)
         torch.testing.assert_close(module[1].running_mean, mean)
         torch.testing.assert_close(module[0].weight.grad, grad)
+
+
+def test_a_replica_lost_mid_ring_leaves_the_survivors_gradients_and_buffers_as_they_were():
+    """The peer's links close while the survivor waits in the ring: it raises, and what recovery restores from
+    (its gradients and batch-norm statistics) is untouched, as the sum went into copies."""
+    modules = [replica(0), replica(1)]
+    reached = [p for p in modules[0].parameters() if p.grad is not None]
+    grads, buffers = [p.grad.clone() for p in reached], [b.clone() for b in modules[0].buffers()]
+    roles = replicated_stage_roles()
+    listeners, ranks = meshes(2)
+    try:
+        survivor = ShareExecutor(roles[0], modules[0], ranks[0], timeout_s=30)
+        ranks[1].close()  # the other replica is gone
+        with pytest.raises(ConnectionError):
+            survivor._reduce_grads(SimpleNamespace(stats=SimpleNamespace(events=[])), -1)
+    finally:
+        close_all(listeners, ranks)
+    assert all(torch.equal(p.grad, g) for p, g in zip(reached, grads))
+    assert all(torch.equal(b, before) for b, before in zip(modules[0].buffers(), buffers))
