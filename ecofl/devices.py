@@ -47,6 +47,15 @@ class DeviceSpec:
     # seconds its process takes to map a byte of memory for the first time, at its speed (measured in its
     # calibration or by its daemon, ecofl.pipeline.first_touch; None: not measured)
     first_touch_s_per_byte: float | None = None
+    # host cores of CPU it runs on, where known: a confined device's quota (None: its speed stands for them)
+    cores: float | None = None
+
+    @property
+    def cpu_speed(self) -> float:
+        """The pace of the runtime's own work here (messages, hand-offs), relative to one host core: its cores
+        where known, else its speed. A confined device computing one sample a call trains below its quota
+        (its speed), while a message costs it its quota's pace."""
+        return self.speed if self.cores is None else self.cores
 
     def __post_init__(self) -> None:
         if not isinstance(self.accelerator, str) or not ACCELERATOR.fullmatch(self.accelerator):
@@ -62,6 +71,8 @@ class DeviceSpec:
         if self.first_touch_s_per_byte is not None and not self.first_touch_s_per_byte >= 0:
             raise UserError(f"device {self.name!r}: seconds a byte mapped must not be negative, "
                             f"got {self.first_touch_s_per_byte}")
+        if self.cores is not None and not self.cores > 0:
+            raise UserError(f"device {self.name!r}: cores must be positive, got {self.cores}")
 
 
 def _jetson(name: str, relative_to_nano_10w: float, memory_gb: float) -> DeviceSpec:

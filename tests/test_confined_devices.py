@@ -567,6 +567,22 @@ def test_a_file_that_is_no_calibration_is_refused_with_its_name(tmp_path):
         load_calibration(edited, {}, load_pool("nano-10w,tx2-maxq"))
 
 
+def test_a_kept_calibration_gives_each_device_its_quota_as_cores_beside_its_measured_speed(tmp_path):
+    """A run on a kept calibration predicts as the run that measured it: each device at its measured speed, and
+    its messages at its quota's pace (the presets' speeds in cores, which it was confined to)."""
+    from ecofl.cli.calibration_file import VERSION, load_calibration
+    from ecofl.pools import load_pool
+
+    presets = load_pool("nano-10w,tx2-maxq")
+    kept = tmp_path / "kept.json"
+    kept.write_text(json.dumps({"version": VERSION, "settings": {}, "measured_at": "now", "speeds": [0.05, 0.2],
+                                "measured": {"0": {"first_touch_s_per_byte": 2e-9}}, "plan": two_stages(0).to_dict()}))
+    confined, plan, _ = load_calibration(kept, {}, presets)
+    assert [spec.speed for spec in confined.pool.devices] == [0.05, 0.2] and plan == two_stages(0)
+    assert [spec.cores for spec in confined.pool.devices] == [spec.speed for spec in presets.devices]
+    assert [spec.cpu_speed for spec in confined.pool.devices] == [limit.cores for limit in confined.limits.values()]
+
+
 def test_identical_devices_share_one_measurement_and_others_keep_their_own():
     nano, tx2 = DeviceLimits(0.5, 1 << 30), DeviceLimits(1.0, 1 << 31)
     whole, stage = Work(4), Work(4, (0, 3))
@@ -596,7 +612,7 @@ def test_a_plan_with_two_identical_devices_swapped_is_not_measured_again():
         speed = {None: 1.0, (0, 0): 0.5, (1, 3): 0.9}  # per sample: seconds of a stage's layers differ
         touch = {None: 1e-9, (0, 0): 2e-9, (1, 3): 3e-9}
         reports = {d: {"micro_batch": w.samples, "layers": w.layers, "measured_speed": speed[w.layers],
-                       "first_touch_s_per_byte": touch[w.layers]} for d, w in workload}
+                       "first_touch_s_per_byte": touch[w.layers], "quota_cores": nano.cores} for d, w in workload}
         return ConfinedPool(measured_pool(presets, reports), {0: nano, 1: nano}, reports, workload)
 
     def plan_for(pool: HomePool) -> Plan:
@@ -609,3 +625,4 @@ def test_a_plan_with_two_identical_devices_swapped_is_not_measured_again():
     assert speeds == {Work(8, (0, 0)): 0.5, Work(8, (1, 3)): 0.9}  # each device at its stage's measured speed
     touch = {work: confined.pool.devices[d].first_touch_s_per_byte for d, work in plan_workload(plan, range(2))}
     assert touch == {Work(8, (0, 0)): 2e-9, Work(8, (1, 3)): 3e-9}
+    assert [spec.cores for spec in confined.pool.devices] == [1.0, 1.0]  # the pace of their messages

@@ -1,5 +1,7 @@
 """The sync-round cost model: trapezoid, bubbles, memory, links, flush."""
 
+from dataclasses import replace
+
 import pytest
 
 from ecofl.devices import MBPS, DeviceSpec, HomePool
@@ -116,6 +118,21 @@ def test_a_ring_charges_its_messages_at_the_slowest_replicas_speed():
     assert allreduce == pytest.approx({d: weight / (100 * MBPS) + 4 * overhead / 0.25 for d in (0, 1)})
     without = simulate(plan, profile, pool).timeline
     assert [e.end - e.start for e in without if e.kind == "allreduce"] == pytest.approx([weight / (100 * MBPS)] * 2)
+
+
+def test_a_confined_replica_handles_the_rings_messages_at_its_quota_not_its_training_speed():
+    """A confined device that trains below its quota (one sample a call) still sends messages at its quota's
+    pace: the ring's messages are charged at its cores where the pool knows them."""
+    weight, overhead = 4e6, 0.001
+    profile = synthetic_profile(2, weight=weight, step=0.001)
+    slow = DeviceSpec("slow", 0.25, 1 << 30, 100 * MBPS, cores=0.5)
+    fast, after = (DeviceSpec(name, 1.0, 1 << 30, 100 * MBPS) for name in ("fast", "next"))
+    pool = HomePool("p", (fast, slow, after))
+    plan = Plan("t", (StagePlan((0, 0), (0, 1), (4, 4), 3), StagePlan((1, 1), (2,), (8,), 1)), 8, 2)
+    timeline = simulate(plan, profile, pool, operation_overhead_s=overhead).timeline
+    allreduce = [e.end - e.start for e in timeline if e.kind == "allreduce"]
+    assert allreduce == pytest.approx([weight / (100 * MBPS) + 4 * overhead / 0.5] * 2)
+    assert slow.cpu_speed == 0.5 and replace(slow, cores=None).cpu_speed == 0.25
 
 
 def test_devices_never_overlap_their_own_compute():

@@ -60,9 +60,10 @@ def load_calibration(path: Path, settings: dict, presets: HomePool) -> tuple[Con
                         + "): give another file, or delete it to calibrate again")
     if len(speeds) != len(presets.devices):
         raise UserError(f"{path} holds {len(speeds)} devices, the pool {len(presets.devices)}")
-    pool = with_speeds(presets, dict(enumerate(speeds)), first_touch)
+    limits = pool_limits(presets)
+    pool = with_speeds(presets, dict(enumerate(speeds)), first_touch, {d: limit.cores for d, limit in limits.items()})
     workload = plan_workload(plan, range(len(speeds)))  # what the saved speeds were measured on
-    return ConfinedPool(pool, pool_limits(presets), measured, workload), plan, saved["measured_at"]
+    return ConfinedPool(pool, limits, measured, workload), plan, saved["measured_at"]
 
 
 def _seconds_or_none(value: object) -> float | None:

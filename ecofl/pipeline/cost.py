@@ -303,7 +303,8 @@ def _flush(
             links = pool.bandwidth_bps[np.ix_(stage.devices, stage.devices)]
             slowest = float(links[~np.eye(n, dtype=bool)].min())
             allreduce = ring_allreduce_s(float(profile.weight_bytes[first : last + 1].sum()), n, slowest)
-            allreduce += ring_messages_s(n, operation_overhead_s, min(pool.devices[d].speed for d in stage.devices))
+            pace = min(pool.devices[d].cpu_speed for d in stage.devices)
+            allreduce += ring_messages_s(n, operation_overhead_s, pace)
             for d in stage.devices:
                 timeline.append(TimelineEvent(d, s, ActionKind.ALLREDUCE, -1, start, start + allreduce))
         host_step = _step_s(profile, stage.layers)
@@ -330,9 +331,10 @@ def ring_allreduce_s(nbytes: float | np.ndarray, devices: int, link_bps: float) 
 def ring_messages_s(devices: int, operation_overhead_s: float, slowest_speed: float) -> float:
     """The runtime's own time in a ring all-reduce over ``devices``, beyond its bytes on the links: each device
     sends and receives 2(n-1) messages, each charged the runtime's time per operation (host seconds) at the
-    slowest member's speed, as it holds up the ring. On a confined pair of the Raspberry Pi's and the phone's
-    quotas the ring took 0.06-0.08 s longer than its bytes' time, about this (benchmarks/allreduce_confined.py,
-    docs/pipeline.md "A replicated stage's flush in one ring")."""
+    slowest member's pace of such work (:attr:`ecofl.devices.DeviceSpec.cpu_speed`: a confined device's quota),
+    as it holds up the ring. On a confined pair of the Raspberry Pi's and the phone's quotas the ring took
+    0.06-0.08 s longer than its bytes' time, about this (benchmarks/allreduce_confined.py, docs/pipeline.md
+    "A replicated stage's flush in one ring")."""
     return 4 * (devices - 1) * operation_overhead_s / slowest_speed
 
 

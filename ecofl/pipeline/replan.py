@@ -55,13 +55,16 @@ REPLAN_KINDS = names.REPLAN_KINDS
 
 
 def with_speeds(pool: HomePool, speeds: Mapping[int, float],
-                first_touch_s_per_byte: Mapping[int, float | None] | None = None) -> HomePool:
+                first_touch_s_per_byte: Mapping[int, float | None] | None = None,
+                cores: Mapping[int, float] | None = None) -> HomePool:
     """``pool`` with device d's speed replaced by ``speeds[d]`` and, where d is a key of
-    ``first_touch_s_per_byte``, its seconds per byte mapped anew by that value (None: not measured; links
-    unchanged)."""
+    ``first_touch_s_per_byte``, its seconds per byte mapped anew by that value (None: not measured), where a
+    key of ``cores``, its cores (a confined device's quota; links unchanged)."""
     touch = {} if first_touch_s_per_byte is None else first_touch_s_per_byte
+    quota = {} if cores is None else cores
     devices = tuple(replace(spec, speed=float(speeds.get(d, spec.speed)),
-                            first_touch_s_per_byte=touch.get(d, spec.first_touch_s_per_byte))
+                            first_touch_s_per_byte=touch.get(d, spec.first_touch_s_per_byte),
+                            cores=quota.get(d, spec.cores))
                     for d, spec in enumerate(pool.devices))
     return HomePool(name=pool.name, devices=devices, bandwidth_bps=_finite(pool.bandwidth_bps))
 

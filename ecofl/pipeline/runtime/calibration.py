@@ -214,10 +214,11 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
 
 
 def measured_pool(pool: HomePool, reports: Mapping[int, dict]) -> HomePool:
-    """``pool`` with each reported device's measured speed and seconds per byte mapped anew (its calibration's
-    ``reports``, :func:`measure_speeds`); other devices as they were."""
+    """``pool`` with each reported device's measured speed, seconds per byte mapped anew and quota's cores (its
+    calibration's ``reports``, :func:`measure_speeds`); other devices as they were."""
     return with_speeds(pool, {d: report["measured_speed"] for d, report in reports.items()},
-                       {d: report.get("first_touch_s_per_byte") for d, report in reports.items()})
+                       {d: report.get("first_touch_s_per_byte") for d, report in reports.items()},
+                       {d: report["quota_cores"] for d, report in reports.items()})
 
 
 def shared_by_identical(step_s: Mapping[int, float], limits: Mapping[int, DeviceLimits],
