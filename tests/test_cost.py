@@ -197,12 +197,15 @@ def test_operations_running_together_share_the_cores_equally(cores, stretch):
 
 @pytest.mark.parametrize("stages,micro_batches", [(1, 4), (3, 8)])
 def test_operation_overhead_lengthens_every_forward_and_backward(stages, micro_batches):
-    """The runtime's own time per operation (host runs): the trapezoid with t_f + o and t_b + o."""
+    """The runtime's own time per operation (host runs): the trapezoid with t_f + o and t_b + o, then the first
+    stage's optimizer step, an operation too (free in the profile: o)."""
     overhead = 0.003
     cost = simulate(chain_plan(stages, 4, micro_batches), synthetic_profile(stages), uniform_pool(stages),
                     operation_overhead_s=overhead)
     t_f, t_b = 4 * T_F + overhead, 4 * T_B + overhead
-    assert cost.sync_round_s == pytest.approx((micro_batches + stages - 1) * (t_f + t_b))
+    assert cost.sync_round_s == pytest.approx((micro_batches + stages - 1) * (t_f + t_b) + overhead)
+    steps = [e.end - e.start for e in cost.timeline if e.kind == "step"]
+    assert steps == pytest.approx([overhead] * stages)
     with pytest.raises(ValueError, match="negative"):
         simulate(chain_plan(stages, 4, micro_batches), synthetic_profile(stages), uniform_pool(stages),
                  operation_overhead_s=-1.0)
