@@ -181,7 +181,7 @@ def host_pool(pool: HomePool, link_bps: float = HOST_LINK_BPS) -> HomePool:
     machine's core count (:func:`host_cores`) in the cost model, since the
     devices share its cores.
     """
-    devices = tuple(replace(d, speed=1.0, bandwidth_bps=link_bps) for d in pool.devices)
+    devices = tuple(replace(d, speed=1.0, bandwidth_bps=link_bps, cores=None) for d in pool.devices)
     return HomePool(name=f"{pool.name} (host speed)", devices=devices)
 
 

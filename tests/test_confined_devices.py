@@ -603,7 +603,7 @@ def test_a_plan_with_two_identical_devices_swapped_is_not_measured_again():
     is measured a third time, and each device takes its twin's speed and seconds per byte mapped on that work."""
     presets = HomePool("home", (DeviceSpec("nano", 1.0, GB, 1e9),) * 2)
     profile = synthetic_profile(4)
-    nano = DeviceLimits(1.0, GB)
+    nano = DeviceLimits(0.5, GB)  # confined to half a core: its cores are not its preset's speed
     swapped = Plan("two", (StagePlan((0, 0), (1,), (8,), 2), StagePlan((1, 3), (0,), (8,), 1)), 8, 4)
     measured: list[Workload] = []
 
@@ -625,4 +625,4 @@ def test_a_plan_with_two_identical_devices_swapped_is_not_measured_again():
     assert speeds == {Work(8, (0, 0)): 0.5, Work(8, (1, 3)): 0.9}  # each device at its stage's measured speed
     touch = {work: confined.pool.devices[d].first_touch_s_per_byte for d, work in plan_workload(plan, range(2))}
     assert touch == {Work(8, (0, 0)): 2e-9, Work(8, (1, 3)): 3e-9}
-    assert [spec.cores for spec in confined.pool.devices] == [1.0, 1.0]  # the pace of their messages
+    assert [spec.cores for spec in confined.pool.devices] == [0.5, 0.5]  # the pace of their messages: the quota

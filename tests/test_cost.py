@@ -170,6 +170,18 @@ def test_a_core_per_device_changes_nothing(schedule, in_flight):
     assert sorted(enough.timeline) == sorted(alone.timeline)
 
 
+@pytest.mark.parametrize("schedule, in_flight", [("1f1b", None), ("async-1f1b", [1, 1, 1])])
+def test_every_optimizer_step_costs_the_runtimes_time_per_operation(schedule, in_flight):
+    """The flush's steps and asynchronous 1F1B's step after every backward alike: the profile's step of the
+    stage's layer plus the time per operation, at the device's speed (uniform_pool: speed 1)."""
+    step, overhead = 0.001, 0.003
+    plan = chain_plan(3, 4, 8, schedule, in_flight)
+    timeline = simulate(plan, synthetic_profile(3, step=step), uniform_pool(3), operation_overhead_s=overhead).timeline
+    steps = [e.end - e.start for e in timeline if e.kind == "step"]
+    assert len(steps) == (3 if schedule == "1f1b" else 3 * 8)
+    assert steps == pytest.approx([step + overhead] * len(steps))
+
+
 def test_shared_cores_share_what_does_not_fit():
     """Devices that are processes of one machine (a host-speed run) share its cores."""
     profile, pool = synthetic_profile(3), uniform_pool(3)

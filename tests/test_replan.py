@@ -324,3 +324,15 @@ def test_the_cli_predicts_a_fault_tolerant_run_with_its_copies(monkeypatch):
     assert home_train._predict(single, profile, pool, "cgroup", args, tolerance) == expected
     assert home_train._predict(single, profile, pool, "cgroup", args, None) == predict_sync_round(
         single, profile, pool, "cgroup", 3)
+
+
+def test_a_re_learned_speed_keeps_a_confined_devices_cores_in_proportion():
+    """A load spike that halves a confined device's passes halves the CPU its ring's messages run on: its cores
+    follow a new speed unless given; a device without cores, or one not re-learned, keeps what it had."""
+    pi = DeviceSpec("pi", 0.014, 1 << 30, 1e7, cores=0.025)
+    pool = HomePool("p", (pi, DeviceSpec("phone", 0.07, 1 << 30, 1e7)))
+    slowed = with_speeds(pool, {0: 0.007, 1: 0.035})
+    assert [d.cores for d in slowed.devices] == [pytest.approx(0.0125), None]
+    assert [d.speed for d in slowed.devices] == [0.007, 0.035]
+    assert with_speeds(pool, {0: 0.007}, cores={0: 0.02}).devices[0].cores == 0.02  # given: taken as it is
+    assert with_speeds(pool, {1: 0.035}).devices[0].cores == 0.025

@@ -26,8 +26,9 @@ What is simulated (choices documented here, not in the papers):
   last backward, they ring-all-reduce the stage's gradients,
   2(n-1)/n x W_s / (slowest link in the group) (Asteroid eq. 5), plus the
   runtime's time per operation for each of the 4(n-1) messages a device
-  sends and receives in the ring, at the group's slowest speed; then every
-  device runs its optimizer step (profiled host time / speed).
+  sends and receives in the ring, at the group's slowest pace of such work
+  (a confined device's quota, else its speed); then every device runs its
+  optimizer step (profiled host time plus the time per operation, / speed).
 - **Shared cores** (``cores=C``, devices that are processes of one machine,
   as when a home is run at host speed on this one): an operation starts when
   it is ready, and while n operations run each gets min(1, C/n) of a core
@@ -41,7 +42,8 @@ What is simulated (choices documented here, not in the papers):
   time than its layers' profiled time: the runtime's bookkeeping, the CPU its messages
   cost (framing, sealing, thread hand-offs) and the kernel's time slices,
   which are about the same per operation whatever its size. A device spends
-  it at its speed, like its layers (a confined device under its CPU quota).
+  it at its speed, like its layers (a confined device under its CPU quota);
+  a ring's messages at its quota where the pool knows it (``DeviceSpec.cores``).
   It is measured once per host by :mod:`ecofl.pipeline.runtime.host_overhead`
   on a model whose layers cost next to nothing; a device that sleeps to the
   cost model's time hides it (0 there).

@@ -41,7 +41,7 @@ from dataclasses import replace
 import numpy as np
 
 from ecofl import names
-from ecofl.devices import HomePool
+from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
 from ecofl.pipeline.memory_model import stage_memory_bytes
 from ecofl.pipeline.plan import Plan, StagePlan
@@ -59,12 +59,19 @@ def with_speeds(pool: HomePool, speeds: Mapping[int, float],
                 cores: Mapping[int, float] | None = None) -> HomePool:
     """``pool`` with device d's speed replaced by ``speeds[d]`` and, where d is a key of
     ``first_touch_s_per_byte``, its seconds per byte mapped anew by that value (None: not measured), where a
-    key of ``cores``, its cores (a confined device's quota; links unchanged)."""
+    key of ``cores``, its cores (a confined device's quota). A device with cores, given a new speed and no
+    cores, keeps them in proportion to its speed: a load spike that slows its passes (a re-estimate from the
+    pipeline's rounds) cuts the CPU its messages run on as well. Links unchanged."""
     touch = {} if first_touch_s_per_byte is None else first_touch_s_per_byte
     quota = {} if cores is None else cores
+
+    def cores_of(d: int, spec: DeviceSpec) -> float | None:
+        if d in quota or spec.cores is None or d not in speeds:
+            return quota.get(d, spec.cores)
+        return spec.cores * float(speeds[d]) / spec.speed
+
     devices = tuple(replace(spec, speed=float(speeds.get(d, spec.speed)),
-                            first_touch_s_per_byte=touch.get(d, spec.first_touch_s_per_byte),
-                            cores=quota.get(d, spec.cores))
+                            first_touch_s_per_byte=touch.get(d, spec.first_touch_s_per_byte), cores=cores_of(d, spec))
                     for d, spec in enumerate(pool.devices))
     return HomePool(name=pool.name, devices=devices, bandwidth_bps=_finite(pool.bandwidth_bps))
 

@@ -3,7 +3,7 @@
 Sleeping devices follow the cost model by construction (Eco-FL §4.2's
 sync-round, eq. 1-2, simulated event by event: :func:`ecofl.pipeline.cost.simulate`).
 Where devices compute for real, confined to their quotas or at host speed,
-every forward and backward also costs the runtime's own work, per operation
+every forward, backward and optimizer step also costs the runtime's own work, per operation
 and, at host speed, per byte sent or received (:mod:`.host_overhead`,
 measured once on this host), at the device's speed (a confined device's
 links are in the speed it calibrated, :mod:`.link_work`); at host speed the
