@@ -34,6 +34,8 @@ def test_a_gap_the_plans_do_not_explain_is_named_the_runs_and_one_they_do_is_not
 
 
 def test_rows_kept_from_before_the_prediction_show_none_and_are_not_named():
+    """A row of a JSON written before the prediction was recorded (`--parts` keeps the others): '-' in its
+    column, and not counted among the gaps the plans do not explain."""
     rows = [drop(0, 0.85, None), drop(1, 0.95, 0.97)]
     assert "Of those" not in " ".join(below_targets(rows))
     results = {"emulate": "cgroup", "asteroid": {"rows": rows, "curves": {}}, "measured": {},
