@@ -21,7 +21,9 @@ faster than the plain runs after it. Reported:
   would leave out) is compared with the plain runs' either side; then the
   same over its rounds from the third on (:data:`STEADY_FROM`), once the
   buffers of the replicas it holds were mapped (what a long training pays
-  every round);
+  every round); each as the mean over the runs with its standard error (a
+  run's rounds move by a few per cent on this host, so a cost of a few per
+  cent needs several pairs to tell from none);
 - ``--kills`` runs with ``--inject kill:2@4``: detection, kill to resumed (the
   next sync-round sent), kill to the first completed round, and that round's
   own time (the replayed round on the survivors' plan, beside its prediction);
@@ -51,8 +53,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -297,8 +301,16 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+def standard_error(values: list[float]) -> float | None:
+    """The standard error of ``values``' mean (None for fewer than two): how far the mean of so few runs on a
+    noisy host may be from what more runs would give."""
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+
+
 def _costs(values: list[float]) -> str:
-    return f"{', '.join(f'{c:+.1%}' for c in values)} (mean {sum(values) / len(values):+.1%})"
+    error = standard_error(values)
+    spread = "" if error is None else f", standard error {error:.1%}"
+    return f"{', '.join(f'{c:+.1%}' for c in values)} (mean {sum(values) / len(values):+.1%}{spread})"
 
 
 if __name__ == "__main__":

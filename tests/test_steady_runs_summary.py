@@ -10,7 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.steady_runs import plain_busiest_stage, render, round_per_stage_cpu, summary  # noqa: E402
+from benchmarks.steady_runs import (  # noqa: E402
+    plain_busiest_stage, render, round_per_stage_cpu, standard_error, summary)
 
 
 def run(round_s: float, stage_cpu_s: float, fault_tolerance: bool) -> dict:
@@ -50,3 +51,17 @@ def test_every_run_of_the_plan_is_gauged_on_the_device_the_plain_runs_keep_busie
     table = render({"command": "c", "runs_of": "r", "machine": "m", "measured_at": "t", "runs": runs,
                     "kills": [], **figures})
     assert "| 5.50 | 0.100 | 1.0 |" in table  # its row: 5.5 s a round over 1.0 CPU-s
+
+
+def test_the_mean_cost_carries_its_standard_error_over_the_runs():
+    """Two fault-tolerant runs costing 0% and +10% against the plain runs either side: mean +5.0%, and its
+    standard error 5.0% (their standard deviation, 7.07%, over the square root of two); one run has none."""
+    runs = [run(5.0, 1.0, False), run(5.0, 1.0, False), run(5.0, 1.0, True), run(5.0, 1.0, False),
+            run(5.5, 1.0, True), run(5.0, 1.0, False)]
+    figures = summary(runs, pairs=2)
+    assert figures["fault_tolerance_costs"] == pytest.approx([0.0, 0.1])
+    table = render({"command": "c", "runs_of": "r", "machine": "m", "measured_at": "t", "runs": runs,
+                    "kills": [], **figures})
+    assert "each run's mean of all rounds against the plain runs' either side: +0.0%, +10.0% (mean +5.0%, standard " \
+           "error 5.0%)" in table
+    assert standard_error([0.1]) is None
