@@ -39,6 +39,16 @@ synthetic data) and pool:
    of one fixed piece of work): on a shared virtual machine it moves by
    itself, and a run on a slower host than its calibration's misses its
    prediction for that reason alone.
+6. Right after the run, each device times its stage again, the same work
+   as the calibration the plan was predicted on, and the plan is predicted
+   on those speeds too (:func:`calibrated_again`). A confined device's CPU
+   for the same step moves by 10-20% minutes apart on this host, on all
+   devices together, while the unconfined reference of 5. may stay flat
+   (docs/pipeline.md, "The mixed home's CLI runs"). Where the measured
+   sync-round lies between the two predictions (:func:`bracketed`), the
+   devices themselves ran at speeds the run falls between, and a miss is
+   theirs, not the cost model's; where it lies outside both, the model
+   missed something the devices' own steps do not show.
 
 Pools: Eco-FL's 3-stage testbed (``ecofl``), Asteroid's Env B (``hpp``;
 its five boards need 1.64 cores, so its speeds are scaled by 0.9 to fit
@@ -91,19 +101,25 @@ from ecofl.cgroups import find_hierarchy  # noqa: E402
 from ecofl.devices import HomePool, host_cores  # noqa: E402
 from ecofl.interrupt import sigterm_as_interrupt  # noqa: E402
 from ecofl.names import GRANULARITIES  # noqa: E402
+from ecofl.pipeline.plan import Plan  # noqa: E402
 from ecofl.pipeline.planners import make_plan  # noqa: E402
-from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
+from ecofl.pipeline.profile import ModelProfile, profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import ZooModel  # noqa: E402
 from ecofl.pipeline.runtime.calibration import (  # noqa: E402
-    ConfinedPool, Workload, calibrated_on, confine_pool, plan_on_measured_speeds, whole_model_at_shares)
+    ConfinedPool, Workload, calibrated_on, confine_pool, plan_on_measured_speeds, plan_workload,
+    whole_model_at_shares)
+from ecofl.pipeline.runtime.device_timing import CALIBRATION_PRECISION  # noqa: E402
 from ecofl.pipeline.runtime.host_overhead import operation_overhead_record  # noqa: E402
-from ecofl.pipeline.runtime.prediction import plan_as_run  # noqa: E402
+from ecofl.pipeline.runtime.prediction import plan_as_run, predict_sync_round  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
 
 MODELS = ("mobilenet_v2", "efficientnet_b0")
 SHAPE, CLASSES = (3, 32, 32), 10
 CASES = (("ecofl-3stage", "ecofl", 1.0), ("asteroid-b", "hpp", 0.9), ("mixed-rpi", "ecofl", 1.0))
 MIB = 2**20
+#: A measured sync-round this close to one of its two predictions counts as between them (the calibration's own
+#: precision, :data:`~ecofl.pipeline.runtime.device_timing.CALIBRATION_PRECISION`).
+EDGE = CALIBRATION_PRECISION
 
 
 def scaled(pool: HomePool, factor: float) -> HomePool:
@@ -142,6 +158,11 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
           f"({100 * run['planner_error']:.1f}%; re-learned in the pipeline "
           f"{run['in_pipeline']['predicted_sync_round_s']:.3f} s, {100 * run['in_pipeline']['planner_error']:.1f}%), "
           f"efficiency {run['throughput'] / alone:.2f}", file=sys.stderr)
+    print("  each device times its stage again ...", file=sys.stderr, flush=True)
+    again = calibrated_again(plan, profile, confined, calibrate(plan_workload(plan, range(len(presets.devices)))),
+                             run["sync_round_s"], cache_dir)
+    print(f"  timed again after the run: {again['predicted_sync_round_s']:.3f} s predicted "
+          f"({100 * again['planner_error']:.1f}%)", file=sys.stderr)
     sleep = run_plan(spec, presets, preset_plan, profile, emulate="sleep", rounds=args.rounds,
                      timeout_s=args.timeout, cache_dir=cache_dir)
     return {
@@ -157,7 +178,29 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
         "confined": {**run, "plan_text": describe_plan(plan, confined.pool)},
         "sleep": {**sleep, "plan_text": describe_plan(preset_plan, presets)},
         "host_reference_s": {moment: round(seconds, 4) for moment, seconds in reference.items()},
+        "calibrated_after_run": again,
     }
+
+
+def calibrated_again(plan: Plan, profile: ModelProfile, before: ConfinedPool, after: ConfinedPool,
+                     measured_s: float, cache_dir: str) -> dict:
+    """What the devices measured timing the same work again after the run (``after``), beside what the plan
+    was predicted on (``before``): each device's speed and its change, and the plan's sync-round predicted on
+    them with its error against the run's ``measured_s``."""
+    predicted = predict_sync_round(plan, profile, after.pool, "cgroup", cache_dir=cache_dir).sync_round_s
+    speeds = {d: report["measured_speed"] for d, report in after.measured.items()}
+    return {"speeds": {str(d): speed for d, speed in sorted(speeds.items())},
+            "speed_change": {str(d): speed / before.measured[d]["measured_speed"] - 1
+                             for d, speed in sorted(speeds.items())},
+            "predicted_sync_round_s": predicted, "planner_error": abs(predicted - measured_s) / measured_s}
+
+
+def bracketed(row: dict) -> bool:
+    """Whether the row's measured sync-round lies between its predictions on the speeds calibrated before the
+    run and after it (either one's error within :data:`EDGE`: at the edge counts as between)."""
+    run, again = row["confined"], row["calibrated_after_run"]
+    low, high = sorted((run["predicted_sync_round_s"], again["predicted_sync_round_s"]))
+    return low * (1 - EDGE) <= run["sync_round_s"] <= high * (1 + EDGE)
 
 
 def alone_throughput(calibrated: ConfinedPool) -> float:
@@ -219,6 +262,33 @@ def relearned_cell(relearned: dict | None) -> str:
     return f"{relearned['predicted_sync_round_s']:.3f} ({100 * relearned['planner_error']:.1f}%)"
 
 
+def again_cell(row: dict) -> str:
+    """The plan predicted on the speeds calibrated again after the run, its error, and ``*`` where the measured
+    sync-round lies between that and the prediction it ran on (``-``: a run without the second calibration)."""
+    again = row.get("calibrated_after_run")
+    if again is None:
+        return "-"
+    mark = " *" if bracketed(row) else ""
+    return f"{again['predicted_sync_round_s']:.3f} ({100 * again['planner_error']:.1f}%){mark}"
+
+
+def own_speed_cell(row: dict, device: int) -> str:
+    """A device's speed on its own stage, and its change when it timed the same work again after the run."""
+    speed = row["measured_speeds"][str(device)]["measured_speed"]
+    change = row.get("calibrated_after_run", {}).get("speed_change", {}).get(str(device))
+    return f"{speed:.3f}" if change is None else f"{speed:.3f} (after: {100 * change:+.0f}%)"
+
+
+def again_summary(rows: list[dict]) -> str:
+    """How many rows missed by over 10%, and of those how many lie between their two predictions."""
+    timed = [row for row in rows if "calibrated_after_run" in row]
+    if not timed:
+        return "devices not timed again after the run"
+    misses = [row for row in timed if row["confined"]["planner_error"] > 0.10]
+    return (f"{len(misses)} of {len(timed)} rows over 10%, {sum(map(bracketed, misses))} of them between the "
+            "predictions on the speeds calibrated before and after the run")
+
+
 def cpu_cell(calibrated: dict, stage: dict, micro_batches: int) -> str:
     """A device's process CPU a step in its calibration (the cores that gave it) and a micro-batch in the run."""
     cpu_s = calibrated.get("own_cpu_s_per_step")
@@ -254,33 +324,37 @@ def markdown(results: dict) -> str:
         "runtime's or the host's, what it already predicts is the plan's. `re-learned`: the cost model with "
         "each device's speed re-learned from its passes in the last warm-up round (as a re-tune re-learns it, "
         "but not held to its calibration), "
-        "predicting the measured rounds, which it did not see (its error in brackets).",
+        "predicting the measured rounds, which it did not see (its error in brackets). `calibrated after`: the "
+        "same plan predicted on the speeds its devices measured timing the same work again right after the run "
+        "(its error in brackets; `*`: the measured sync-round lies between the two predictions, the devices' "
+        "own speed having moved across it).",
         "",
         "| model | pool | planner | plan (confined, measured speeds) | sync-round s measured | predicted | "
-        "error | re-learned (error) | efficiency | bound | of bound (pred.) | samples/s | sleep: plan on presets "
-        "| sleep: sync-round s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "error | re-learned (error) | calibrated after (error) | efficiency | bound | of bound (pred.) | samples/s "
+        "| sleep: plan on presets | sleep: sync-round s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
         c, s = row["confined"], row["sleep"]
         lines.append(
             f"| {model_cell(row)} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} "
             f"| {c['sync_round_s']:.3f} | {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% "
-            f"| {relearned_cell(c.get('in_pipeline'))} | {efficiency_cell(row)} "
+            f"| {relearned_cell(c.get('in_pipeline'))} | {again_cell(row)} | {efficiency_cell(row)} "
             f"| {schedule_bound(c):.2f} | {row['efficiency'] / schedule_bound(c):.2f} "
             f"({predicted_of_bound(c, row['devices_alone_throughput']):.2f}) "
             f"| {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")
-    lines += ["", "Per device (confined): quota, speed measured in its cgroup on the whole model and on its own "
-              "stage (the one the prediction uses), memory limit (budget + the worker's own runtime), the cgroup's "
-              "peak and the worker's peak resident set; then, in the last measured sync-round against the "
-              "prediction (ecofl/pipeline/round_breakdown.py), its compute (forwards and backwards), its idle time "
-              "between its first and last operation, and the hand-offs it waited for (a neighbour's activations or "
-              "gradient, from the end of the operation that produced it to the start of the one that used it): how "
-              "many, and their seconds in all; the rest of its idle time is the schedule's fill and drain and the "
-              "runtime's time between operations. `CPU s a micro-batch`: the device's process (every thread) in "
-              "its calibration's steps on its own stage, with the cores that gave it (CPU over the steps' time), "
-              "then in the run (a sync-round's over its micro-batches; `-` where a stage has several devices): "
-              "the process, its stage thread, and that thread in its forwards and backwards.", "",
+    lines += ["", "Per device (confined): quota, speed measured in its cgroup on the whole model and on its own stage "
+              "(the one the prediction uses; in brackets its change timed again after the run), memory limit "
+              "(budget + the worker's own runtime), the cgroup's peak and the worker's peak resident set; then, in "
+              "the last measured sync-round against the prediction (ecofl/pipeline/round_breakdown.py), its compute"
+              " (forwards and backwards), its idle time between its first and last operation, and the hand-offs it "
+              "waited for (a neighbour's activations or gradient, from the end of the operation that produced it to"
+              " the start of the one that used it): how many, and their seconds in all; the rest of its idle time "
+              "is the schedule's fill and drain and the runtime's time between operations. `CPU s a micro-batch`: "
+              "the device's process (every thread) in its calibration's steps on its own stage, with the cores that"
+              " gave it (CPU over the steps' time), then in the run (a sync-round's over its micro-batches; `-` "
+              "where a stage has several devices): the process, its stage thread, and that thread in its forwards "
+              "and backwards.", "",
               "| model | pool | device | quota cores | speed, whole model | speed, own stage | limit MiB "
               "| cgroup peak MiB | RSS peak MiB | compute s measured / predicted | idle s measured / predicted "
               "| hand-off waits measured | predicted | CPU s a micro-batch: calibration (cores) / run |",
@@ -289,11 +363,11 @@ def markdown(results: dict) -> str:
         c = row["confined"]
         for st in c["stages"]:
             for d, name in zip(st["devices"], st["device_names"]):
-                box, speed = c["confined"].get(str(d), {}), row["measured_speeds"][str(d)]["measured_speed"]
+                box = c["confined"].get(str(d), {})
                 whole = row.get("whole_model_speeds", {}).get(str(d), {}).get("measured_speed")
                 peak = box.get("cgroup_peak_bytes")
                 lines.append(f"| {model_cell(row)} | {row['pool']} | {d}: {name} | {box.get('cpu_quota', 0):.3f} "
-                             f"| {'-' if whole is None else f'{whole:.3f}'} | {speed:.3f} "
+                             f"| {'-' if whole is None else f'{whole:.3f}'} | {own_speed_cell(row, d)} "
                              f"| {box.get('memory_limit_bytes', 0) / MIB:.0f} "
                              f"| {'-' if peak is None else f'{peak / MIB:.0f}'} | {st['peak_rss_bytes'] / MIB:.0f} "
                              f"| {breakdown_cells((c.get('breakdown') or {}).get(str(d)))} "
@@ -308,7 +382,7 @@ def markdown(results: dict) -> str:
     lines += ["", f"Largest planner error: {100 * worst:.1f}% (target <= 10%), re-learned in the pipeline "
               f"{largest_relearned}; lowest efficiency {least:.2f} "
               f"(target >= 0.85); lowest fraction of the bound {nearest:.2f} measured, {planned:.2f} predicted "
-              "(target >= 0.95).", ""]
+              f"(target >= 0.95). Timed again after each run: {again_summary(results['rows'])}.", ""]
     return "\n".join(lines)
 
 

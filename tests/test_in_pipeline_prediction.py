@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.confined import markdown  # noqa: E402
+from benchmarks.confined import again_cell, again_summary, bracketed, markdown, own_speed_cell  # noqa: E402
 from benchmarks.home_runs import in_pipeline_prediction  # noqa: E402
 from ecofl.pipeline.replan import with_speeds  # noqa: E402
 from ecofl.pipeline.round_breakdown import round_breakdown  # noqa: E402
@@ -55,3 +55,27 @@ def test_confined_tables_show_the_re_learned_prediction_where_it_was_measured():
     for row in results["rows"]:
         del row["confined"]["in_pipeline"]
     assert "re-learned in the pipeline not measured" in markdown(results)
+
+
+def test_a_miss_between_the_calibrations_before_and_after_the_run_is_marked_as_the_devices_drift():
+    """A row measured at 5.5 s, predicted at 4.8 s on the first calibration: timed again after the run at 5.6 s,
+    the run lies between the two (``*``, counted in the summary); timed again at 4.9 s, it lies outside both. A
+    row without the second calibration shows ``-``."""
+    results = json.loads((ROOT / "benchmarks" / "results" / "confined.json").read_text())
+    row = results["rows"][0]
+    row["confined"].update(sync_round_s=5.5, predicted_sync_round_s=4.8, planner_error=0.7 / 5.5)
+    device = next(iter(row["measured_speeds"]))
+    row["calibrated_after_run"] = {"speeds": {}, "speed_change": {device: -0.12},
+                                   "predicted_sync_round_s": 5.6, "planner_error": 0.1 / 5.5}
+    assert bracketed(row) and again_cell(row) == "5.600 (1.8%) *"
+    assert again_summary([row]) == ("1 of 1 rows over 10%, 1 of them between the predictions on the speeds "
+                                    "calibrated before and after the run")
+    assert own_speed_cell(row, int(device)).endswith("(after: -12%)")
+    row["calibrated_after_run"].update(predicted_sync_round_s=4.9, planner_error=0.6 / 5.5)
+    assert not bracketed(row) and not again_cell(row).endswith("*")
+    assert again_summary([row]).endswith("0 of them between the predictions on the speeds calibrated before and "
+                                         "after the run")
+    table = markdown({**results, "rows": [row]})
+    assert "5.600" not in table and "| 4.900 (10.9%) |" in table
+    del row["calibrated_after_run"]
+    assert again_cell(row) == "-" and "devices not timed again after the run" in markdown({**results, "rows": [row]})
