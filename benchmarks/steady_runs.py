@@ -67,10 +67,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.markdown_section import publish  # noqa: E402
+from ecofl.cli.calibration_file import load_calibration  # noqa: E402
+from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
+from ecofl.pipeline.runtime import ZooModel  # noqa: E402
+from ecofl.pipeline.runtime.calibration import confine_pool  # noqa: E402
+from ecofl.pipeline.runtime.prediction import predict_sync_round  # noqa: E402
+from ecofl.pools import load_pool  # noqa: E402
 
 COMMAND = ["home", "train", "--model", "mobilenet_v2", "--pool", "ecofl-3stage", "--dataset", "fashion_mnist",
            "--emulate", "cgroup", "--json"]
 KILL = "kill:2@4"  # device 2 killed as sync-round 4 starts
+SHAPE, CLASSES = (1, 28, 28), 10  # Fashion-MNIST's, as COMMAND trains
 #: The first sync-round of a run's steady state: a backup maps the two replicas it holds of a stage in its first two
 #: rounds, and from the third on the copies a round drops are meant to give their memory to the next
 #: (:mod:`ecofl.pipeline.runtime.spare_blocks`; 2026-12-03 03:40 a device still mapped 5-10 MiB more in round 3).
@@ -130,6 +137,20 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
             "wall_s": round(time.monotonic() - start, 1)}
 
 
+def timed_again(calibration: Path) -> dict:
+    """Each device times the work its kept speed was measured on again, now, alone in its cgroup as it
+    calibrated; with the kept plan's sync-round predicted on those speeds (without fault tolerance's copies), as
+    the CLI predicts a plain run on the kept ones."""
+    settings = json.loads(calibration.read_text())["settings"]
+    presets = load_pool(settings["pool"], settings["bandwidth"])
+    kept, plan, _ = load_calibration(calibration, settings, presets)
+    profile = profile_zoo_model(settings["model"], SHAPE, CLASSES, settings["granularity"])
+    spec = ZooModel(settings["model"], SHAPE, CLASSES, settings["granularity"])
+    again = confine_pool(spec, SHAPE, profile, presets, kept.workload)
+    return {"speeds": [spec_.speed for spec_ in again.pool.devices],
+            "predicted_sync_round_s": predict_sync_round(plan, profile, again.pool, "cgroup").sync_round_s}
+
+
 def _not_the_stages_thread(run: dict) -> list[float | None]:
     """Each stage's CPU a sync-round outside its own thread (``MainThread``): links, replicas, heartbeats."""
     return [None if cpu is None else cpu - jobs.get("MainThread", 0.0)
@@ -181,6 +202,9 @@ def summary(runs: list[dict], pairs: int) -> dict:
              "_per_stage_cpu": costs_by(per_stage_cpu)}
     result = {"plain_spread": spread([r["sync_round_s"] for r in plain]),
               "plain_spread_per_stage_cpu": spread([per_stage_cpu(r) for r in plain])}
+    alone = [r["timed_after"]["predicted_sync_round_s"] for r in plain if "timed_after" in r]
+    if len(alone) == len(plain):  # runs of a version of this script that timed the devices again
+        result["plain_spread_timed_after"] = spread(alone)
     for suffix, values in costs.items():
         result[f"fault_tolerance{suffix}_costs"] = values
         result[f"fault_tolerance{suffix}_cost"] = sum(values) / len(values) if values else None
@@ -189,6 +213,16 @@ def summary(runs: list[dict], pairs: int) -> dict:
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _timed_after(run: dict) -> str:
+    """The plan predicted on the speeds the devices measured alone right after ``run``, and that against the
+    run's own prediction (``-``: not timed)."""
+    after = run.get("timed_after")
+    if after is None:
+        return "-"
+    predicted = after["predicted_sync_round_s"]
+    return f"{predicted:.2f} ({predicted / run['predicted_sync_round_s'] - 1:+.1%})"
 
 
 def _stages(values: list[float | None]) -> str:
@@ -245,6 +279,8 @@ def measure(pairs: int, kills: int, rounds: int) -> dict:
             print(f"run {i + 1} of {len(order)}{' (fault tolerance)' if tolerant else ''} {inject or ''}...",
                   flush=True)
             runs.append(train(max(rounds, 8) if inject else rounds, calibration, tolerant, inject))
+            if not tolerant:  # the devices alone, right after the run: did they move, or the pipeline?
+                runs[-1]["timed_after"] = timed_again(calibration)
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "events"}), flush=True)
     return {
         "command": f"python benchmarks/steady_runs.py --pairs {pairs} --kills {kills} --rounds {rounds}",
@@ -270,18 +306,20 @@ def render(result: dict) -> str:
         "",
         "| run | fault tolerance | sync-round s (median) | predicted s | error | mean of all rounds s | mean from "
         f"round {STEADY_FROM + 1} s | CPU s a sync-round (stages) | of it not the stage's thread | s a round per "
-        "stage-thread CPU-s (busiest) | host reference s | load before |",
-        "|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
+        "stage-thread CPU-s (busiest) | host reference s | load before | predicted on the devices timed after it s |",
+        "|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|",
         *(f"| {i + 1} | {'on' if r['fault_tolerance'] else 'off'}{', ' + r['inject'] if r['inject'] else ''} | "
           f"{r['sync_round_s']:.2f} | {r['predicted_sync_round_s']:.2f} | {r['error']:+.1%} | "
           f"{r['mean_round_s']:.2f} | {r['steady_mean_round_s']:.2f} | "
           f"{_stages(r['cpu_s_per_round'])} | {_stages(_not_the_stages_thread(r))} | "
           f"{round_per_stage_cpu(r, busiest_stage(r) if r['inject'] else busiest):.2f} | "
-          f"{r['host_reference_s']:.3f} | {r['load_before']} |" for i, r in enumerate(runs)),
+          f"{r['host_reference_s']:.3f} | {r['load_before']} | {_timed_after(r)} |" for i, r in enumerate(runs)),
         "",
         f"Plain runs' medians (runs 2 on) within {result['plain_spread']:.1%} of each other; their seconds a "
         f"round per CPU-second of the busiest device's stage thread (the host's speed during each run factored out) "
-        f"within {result['plain_spread_per_stage_cpu']:.1%}."
+        f"within {result['plain_spread_per_stage_cpu']:.1%}"
+        + (f"; predicted on the speeds their devices measured alone right after each, within "
+           f"{result['plain_spread_timed_after']:.1%}" if "plain_spread_timed_after" in result else "") + "."
         + (f" Fault tolerance, each run's mean of all rounds against the plain runs' either side: "
            f"{_costs(costs)}; of its rounds from round {STEADY_FROM + 1} on: {_costs(steady_costs)}; "
            f"per CPU-second of the busiest device's stage thread: {_costs(per_cpu)}." if costs else ""),

@@ -65,3 +65,20 @@ def test_the_mean_cost_carries_its_standard_error_over_the_runs():
     assert "each run's mean of all rounds against the plain runs' either side: +0.0%, +10.0% (mean +5.0%, standard " \
            "error 5.0%)" in table
     assert standard_error([0.1]) is None
+
+
+def test_the_devices_timed_alone_after_each_plain_run_give_a_spread_of_their_own():
+    """Plain runs at 5 and 6 s (20% apart) whose devices, timed alone right after each, predict 5.0 and 5.1 s:
+    the devices moved 2%, the runs 20%. Where a plain run was not timed, no such spread is claimed."""
+    runs = [run(5.0, 1.0, False), run(5.0, 1.0, False), run(5.5, 1.0, True), run(6.0, 1.2, False)]
+    for plain, predicted in zip((runs[0], runs[1], runs[3]), (4.9, 5.0, 5.1)):
+        plain["timed_after"] = {"speeds": [0.1, 0.1], "predicted_sync_round_s": predicted}
+    figures = summary(runs, pairs=1)
+    assert figures["plain_spread"] == pytest.approx(0.2)
+    assert figures["plain_spread_timed_after"] == pytest.approx(0.02)  # runs 2 and 4: 5.1 / 5.0
+    table = render({"command": "c", "runs_of": "r", "machine": "m", "measured_at": "t", "runs": runs,
+                    "kills": [], **figures})
+    assert "alone right after each, within 2.0%." in table
+    assert "| 5.10 (+2.0%) |" in table and "| 1.0 | - |" in table  # the fault-tolerant run is not timed
+    del runs[3]["timed_after"]
+    assert "plain_spread_timed_after" not in summary(runs, pairs=1)
