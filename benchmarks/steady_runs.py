@@ -29,6 +29,11 @@ faster than the plain runs after it. Reported:
   own time (the replayed round on the survivors' plan, beside its prediction);
 - each stage's CPU a sync-round, and the part of it that is not the stage's
   own thread (sending, receiving, replicas, heartbeats);
+- after each plain run, the devices timing their stages alone again, as
+  they calibrated, and the plan predicted on those speeds
+  (:func:`timed_again`): where the runs move and these predictions move
+  with them, the devices themselves moved; where the runs move alone, it is
+  something in the pipeline's runs;
 - the host's own speed before each run (:func:`host_reference_s`: the CPU
   seconds of one fixed piece of work): on a shared virtual machine it moves
   by itself, and a run that is slower than its neighbours on a slower host
