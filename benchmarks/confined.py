@@ -41,9 +41,9 @@ synthetic data) and pool:
    prediction for that reason alone.
 6. Right after the run, each device times its stage again, the same work
    as the calibration the plan was predicted on, and the plan is predicted
-   on those speeds too (:func:`calibrated_again`). A confined device's CPU
-   for the same step moves by 10-20% minutes apart on this host, on all
-   devices together, while the unconfined reference of 5. may stay flat
+   on those speeds too (:func:`calibrated_again`). Calibrations of one plan
+   minutes apart have differed by 9-16% on this host, on all devices
+   together, while the unconfined reference of 5. stayed flat
    (docs/pipeline.md, "The mixed home's CLI runs"). Where the measured
    sync-round lies between the two predictions (:func:`bracketed`), the
    devices themselves ran at speeds the run falls between, and a miss is

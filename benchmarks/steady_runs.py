@@ -152,7 +152,7 @@ def timed_again(calibration: Path) -> dict:
     profile = profile_zoo_model(settings["model"], SHAPE, CLASSES, settings["granularity"])
     spec = ZooModel(settings["model"], SHAPE, CLASSES, settings["granularity"])
     again = confine_pool(spec, SHAPE, profile, presets, kept.workload)
-    return {"speeds": [spec_.speed for spec_ in again.pool.devices],
+    return {"speeds": [device.speed for device in again.pool.devices],
             "predicted_sync_round_s": predict_sync_round(plan, profile, again.pool, "cgroup").sync_round_s}
 
 
