@@ -326,8 +326,8 @@ def markdown(results: dict) -> str:
         "but not held to its calibration), "
         "predicting the measured rounds, which it did not see (its error in brackets). `calibrated after`: the "
         "same plan predicted on the speeds its devices measured timing the same work again right after the run "
-        "(its error in brackets; `*`: the measured sync-round lies between the two predictions, the devices' "
-        "own speed having moved across it).",
+        "(its error in brackets; `*`: the measured sync-round lies between the two predictions, within the "
+        "calibration's 2% of either, so the devices' own timings before and after the run account for it).",
         "",
         "| model | pool | planner | plan (confined, measured speeds) | sync-round s measured | predicted | "
         "error | re-learned (error) | calibrated after (error) | efficiency | bound | of bound (pred.) | samples/s "
