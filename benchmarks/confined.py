@@ -49,6 +49,11 @@ synthetic data) and pool:
    devices themselves ran at speeds the run falls between, and a miss is
    theirs, not the cost model's; where it lies outside both, the model
    missed something the devices' own steps do not show.
+7. Beside every calibration and the measured rounds, a probe process times
+   one small fixed piece of work every 0.25 s (:mod:`benchmarks.host_probe`):
+   the host's speed during the run against during the calibration it was
+   predicted on, which the references of 5., taken with nothing running,
+   cannot show.
 
 Pools: Eco-FL's 3-stage testbed (``ecofl``), Asteroid's Env B (``hpp``;
 its five boards need 1.64 cores, so its speeds are scaled by 0.9 to fit
@@ -95,6 +100,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the benchmarks package
 
 from benchmarks.home_runs import describe_plan, run_plan  # noqa: E402
+from benchmarks.host_probe import HostProbe, relative_speed, summarize  # noqa: E402
 from benchmarks.markdown_section import cell, replace_section  # noqa: E402
 from benchmarks.steady_runs import host_reference_s  # noqa: E402
 from ecofl.cgroups import find_hierarchy  # noqa: E402
@@ -140,9 +146,13 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     print(f"{model} on {presets.name}: each device times the model in its cgroup ...", file=sys.stderr, flush=True)
     reference = {"before_calibration": host_reference_s()}
     calibrated: dict[Workload, ConfinedPool] = {}
+    probed: list[float] = []  # the host probe's samples during the calibrations, then during the one after the run
 
     def calibrate(work: Workload) -> ConfinedPool:
-        return confine_pool(spec, SHAPE, profile, presets, work, cache_dir=cache_dir)
+        with HostProbe() as probe:
+            confined = confine_pool(spec, SHAPE, profile, presets, work, cache_dir=cache_dir)
+        probed.extend(probe.samples)
+        return confined
 
     confined, plan = plan_on_measured_speeds(lambda devices: plan_as_run(planner, profile, devices, args.batch,
                                                                          "cgroup", cache_dir, **fixed),
@@ -150,8 +160,10 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
     whole = next(c for w, c in calibrated.items() if all(work.layers is None for _, work in w))
     at_shares = calibrated_on(whole_model_at_shares(plan, range(len(presets.devices))), calibrated, calibrate)
     reference["before_run"] = host_reference_s()
+    host_probe = {"calibration": summarize(probed)}
     run = run_plan(spec, confined.pool, plan, profile, emulate="cgroup", limits=confined.limits, rounds=args.rounds,
-                   timeout_s=args.timeout, cache_dir=cache_dir, relearn=True)
+                   timeout_s=args.timeout, cache_dir=cache_dir, relearn=True, probe_host=True)
+    host_probe["run"] = run.pop("host_probe")
     alone = alone_throughput(at_shares)
     reference["after_run"] = host_reference_s()
     print(f"  confined: {run['sync_round_s']:.3f} s measured, {run['predicted_sync_round_s']:.3f} s predicted "
@@ -159,10 +171,14 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
           f"{run['in_pipeline']['predicted_sync_round_s']:.3f} s, {100 * run['in_pipeline']['planner_error']:.1f}%), "
           f"efficiency {run['throughput'] / alone:.2f}", file=sys.stderr)
     print("  each device times its stage again ...", file=sys.stderr, flush=True)
+    probed.clear()
     again = calibrated_again(plan, profile, confined, calibrate(plan_workload(plan, range(len(presets.devices)))),
                              run["sync_round_s"], cache_dir)
+    host_probe["calibration_after_run"] = summarize(probed)
+    in_run = relative_speed(host_probe["run"], host_probe["calibration"])
     print(f"  timed again after the run: {again['predicted_sync_round_s']:.3f} s predicted "
-          f"({100 * again['planner_error']:.1f}%)", file=sys.stderr)
+          f"({100 * again['planner_error']:.1f}%); the host probe's work in the run against in calibration: "
+          f"{'not measured' if in_run is None else f'{100 * in_run:+.1f}%'}", file=sys.stderr)
     sleep = run_plan(spec, presets, preset_plan, profile, emulate="sleep", rounds=args.rounds,
                      timeout_s=args.timeout, cache_dir=cache_dir)
     return {
@@ -179,6 +195,7 @@ def measure(model: str, pool_name: str, planner: str, factor: float, args: argpa
         "sleep": {**sleep, "plan_text": describe_plan(preset_plan, presets)},
         "host_reference_s": {moment: round(seconds, 4) for moment, seconds in reference.items()},
         "calibrated_after_run": again,
+        "host_probe": host_probe,
     }
 
 
@@ -279,14 +296,28 @@ def own_speed_cell(row: dict, device: int) -> str:
     return f"{speed:.3f}" if change is None else f"{speed:.3f} (after: {100 * change:+.0f}%)"
 
 
+def host_cell(row: dict) -> str:
+    """The host probe's work during the run against during the calibrations, and during the timing after the run
+    against the same (``-``: a run without the probe)."""
+    probe = row.get("host_probe")
+    if probe is None:
+        return "-"
+    run = relative_speed(probe["run"], probe["calibration"])
+    after = relative_speed(probe["calibration_after_run"], probe["calibration"])
+    text = "-" if run is None else f"{100 * run:+.0f}%"
+    return text if after is None else f"{text} (after: {100 * after:+.0f}%)"
+
+
 def again_summary(rows: list[dict]) -> str:
     """How many rows missed by over 10%, and of those how many lie between their two predictions."""
     timed = [row for row in rows if "calibrated_after_run" in row]
     if not timed:
         return "devices not timed again after the run"
     misses = [row for row in timed if row["confined"]["planner_error"] > 0.10]
+    hosts = [host_cell(row) for row in misses if "host_probe" in row]
+    probed = f"; the host probe during those runs against their calibrations: {', '.join(hosts)}" if hosts else ""
     return (f"{len(misses)} of {len(timed)} rows over 10%, {sum(map(bracketed, misses))} of them between the "
-            "predictions on the speeds calibrated before and after the run")
+            f"predictions on the speeds calibrated before and after the run{probed}")
 
 
 def cpu_cell(calibrated: dict, stage: dict, micro_batches: int) -> str:
@@ -327,19 +358,22 @@ def markdown(results: dict) -> str:
         "predicting the measured rounds, which it did not see (its error in brackets). `calibrated after`: the "
         "same plan predicted on the speeds its devices measured timing the same work again right after the run "
         "(its error in brackets; `*`: the measured sync-round lies between the two predictions, within the "
-        "calibration's 2% of either, so the devices' own timings before and after the run account for it).",
+        "calibration's 2% of either, so the devices' own timings before and after the run account for it). "
+        "`host in run`: the median CPU time of one fixed convolution timed every 0.25 s beside the devices "
+        "(benchmarks/host_probe.py) during the measured rounds, against during the calibrations (in brackets: "
+        "during the timing after the run): + where the host computed slower.",
         "",
         "| model | pool | planner | plan (confined, measured speeds) | sync-round s measured | predicted | "
-        "error | re-learned (error) | calibrated after (error) | efficiency | bound | of bound (pred.) | samples/s "
-        "| sleep: plan on presets | sleep: sync-round s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "error | re-learned (error) | calibrated after (error) | host in run | efficiency | bound | of bound (pred.) "
+        "| samples/s | sleep: plan on presets | sleep: sync-round s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
         c, s = row["confined"], row["sleep"]
         lines.append(
             f"| {model_cell(row)} | {row['pool']} | {row['planner']} | {cell(c['plan_text'])} "
             f"| {c['sync_round_s']:.3f} | {c['predicted_sync_round_s']:.3f} | {100 * c['planner_error']:.1f}% "
-            f"| {relearned_cell(c.get('in_pipeline'))} | {again_cell(row)} | {efficiency_cell(row)} "
+            f"| {relearned_cell(c.get('in_pipeline'))} | {again_cell(row)} | {host_cell(row)} | {efficiency_cell(row)} "
             f"| {schedule_bound(c):.2f} | {row['efficiency'] / schedule_bound(c):.2f} "
             f"({predicted_of_bound(c, row['devices_alone_throughput']):.2f}) "
             f"| {c['throughput']:.1f} | {cell(s['plan_text'])} | {s['sync_round_s']:.3f} |")

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
+from benchmarks.host_probe import HostProbe
 from ecofl.cli.home_train import describe
 from ecofl.cgroups import DeviceLimits
 from ecofl.devices import HomePool
@@ -78,7 +80,8 @@ def describe_plan(plan: Plan, pool: HomePool) -> str:
 
 def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, *, emulate: bool | str, rounds: int,
              timeout_s: float, network: HomeNetwork | None = None, cache_dir: str | None = None,
-             limits: dict[int, DeviceLimits] | None = None, relearn: bool = False) -> dict:
+             limits: dict[int, DeviceLimits] | None = None, relearn: bool = False, probe_host: bool = False
+             ) -> dict:
     """Train one warm-up (two with ``relearn``) and ``rounds`` measured sync-rounds of ``plan``; measured against
     predicted.
 
@@ -91,7 +94,8 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
     timeline's compute time per device (``compute_s``) and, per device, the
     last measured round's compute, idle time and hand-off waits beside the
     prediction's (``breakdown``: synchronous schedules whose plan did not change); with ``relearn``, the
-    prediction re-learned in the pipeline and its error (``in_pipeline``).
+    prediction re-learned in the pipeline and its error (``in_pipeline``); with ``probe_host``, the host's speed
+    during the measured rounds (``host_probe``, :class:`~benchmarks.host_probe.HostProbe`).
     """
     x, y = synthetic_batch(spec, plan.batch_size)
     load_before = os.getloadavg()[0]
@@ -100,7 +104,8 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
         warm = home.train(None, x, y, 2 if relearn else 1, lr=LR, momentum=MOMENTUM)
         pids = [*home.worker_pids.values(), os.getpid()]
         cpu_before, started = sum(map(cpu_seconds, pids)), time.time()
-        result = home.train(None, x, y, rounds, lr=LR, momentum=MOMENTUM)
+        with HostProbe() if probe_host else nullcontext() as probe:
+            result = home.train(None, x, y, rounds, lr=LR, momentum=MOMENTUM)
         wall = time.time() - started
         cpu = sum(map(cpu_seconds, pids)) - cpu_before
         confined = home.confinement_report()
@@ -122,6 +127,8 @@ def run_plan(spec: ZooModel, pool: HomePool, plan: Plan, profile: ModelProfile, 
         breakdown=breakdowns(result.timeline, predicted.timeline, rounds)
         if plan.schedule != ScheduleKind.ASYNC_ONE_F_ONE_B and not result.events else None,
     )
+    if probe_host:
+        report["host_probe"] = probe.summary()
     if relearn:
         relearned = in_pipeline_prediction(warm, plan, profile, pool, emulate, cache_dir)
         error = abs(relearned["predicted_sync_round_s"] - report["sync_round_s"]) / report["sync_round_s"]

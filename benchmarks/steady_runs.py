@@ -37,7 +37,10 @@ faster than the plain runs after it. Reported:
 - the host's own speed before each run (:func:`host_reference_s`: the CPU
   seconds of one fixed piece of work): on a shared virtual machine it moves
   by itself, and a run that is slower than its neighbours on a slower host
-  says nothing about the runtime;
+  says nothing about the runtime; and during each run's rounds, from a
+  probe timing a small fixed piece of work beside them every 0.25 s
+  (:mod:`benchmarks.host_probe`; its samples over the run's last seconds, as
+  many as its rounds took: the rounds end a run);
 - each run's seconds a sync-round per CPU-second of the busiest device's
   stage thread (:func:`round_per_stage_cpu`), and fault tolerance's cost
   in it. A device's quota is CPU time, so on a host that is slower during
@@ -71,6 +74,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.host_probe import HostProbe  # noqa: E402
 from benchmarks.markdown_section import publish  # noqa: E402
 from ecofl.cli.calibration_file import load_calibration  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
@@ -119,7 +123,9 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
     command = [sys.executable, "-m", "ecofl", *COMMAND, "--rounds", str(rounds), "--calibration", str(calibration)]
     command += ["--fault-tolerance"] if fault_tolerance else []
     command += ["--inject", inject] if inject else []
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    with HostProbe() as probe:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    ended = time.monotonic()
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-3000:]}")
     report = json.loads(done.stdout)
@@ -139,6 +145,7 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
             "predicted_busy_fraction": [s["predicted_busy_fraction"] for s in report["stages"]],
             "devices": report["devices"],  # the speeds planned on (the calibration's) and how CFS held each
             "host_reference_s": round(reference, 4), "load_before": round(load, 2),
+            "host_probe": probe.summary(since=ended - sum(rounds_s)),  # about the rounds: they end the run
             "wall_s": round(time.monotonic() - start, 1)}
 
 
@@ -210,10 +217,18 @@ def summary(runs: list[dict], pairs: int) -> dict:
     alone = [r["timed_after"]["predicted_sync_round_s"] for r in plain if "timed_after" in r]
     if len(alone) == len(plain):  # runs of a version of this script that timed the devices again
         result["plain_spread_timed_after"] = spread(alone)
+    if all(_probed(r) is not None for r in runs[1:]):  # runs of a version of this script with the host probe
+        result["plain_spread_host_probe"] = spread([_probed(r) for r in plain])
+        result["fault_tolerance_host_probe"] = costs_by(_probed)
     for suffix, values in costs.items():
         result[f"fault_tolerance{suffix}_costs"] = values
         result[f"fault_tolerance{suffix}_cost"] = sum(values) / len(values) if values else None
     return result
+
+
+def _probed(run: dict) -> float | None:
+    """The host probe's median CPU seconds for its work during ``run``'s rounds (``None``: not probed)."""
+    return run.get("host_probe", {}).get("median_s")
 
 
 def _seconds(value: float | None) -> str:
@@ -311,14 +326,16 @@ def render(result: dict) -> str:
         "",
         "| run | fault tolerance | sync-round s (median) | predicted s | error | mean of all rounds s | mean from "
         f"round {STEADY_FROM + 1} s | CPU s a sync-round (stages) | of it not the stage's thread | s a round per "
-        "stage-thread CPU-s (busiest) | host reference s | load before | predicted on the devices timed after it s |",
-        "|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|",
+        "stage-thread CPU-s (busiest) | host reference s | host probe ms | load before | predicted on the devices "
+        "timed after it s |",
+        "|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|",
         *(f"| {i + 1} | {'on' if r['fault_tolerance'] else 'off'}{', ' + r['inject'] if r['inject'] else ''} | "
           f"{r['sync_round_s']:.2f} | {r['predicted_sync_round_s']:.2f} | {r['error']:+.1%} | "
           f"{r['mean_round_s']:.2f} | {r['steady_mean_round_s']:.2f} | "
           f"{_stages(r['cpu_s_per_round'])} | {_stages(_not_the_stages_thread(r))} | "
           f"{round_per_stage_cpu(r, busiest_stage(r) if r['inject'] else busiest):.2f} | "
-          f"{r['host_reference_s']:.3f} | {r['load_before']} | {_timed_after(r)} |" for i, r in enumerate(runs)),
+          f"{r['host_reference_s']:.3f} | {'-' if _probed(r) is None else f'{1000 * _probed(r):.2f}'} | "
+          f"{r['load_before']} | {_timed_after(r)} |" for i, r in enumerate(runs)),
         "",
         f"Plain runs' medians (runs 2 on) within {result['plain_spread']:.1%} of each other; their seconds a "
         f"round per CPU-second of the busiest device's stage thread (the host's speed during each run factored out) "
@@ -327,7 +344,11 @@ def render(result: dict) -> str:
            f"{result['plain_spread_timed_after']:.1%}" if "plain_spread_timed_after" in result else "") + "."
         + (f" Fault tolerance, each run's mean of all rounds against the plain runs' either side: "
            f"{_costs(costs)}; of its rounds from round {STEADY_FROM + 1} on: {_costs(steady_costs)}; "
-           f"per CPU-second of the busiest device's stage thread: {_costs(per_cpu)}." if costs else ""),
+           f"per CPU-second of the busiest device's stage thread: {_costs(per_cpu)}." if costs else "")
+        + (f" The host probe's work during the plain runs' rounds within {result['plain_spread_host_probe']:.1%} of "
+           "each other; during each fault-tolerant run's against the plain runs' either side: "
+           f"{_costs(result['fault_tolerance_host_probe'])}." if "plain_spread_host_probe" in result and costs
+           else ""),
     ]
     if kills:
         lines += ["", "| kill run | detected s | survivors stopped s | re-scheduling s | resumed s | first round "

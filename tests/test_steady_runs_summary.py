@@ -50,7 +50,7 @@ def test_every_run_of_the_plan_is_gauged_on_the_device_the_plain_runs_keep_busie
     assert figures["fault_tolerance_per_stage_cpu_costs"] == pytest.approx([0.1])  # not 5.5 / 0.1 s
     table = render({"command": "c", "runs_of": "r", "machine": "m", "measured_at": "t", "runs": runs,
                     "kills": [], **figures})
-    assert "| 5.50 | 0.100 | 1.0 |" in table  # its row: 5.5 s a round over 1.0 CPU-s
+    assert "| 5.50 | 0.100 | - | 1.0 |" in table  # its row: 5.5 s a round over 1.0 CPU-s (no host probe)
 
 
 def test_the_mean_cost_carries_its_standard_error_over_the_runs():
@@ -82,3 +82,21 @@ def test_the_devices_timed_alone_after_each_plain_run_give_a_spread_of_their_own
     assert "| 5.10 (+2.0%) |" in table and "| 1.0 | - |" in table  # the fault-tolerant run is not timed
     del runs[3]["timed_after"]
     assert "plain_spread_timed_after" not in summary(runs, pairs=1)
+
+
+def test_the_host_probe_during_each_run_gives_the_plain_runs_spread_and_each_pair_the_host_it_met():
+    """The probe's work took 2.0 ms during the plain runs around a fault-tolerant run during which it took 2.4 ms:
+    that run met a host 20% slower than its neighbours, and the table shows each run's probe. Where a run was not
+    probed, neither figure is claimed."""
+    runs = [run(5.0, 1.0, False), run(5.0, 1.0, False), run(6.0, 1.2, True), run(5.0, 1.0, False)]
+    for each, median_s in zip(runs, (0.0021, 0.002, 0.0024, 0.002)):
+        each["host_probe"] = {"median_s": median_s, "quartiles_s": [median_s, median_s], "samples": 80}
+    figures = summary(runs, pairs=1)
+    assert figures["plain_spread_host_probe"] == pytest.approx(0.0)  # runs 2 and 4 (run 1 calibrates)
+    assert figures["fault_tolerance_host_probe"] == pytest.approx([0.2])
+    table = render({"command": "c", "runs_of": "r", "machine": "m", "measured_at": "t", "runs": runs,
+                    "kills": [], **figures})
+    assert "| 0.100 | 2.40 | 1.0 |" in table
+    assert "during each fault-tolerant run's against the plain runs' either side: +20.0% (mean +20.0%)." in table
+    del runs[2]["host_probe"]
+    assert "fault_tolerance_host_probe" not in summary(runs, pairs=1)
