@@ -4,17 +4,23 @@
 after a run, with nothing else running. On this shared virtual machine a
 confined run has missed its prediction with its devices, timed alone just
 before and just after it, agreeing with their calibration (docs/pipeline.md,
-the confined runs): whatever slowed them came during the run. And the
-same fixed work took 1.5 ms in some minutes and 2.8 ms in others on this
-host (2026-12-05 17:08-17:15, otherwise idle; each within a few percent
-over seconds, on either core, whatever the other core ran). A
+the confined runs): whatever slowed them came during the run. A
 :class:`HostProbe` runs beside the work it brackets: a process on one torch
-thread timing one 3x3 convolution of 8 x 32 x 28 x 28 (1.5-4 ms of CPU)
-every quarter of a second, about 1% of a core. Each sample is the CPU
-seconds of the same work at that moment (``time.thread_time``: waiting for
-a core is not counted, a core that computes slower is), so the medians of
-the samples taken during a calibration and during the run it predicts say
-whether the run met a slower host.
+thread timing one 3x3 convolution of 8 x 32 x 28 x 28 (about 1.5 ms of
+CPU) every quarter of a second, about 1% of a core. It keeps freed memory
+for reuse as a worker does (:func:`ecofl.allocator.keep_freed_memory`).
+Without that the same work took 1.5-1.6 ms in about one process of ten
+and 2.8-2.9 ms in the others, each steady for its life, on either core
+and at any moment (2026-12-05 17:55-18:05): the slow ones took 556 page
+faults a call and the fast ones none (glibc's malloc handing the call's
+freed blocks back to the kernel, or keeping them, by the state of its heap;
+oneDNN's verbose log put the difference in the reorders into fresh memory,
+0.36-0.40 against 0.06 ms, and the convolution, 1.35 against 1.0 ms). With
+it every process read 1.53-1.61 ms. Each sample is the CPU seconds of the
+same work at that moment (``time.thread_time``: waiting for a core is not
+counted, a core that computes slower is), so the medians of the samples
+taken during a calibration and during the run it predicts say whether the
+run met a slower host.
 
     with HostProbe() as probe:
         ...  # the work it brackets
@@ -100,6 +106,9 @@ def probe(interval_s: float) -> None:
     """Time the fixed work every ``interval_s``, printing each sample's CPU seconds, until stopped."""
     import torch
 
+    from ecofl.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as a worker does: the work's freed blocks are reused, not faulted in again
     torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(0)
     x, conv = torch.randn(8, 32, 28, 28, generator=generator), torch.nn.Conv2d(32, 32, 3, padding=1)

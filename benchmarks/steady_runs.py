@@ -76,6 +76,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.host_probe import HostProbe  # noqa: E402
 from benchmarks.markdown_section import publish  # noqa: E402
+from ecofl.allocator import keep_freed_memory  # noqa: E402
 from ecofl.cli.calibration_file import load_calibration  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import ZooModel  # noqa: E402
@@ -96,8 +97,13 @@ STEADY_FROM = 2
 def host_reference_s(repeats: int = 5) -> float:
     """The host's speed now: the median CPU seconds of one fixed convolution workload on one thread (the same
     work every time; on this 2-core VM it took 0.17-0.43 s over an hour once, and 0.045-0.141 s on 2026-12-03).
-    The caller's torch threads are kept."""
+    The caller's torch threads are kept; this process keeps freed memory from here on, as a worker does
+    (:func:`~ecofl.allocator.keep_freed_memory`): without it, the work's fresh blocks were faulted in on every
+    call in some processes and not in others (:mod:`benchmarks.host_probe`), and before 2026-12-05 18:10 this
+    sweep's process read 0.070-0.080 s where confined.py's, which keeps them, read 0.034-0.040 s that hour."""
     import torch
+
+    keep_freed_memory()
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
