@@ -225,6 +225,9 @@ def summary(runs: list[dict], pairs: int) -> dict:
         result["plain_spread_timed_after"] = spread(alone)
     if all(_probed(r) is not None for r in runs[1:]):  # runs of a version of this script with the host probe
         result["plain_spread_host_probe"] = spread([_probed(r) for r in plain])
+        if len(plain) >= 3:  # two points always correlate fully
+            result["plain_host_probe_correlation"] = statistics.correlation([_probed(r) for r in plain],
+                                                                            [r["sync_round_s"] for r in plain])
         result["fault_tolerance_host_probe"] = costs_by(_probed)
     for suffix, values in costs.items():
         result[f"fault_tolerance{suffix}_costs"] = values
@@ -352,7 +355,11 @@ def render(result: dict) -> str:
            f"{_costs(costs)}; of its rounds from round {STEADY_FROM + 1} on: {_costs(steady_costs)}; "
            f"per CPU-second of the busiest device's stage thread: {_costs(per_cpu)}." if costs else "")
         + (f" The host probe's work during the plain runs' rounds within {result['plain_spread_host_probe']:.1%} of "
-           "each other; during each fault-tolerant run's against the plain runs' either side: "
+           "each other"
+           + (f", its correlation with their sync-rounds {result['plain_host_probe_correlation']:+.2f}"
+              if "plain_host_probe_correlation" in result else "")
+           + "; during each fault-tolerant run's against the plain runs' "
+           "either side: "
            f"{_costs(result['fault_tolerance_host_probe'])}." if "plain_spread_host_probe" in result and costs
            else ""),
     ]

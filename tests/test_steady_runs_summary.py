@@ -85,18 +85,23 @@ def test_the_devices_timed_alone_after_each_plain_run_give_a_spread_of_their_own
 
 
 def test_the_host_probe_during_each_run_gives_the_plain_runs_spread_and_each_pair_the_host_it_met():
-    """The probe's work took 2.0 ms during the plain runs around a fault-tolerant run during which it took 2.4 ms:
-    that run met a host 20% slower than its neighbours, and the table shows each run's probe. Where a run was not
-    probed, neither figure is claimed."""
-    runs = [run(5.0, 1.0, False), run(5.0, 1.0, False), run(6.0, 1.2, True), run(5.0, 1.0, False)]
-    for each, median_s in zip(runs, (0.0021, 0.002, 0.0024, 0.002)):
+    """The probe's work took 2.0 and 2.1 ms during the plain runs around a fault-tolerant run during which it took
+    2.4 ms: that run met a host 17% slower than its neighbours; the table shows each run's probe. The plain runs
+    on a host 5% and 10% slower than the first took 5% and 10% longer: correlation +1. Where a run was not probed,
+    no such figure is claimed; with fewer than three plain runs, no correlation."""
+    runs = [run(5.0, 1.0, False), run(5.0, 1.0, False), run(6.0, 1.2, True), run(5.25, 1.0, False),
+            run(5.0, 1.0, True), run(5.5, 1.0, False)]
+    for each, median_s in zip(runs, (0.0021, 0.002, 0.0024, 0.0021, 0.002, 0.0022)):
         each["host_probe"] = {"median_s": median_s, "quartiles_s": [median_s, median_s], "samples": 80}
-    figures = summary(runs, pairs=1)
-    assert figures["plain_spread_host_probe"] == pytest.approx(0.0)  # runs 2 and 4 (run 1 calibrates)
-    assert figures["fault_tolerance_host_probe"] == pytest.approx([0.2])
+    figures = summary(runs, pairs=2)
+    assert figures["plain_spread_host_probe"] == pytest.approx(0.1)  # runs 2, 4 and 6 (run 1 calibrates)
+    assert figures["plain_host_probe_correlation"] == pytest.approx(1.0)
+    assert figures["fault_tolerance_host_probe"] == pytest.approx([0.0024 / 0.00205 - 1, 0.002 / 0.00215 - 1])
     table = render({"command": "c", "runs_of": "r", "machine": "m", "measured_at": "t", "runs": runs,
                     "kills": [], **figures})
     assert "| 0.100 | 2.40 | 1.0 |" in table
-    assert "during each fault-tolerant run's against the plain runs' either side: +20.0% (mean +20.0%)." in table
+    assert "within 10.0% of each other, its correlation with their sync-rounds +1.00" in table
+    assert "during each fault-tolerant run's against the plain runs' either side: +17.1%, -7.0% (mean +5.0%" in table
+    assert "plain_host_probe_correlation" not in summary(runs[:4], pairs=1)
     del runs[2]["host_probe"]
-    assert "fault_tolerance_host_probe" not in summary(runs, pairs=1)
+    assert "fault_tolerance_host_probe" not in summary(runs, pairs=2)
