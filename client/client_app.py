@@ -43,6 +43,7 @@ import protocol
 from client.dispatch_batches import DispatchBatches
 from client.federation import Federation, federation
 from client.pipeline_training import train_through_pipeline
+from ecofl.allocator import keep_freed_memory
 from ecofl.deploy.home_client import train_at_home
 from ecofl.deploy.secrets import read_secret
 from ecofl.errors import UserError
@@ -89,6 +90,7 @@ def query(message: Message, context: Context) -> Message:
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """Train this home's partition from the received weights (FedProx, reference = received)."""
+    keep_freed_memory()  # as the pipeline's workers do: a step's freed tensors are reused, not faulted in again
     try:
         fed, home = _home(message, context)
         config_record = message.content[protocol.CONFIG]

@@ -89,6 +89,16 @@ def test_runs_are_identical_whatever_order_replies_come_back_in():
     assert max(r["staleness"] for r in rows) > 0
 
 
+def test_homes_trained_in_this_process_keep_freed_memory(monkeypatch):
+    """As the pipeline's workers do (ecofl.allocator): the in-process transport sets it each time it trains."""
+    kept = []
+    monkeypatch.setattr("ecofl.fl.inprocess.keep_freed_memory", lambda: kept.append(True) or True)
+    config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=2, round_deadline="none", train=TRAIN)
+    loop, transport = make_loop(config)
+    assert len(loop.run()) == 2 and transport.tasks_run > 0
+    assert kept
+
+
 def test_a_nan_update_is_rejected_and_the_run_goes_on():
     config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=4, round_deadline="none", train=TRAIN)
     loop, _ = make_loop(config, nan_homes={3}, failing_homes={5})

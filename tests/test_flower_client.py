@@ -83,6 +83,17 @@ def test_train_returns_new_weights_samples_loss_and_latency_at_virtual_time():
     assert any(not np.array_equal(a, b) for a, b in zip(reply.weights, weights))
 
 
+def test_a_home_trained_by_the_client_app_keeps_freed_memory(monkeypatch):
+    """As the pipeline's workers do (ecofl.allocator): a training step's freed tensors are reused, not faulted in
+    again, in the ClientApp's process too."""
+    kept = []
+    monkeypatch.setattr("client.client_app.keep_freed_memory", lambda: kept.append(True) or True)
+    config = {"epochs": 1, "batch_size": 10, "lr": 0.05, "seed": 1}
+    reply = protocol.read_reply(app(request(train_content(initial_weights(), config), MessageType.TRAIN),
+                                    context(3)), home=3)
+    assert reply.error is None and kept
+
+
 @pytest.mark.parametrize(
     "config, reason",
     [

@@ -12,12 +12,14 @@ import time
 
 import torch
 
+from ecofl.allocator import keep_freed_memory
 from ecofl.data import load_dataset
 from ecofl.models import build_model
 from ecofl.train import TrainConfig, evaluate, train_local
 
 
 def run(args: argparse.Namespace) -> int:
+    keep_freed_memory()  # as a home's training does (ecofl.allocator)
     dataset = load_dataset(args.dataset, root=args.data_root, download=args.download)
     torch.manual_seed(args.seed)
     model = build_model(args.model, dataset.input_shape, dataset.num_classes)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ecofl.accelerator import device_label, host_array
+from ecofl.allocator import keep_freed_memory
 from ecofl.batched_training import HomeJob, HomeTrained, batching_obstacle, train_homes_together
 from ecofl.fl.dispatch_batch import dispatch_batches
 from ecofl.fl.latency import LatencyModel
@@ -94,6 +95,7 @@ class InProcessTransport:
         return self._ordered(reports)
 
     def train(self, tasks: Sequence[TrainTask]) -> list[TrainReply]:
+        keep_freed_memory()  # as a simulated ClientApp does (ecofl.allocator)
         tasks = [task for task in tasks if task.home not in self.silent_homes]
         trained = self._train_batches(tasks) if self.batch_homes else {}
         replies = [self._train_one(task, trained.get(id(task))) for task in tasks]
@@ -136,6 +138,7 @@ class InProcessTransport:
         time.sleep(max(0.0, min(first_due - time.monotonic(), limit)))
         now = time.monotonic()
         due = [task for at, _, task in self._due if at <= now]
+        keep_freed_memory()
         self._due = [item for item in self._due if item[0] > now]
         return [(task, self._late(task) if task.home in self.silent_homes else self._train_one(task)) for task in due]
 
