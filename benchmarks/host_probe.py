@@ -6,19 +6,19 @@ confined run has missed its prediction with its devices, timed alone just
 before and just after it, agreeing with their calibration (docs/pipeline.md,
 the confined runs): whatever slowed them came during the run. A
 :class:`HostProbe` runs beside the work it brackets: a process on one torch
-thread timing one 3x3 convolution of 8 x 32 x 28 x 28 (about 1.5 ms of
-CPU) every quarter of a second, about 1% of a core. It keeps freed memory
-for reuse as a worker does (:func:`ecofl.allocator.keep_freed_memory`).
-Without that the same work took 1.5-1.6 ms in about one process of ten
-and 2.8-2.9 ms in the others, each steady for its life, on either core
-and at any moment (2026-12-05 17:55-18:05): the slow ones took 556 page
-faults a call and the fast ones none (glibc's malloc handing the call's
-freed blocks back to the kernel, or keeping them, by the state of its heap;
-oneDNN's verbose log put the difference in the reorders into fresh memory,
-0.36-0.40 against 0.06 ms, and the convolution, 1.35 against 1.0 ms). With
-it every process read 1.53-1.61 ms. Each sample is the CPU seconds of the
-same work at that moment (``time.thread_time``: waiting for a core is not
-counted, a core that computes slower is), so the medians of the samples
+thread timing one 3x3 convolution of 8 x 32 x 28 x 28 (about 1.5 ms of CPU)
+every quarter of a second, about 1% of a core. It keeps freed memory for
+reuse as a worker does (:func:`ecofl.allocator.keep_freed_memory`). Without
+that the same work took 1.5-1.6 ms in about one fresh process of eight (20
+of 168 counted) and 2.8-2.9 ms in the others, each steady for its life, on
+either core and at any moment (2026-12-05 17:08-18:45): the slow ones took
+556 page faults a call and the fast ones none (glibc's malloc handing the
+call's freed blocks back to the kernel, or keeping them, by the state of its
+heap; oneDNN's verbose log put the difference in the reorders into fresh
+memory, 0.36-0.40 against 0.06 ms, and the convolution, 1.35 against 1.0
+ms). With it every process read 1.53-1.61 ms. Each sample is the CPU seconds
+of the same work at that moment (``time.thread_time``: waiting for a core is
+not counted, a core that computes slower is), so the medians of the samples
 taken during a calibration and during the run it predicts say whether the
 run met a slower host.
 
