@@ -60,6 +60,7 @@ writes ``benchmarks/results/steady_runs.json`` and a table in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -225,9 +226,10 @@ def summary(runs: list[dict], pairs: int) -> dict:
         result["plain_spread_timed_after"] = spread(alone)
     if all(_probed(r) is not None for r in runs[1:]):  # runs of a version of this script with the host probe
         result["plain_spread_host_probe"] = spread([_probed(r) for r in plain])
-        if len(plain) >= 3:  # two points always correlate fully
-            result["plain_host_probe_correlation"] = statistics.correlation([_probed(r) for r in plain],
-                                                                            [r["sync_round_s"] for r in plain])
+        with contextlib.suppress(statistics.StatisticsError):  # a probe constant over the runs: no correlation
+            if len(plain) >= 3:  # two points always correlate fully
+                result["plain_host_probe_correlation"] = statistics.correlation([_probed(r) for r in plain],
+                                                                                [r["sync_round_s"] for r in plain])
         result["fault_tolerance_host_probe"] = costs_by(_probed)
     for suffix, values in costs.items():
         result[f"fault_tolerance{suffix}_costs"] = values
@@ -238,6 +240,19 @@ def summary(runs: list[dict], pairs: int) -> dict:
 def _probed(run: dict) -> float | None:
     """The host probe's median CPU seconds for its work during ``run``'s rounds (``None``: not probed)."""
     return run.get("host_probe", {}).get("median_s")
+
+
+def _probe_sentence(result: dict) -> str:
+    """The host probe's spread over the plain runs, its correlation with them and each fault-tolerant run's
+    probe against its neighbours (empty for a sweep without the probe or without fault-tolerant runs)."""
+    if "plain_spread_host_probe" not in result or not result["fault_tolerance_host_probe"]:
+        return ""
+    correlation = result.get("plain_host_probe_correlation")
+    return (f" The host probe's work during the plain runs' rounds within {result['plain_spread_host_probe']:.1%} "
+            "of each other" + ("" if correlation is None else f", its correlation with their sync-rounds "
+                               f"{correlation:+.2f}")
+            + "; during each fault-tolerant run's against the plain runs' either side: "
+            f"{_costs(result['fault_tolerance_host_probe'])}.")
 
 
 def _seconds(value: float | None) -> str:
@@ -354,14 +369,7 @@ def render(result: dict) -> str:
         + (f" Fault tolerance, each run's mean of all rounds against the plain runs' either side: "
            f"{_costs(costs)}; of its rounds from round {STEADY_FROM + 1} on: {_costs(steady_costs)}; "
            f"per CPU-second of the busiest device's stage thread: {_costs(per_cpu)}." if costs else "")
-        + (f" The host probe's work during the plain runs' rounds within {result['plain_spread_host_probe']:.1%} of "
-           "each other"
-           + (f", its correlation with their sync-rounds {result['plain_host_probe_correlation']:+.2f}"
-              if "plain_host_probe_correlation" in result else "")
-           + "; during each fault-tolerant run's against the plain runs' "
-           "either side: "
-           f"{_costs(result['fault_tolerance_host_probe'])}." if "plain_spread_host_probe" in result and costs
-           else ""),
+        + _probe_sentence(result),
     ]
     if kills:
         lines += ["", "| kill run | detected s | survivors stopped s | re-scheduling s | resumed s | first round "

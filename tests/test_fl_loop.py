@@ -90,7 +90,8 @@ def test_runs_are_identical_whatever_order_replies_come_back_in():
 
 
 def test_homes_trained_in_this_process_keep_freed_memory(monkeypatch):
-    """As the pipeline's workers do (ecofl.allocator): the in-process transport sets it each time it trains."""
+    """As the pipeline's workers do (ecofl.allocator): the in-process transport, which trains homes in this
+    process, sets it."""
     kept = []
     monkeypatch.setattr("ecofl.fl.inprocess.keep_freed_memory", lambda: kept.append(True) or True)
     config = LoopConfig(strategy="fedavg", max_concurrent=HOMES, max_updates=2, round_deadline="none", train=TRAIN)

@@ -33,6 +33,13 @@ def test_the_probe_times_its_work_while_the_block_runs_and_is_gone_after_it():
     assert probe.summary(since=probe.taken_at[-1] + 1)["samples"] == 0
 
 
+def test_the_probe_is_stopped_when_the_block_it_brackets_fails():
+    with pytest.raises(KeyboardInterrupt):
+        with HostProbe() as probe:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of the work it brackets
+    assert probe._process is not None and probe._process.poll() is not None
+
+
 def test_a_summary_gives_the_median_and_quartiles_and_none_under_two_samples():
     assert summarize([0.004, 0.001, 0.002, 0.003, 0.005]) == {
         "median_s": 0.003, "quartiles_s": [pytest.approx(0.0015), pytest.approx(0.0045)], "samples": 5}

@@ -74,6 +74,7 @@ class InProcessTransport:
         self.silent_homes = set(silent_homes)
         self.reply_timeout_s = reply_timeout_s
         self.device = torch.device(device)
+        keep_freed_memory()  # homes train in this process, as in a simulated ClientApp's (ecofl.allocator)
         self.batch_homes = batch_homes and batching_obstacle(model_fn()) is None
         self.tasks_run = 0
         self.batched_run = 0  # of tasks_run, trained with their dispatch batch
@@ -95,7 +96,6 @@ class InProcessTransport:
         return self._ordered(reports)
 
     def train(self, tasks: Sequence[TrainTask]) -> list[TrainReply]:
-        keep_freed_memory()  # as a simulated ClientApp does (ecofl.allocator)
         tasks = [task for task in tasks if task.home not in self.silent_homes]
         trained = self._train_batches(tasks) if self.batch_homes else {}
         replies = [self._train_one(task, trained.get(id(task))) for task in tasks]
@@ -138,7 +138,6 @@ class InProcessTransport:
         time.sleep(max(0.0, min(first_due - time.monotonic(), limit)))
         now = time.monotonic()
         due = [task for at, _, task in self._due if at <= now]
-        keep_freed_memory()
         self._due = [item for item in self._due if item[0] > now]
         return [(task, self._late(task) if task.home in self.silent_homes else self._train_one(task)) for task in due]
 
