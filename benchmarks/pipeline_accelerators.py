@@ -163,10 +163,10 @@ def main() -> None:
         rows.append(row)
     for row in rows[1:]:
         row["speedup_vs_cpu"] = rows[0]["sync_round_s"] / row["sync_round_s"]
-    old = json.loads(args.json.read_text())["rows"] if args.json.exists() else []
-    merged = merge(old, rows)
+    results = json.loads(args.json.read_text()) if args.json.exists() else {}  # its "homes" too (accelerator_homes)
+    merged = merge(results.get("rows", []), rows)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"rows": merged}, indent=1))
+    args.json.write_text(json.dumps({**results, "rows": merged}, indent=1))
     table = markdown(merged)
     if not replace_section(args.doc, table):
         print(f"{args.doc} has no benchmark section")

@@ -176,12 +176,15 @@ HOST_LINK_BPS = 1e9
 def host_pool(pool: HomePool, link_bps: float = HOST_LINK_BPS) -> HomePool:
     """``pool``'s devices as processes of this machine, what a run without emulation is.
 
-    Every device computes at the host profile's own speed (1) and keeps its
-    memory budget; every link is loopback at ``link_bps``. Pair with the
-    machine's core count (:func:`host_cores`) in the cost model, since the
-    devices share its cores.
+    Every device on the CPU computes at the host profile's own speed (1) and
+    keeps its memory budget; a device training on a GPU keeps its speed (what
+    it measured there, :mod:`ecofl.pipeline.runtime.accelerator_devices`)
+    and does the runtime's own work on one host core; every link is loopback
+    at ``link_bps``. Pair with the machine's core count (:func:`host_cores`)
+    in the cost model, since the devices share its cores.
     """
-    devices = tuple(replace(d, speed=1.0, bandwidth_bps=link_bps, cores=None) for d in pool.devices)
+    devices = tuple(replace(d, bandwidth_bps=link_bps, cores=1.0) if d.accelerator != "cpu"
+                    else replace(d, speed=1.0, bandwidth_bps=link_bps, cores=None) for d in pool.devices)
     return HomePool(name=f"{pool.name} (host speed)", devices=devices)
 
 

@@ -42,7 +42,10 @@ WITHOUT_BATCH_NORM = LayerList((
     ("Tanh", {}),
     ("Linear", {"in_features": 12, "out_features": 3}),
 ))
-HOST = DeviceSpec("host", speed=1.0, memory_bytes=1 << 30, bandwidth_bps=1e9)
+#: Where the pipeline tests' devices train: the CPU, or with ECOFL_TEST_ACCELERATOR=cuda a GPU of this machine
+#: (the recovery tests on a GPU home: benchmarks/accelerators_gpu.sh); their references stay on the CPU.
+ACCELERATOR = os.environ.get("ECOFL_TEST_ACCELERATOR", "cpu")
+HOST = DeviceSpec("host", speed=1.0, memory_bytes=1 << 30, bandwidth_bps=1e9, accelerator=ACCELERATOR)
 
 
 def pool(n: int) -> HomePool:

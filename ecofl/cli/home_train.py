@@ -22,7 +22,9 @@ until the cost model's time, so the two agree by construction except for
 communication and scheduling overhead. ``--emulate none`` (``--no-emulate``)
 runs every device at host speed (no link pacing, no memory budgets),
 predicted from the host profile with the devices sharing this machine's
-cores (:func:`ecofl.devices.host_pool`). Memory is reported as accounted
+cores (:func:`ecofl.devices.host_pool`); a device training on a GPU
+(``accelerator: cuda``) times its work there first, as a confined device
+does in its cgroup (:mod:`ecofl.pipeline.runtime.accelerator_devices`). Memory is reported as accounted
 (weights, gradients, optimizer state, saved activations) and as measured
 (each worker's peak resident set; confined: each cgroup's peak and limit).
 """
@@ -58,6 +60,7 @@ from ecofl.pipeline.runtime.pipeline_tuning import decided_plan
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.runtime.portal import HomePipeline
 from ecofl.pipeline.runtime.prediction import plan_as_run, predict_sync_round, weighs_hybrid
+from ecofl.pipeline.runtime.accelerator_devices import calibrate_accelerators, has_accelerators
 from ecofl.pipeline.runtime.calibration import ConfinedPool, confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.cli.emulation_option import chosen_emulation
@@ -96,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
         confined, plan = _calibrate(args, spec, shape, profile, pool)
         pool, limits, calibration = confined.pool, confined.limits, confined.measured
+    elif mode == Emulation.NONE and has_accelerators(pool):  # the GPU devices time their work on their GPUs
+        confined, plan = _calibrate_accelerators(args, spec, shape, profile, pool)
+        pool, calibration = confined.pool, confined.measured
     x, y = data.train.x[: args.batch * args.rounds], data.train.y[: args.batch * args.rounds]
     tolerance = None
     if events or args.fault_tolerance:
@@ -177,6 +183,17 @@ def _calibrate(args: argparse.Namespace, spec: ZooModel, shape: tuple, profile, 
     if kept is not None:
         save_calibration(kept, settings, confined, plan)
     return confined, plan
+
+
+def _calibrate_accelerators(args: argparse.Namespace, spec: ZooModel, shape: tuple, profile, presets
+                            ) -> tuple[ConfinedPool, Plan]:
+    """The GPU devices' speeds measured on their GPUs (:mod:`ecofl.pipeline.runtime.accelerator_devices`), the
+    CPU devices at host speed, and the plan made on them."""
+    if not args.json:
+        print(f"each GPU device times {args.model} on its GPU ...", file=sys.stderr, flush=True)
+    return plan_on_measured_speeds(
+        lambda devices: _plan(args, profile, devices, Emulation.NONE), profile, presets,
+        lambda work: calibrate_accelerators(spec, shape, profile, presets, work, cache_dir=args.cache_dir))
 
 
 def _plan(args: argparse.Namespace, profile, pool, mode: Emulation) -> Plan:

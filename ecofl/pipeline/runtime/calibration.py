@@ -44,6 +44,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from tqdm import tqdm
 
@@ -142,13 +143,28 @@ def speed_from_step(profile: ModelProfile, work: Work | int, measured_s: float, 
     return (host_step_s(profile, work, objective) + operations * operation_overhead_s) / measured_s
 
 
+class TimedDevices(Protocol):
+    """The devices :func:`measure_speeds` times, by index in ``limits``: each entered before its process starts
+    (a cgroup and its environment), throttled once ready, released after. A :class:`.confinement.Confinement`,
+    or a GPU home's :class:`~.accelerator_devices.AcceleratorDevices`."""
+
+    limits: Mapping[int, DeviceLimits]
+
+    def enter(self, device: int) -> tuple[object, dict[str, str]]: ...
+    def throttle(self, device: int) -> None: ...
+    def out_of_memory(self, device: int) -> bool: ...
+    def release(self, device: int) -> None: ...
+
+
 def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile, pool: HomePool,
-                   confinement: Confinement, workload: Workload | int, min_seconds: float = CALIBRATION_S,
+                   confinement: TimedDevices, workload: Workload | int, min_seconds: float = CALIBRATION_S,
                    timeout_s: float = 300.0, objective: str = "training", operation_overhead_s: float = 0.0
                    ) -> tuple[HomePool, dict]:
     """``pool`` with each confined device's speed as measured in its cgroup on ``objective``'s steps (training:
     forward, loss or a gradient, and backward; inference: an eval-mode forward without autograd) of its work
-    (``workload``; a number: the whole model at that many samples), and what each measured.
+    (``workload``; a number: the whole model at that many samples), and what each measured. The devices timed
+    are ``confinement``'s (each on its own ``accelerator``): a pool's confined devices, or its GPU devices at
+    host speed (:class:`~.accelerator_devices.AcceleratorDevices`), the others as they were.
     ``operation_overhead_s``: what the cost model adds to each operation (:func:`speed_from_step`)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
@@ -156,13 +172,14 @@ def measure_speeds(model: ModelSpec, input_shape: tuple[int, ...], profile: Mode
     work = dict(whole_model(devices, workload) if isinstance(workload, int) else workload)
     processes: dict[int, subprocess.Popen] = {}
     # on a terminal only: each device builds its work in its cgroup, then all time it together for min_seconds
-    bar = tqdm(total=2 * len(devices), desc=f"calibrating {len(devices)} devices in their cgroups ({objective} "
+    bar = tqdm(total=2 * len(devices), desc=f"calibrating {len(devices)} devices ({objective} "
                f"steps, at least {min_seconds:.0f} s together)", unit="step", disable=None, leave=False)
     try:
         for device in devices:
             command = [sys.executable, "-m", "ecofl.pipeline.runtime.device_timing", "--model", json.dumps(
                 model.to_json()), "--input-shape", ",".join(map(str, input_shape)), "--micro-batch",
-                str(work[device].samples), "--seconds", str(min_seconds), "--objective", objective]
+                str(work[device].samples), "--seconds", str(min_seconds), "--objective", objective,
+                "--accelerator", pool.devices[device].accelerator]
             if work[device].layers is not None:
                 command += ["--layers", ",".join(map(str, work[device].layers))]
             group, env = confinement.enter(device)
@@ -332,8 +349,9 @@ def calibrated_on(workload: Workload, calibrated: dict[Workload, ConfinedPool],
 
 def _known(workload: Workload, calibrated: dict[Workload, ConfinedPool]) -> bool:
     """Whether ``workload`` is measured already: itself, or each device's work by a device confined alike (the
-    same plan with two identical devices swapped needs no new measurement); such a workload is added to
-    ``calibrated`` with its devices' speeds taken from their twins' reports."""
+    same plan with two identical devices swapped needs no new measurement; only the devices that calibrate
+    count: a GPU home's CPU devices do not); such a workload is added to ``calibrated`` with its devices'
+    speeds taken from their twins' reports."""
     if workload in calibrated:
         return True
     if not calibrated:
@@ -345,7 +363,8 @@ def _known(workload: Workload, calibrated: dict[Workload, ConfinedPool]) -> bool
             work = Work(report["micro_batch"], None if layers is None else tuple(layers))
             reports.setdefault((confined.limits[device], work), report)
     base = next(iter(calibrated.values()))
-    twins = {device: reports.get((base.limits[device], work)) for device, work in workload}
+    twins = {device: reports.get((base.limits[device], work))
+             for device, work in workload if device in base.limits}
     if any(report is None for report in twins.values()):
         return False
     calibrated[workload] = ConfinedPool(measured_pool(base.pool, twins), base.limits, twins, workload)

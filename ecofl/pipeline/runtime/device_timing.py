@@ -1,15 +1,20 @@
 """What a calibrating device runs in its cgroup (``python -m ecofl.pipeline.runtime.device_timing``).
 
 :func:`~.calibration.measure_speeds` starts one such process per confined
-device. It imports torch, builds the model and computes its stage's input at
-the start-up quota; runs its first steps (which map the stage's memory) and
-measures the CPU each byte it maps anew costs on a fresh mapping of its own
+device (and per device training on a GPU, ``--accelerator``, where its stage
+lives as in its worker: :mod:`.accelerator_devices`). It imports torch,
+builds the model and computes its stage's input at the start-up quota; runs
+its first steps (which map the stage's memory) and measures the CPU each byte
+it maps anew costs on a fresh mapping of its own
 (:func:`~.process_memory.first_touch_cpu_s_per_byte`; docs/pipeline.md, "A
 new stage's first round"); says ``ready``; and once the
 portal has put it under its own quota and said ``go``, times its steps at
 its pace, each pass followed by the hand-offs its stage makes after it
 (:mod:`.link_work`), for at least ``--seconds`` and then until it knows its
-mean step to ``--precision`` (at most ``--max-seconds``).
+mean step to ``--precision`` (at most ``--max-seconds``). On a GPU each pass
+is timed after its kernels (:func:`ecofl.accelerator.finish`), and what it
+hands off leaves the GPU through :func:`ecofl.accelerator.host_copy`, as a
+worker's does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ecofl.accelerator import finish, host_copy, resolve_device
 from ecofl.allocator import keep_freed_memory
 from ecofl.net.links import never_aborted
 from ecofl.pipeline.runtime.confinement import worker_threads
@@ -117,8 +123,10 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=None,
                         help=f"but no longer than this (default: {CALIBRATION_EXTENSION:g} x --seconds)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="training")
+    parser.add_argument("--accelerator", default="cpu", help="where the stage trains: cpu, cuda or cuda:N")
     args = parser.parse_args()
     torch.set_num_threads(worker_threads())
+    device = resolve_device(args.accelerator, "--accelerator")
     _, layers = spec_from_json(json.loads(args.model)).build()
     first, last = map(int, args.layers.split(",")) if args.layers else (0, len(layers) - 1)
     if not 0 <= first <= last < len(layers):
@@ -128,7 +136,8 @@ def main() -> int:
     with torch.no_grad():  # the stage's input, as the stage before it would send it
         for layer in layers[:first]:
             x = layer(x)
-    stage = torch.nn.Sequential(*layers[first : last + 1])
+    stage = torch.nn.Sequential(*layers[first : last + 1]).to(device)
+    x = x.to(device)
     freeze_heap()  # as a worker does: no full collection of torch's objects inside the timed steps
     keep_freed_memory()  # as a worker does: the timed steps allocate as the stage's will (ecofl.allocator)
     with torch.no_grad():  # the output's shape from one sample in eval mode: it maps next to nothing
@@ -137,8 +146,8 @@ def main() -> int:
     stage.train(training)
     sends_gradient = first > 0 and training  # a stage sends its input's gradient back
     is_last = last == len(layers) - 1
-    y = torch.randint(0, shape[1], (args.micro_batch,), generator=generator) if is_last else None
-    gradient = None if is_last else torch.randn(shape, generator=generator)  # as the next stage sends it
+    y = torch.randint(0, shape[1], (args.micro_batch,), generator=generator).to(device) if is_last else None
+    gradient = None if is_last else torch.randn(shape, generator=generator).to(device)  # as the next stage sends it
 
     weights = list(stage.parameters())
     held: list[torch.Tensor] = []  # a forward's output (the loss on the last stage), until its backward
@@ -158,7 +167,7 @@ def main() -> int:
         with torch.no_grad():
             stage(x)
 
-    output = torch.zeros(shape)  # what the links carry on: its size, not its values, is their work
+    output = torch.zeros(shape, device=device)  # what the links carry on: its size, not its values, is their work
     hand_offs = hand_offs_per_pass(x.detach(), output, first, is_last, args.objective)
     passes = list(zip((forward, backward) if training else (infer,), hand_offs))
 
@@ -168,9 +177,12 @@ def main() -> int:
         holds them."""
         for run_pass, tensors in passes:
             pace.call(run_pass)
+            finish(device)
             for tensor in tensors:
-                links.hand_off(tensor, pace)
-        links.received()
+                links.hand_off(host_copy(tensor), pace)
+        for tensor in links.received():  # a worker's received tensors go to its device before they are used
+            tensor.to(device)
+        finish(device)
 
     # with a stage's hooks (.stage: each layer checks for an abort), as its passes run in the pipeline
     with abort_between_layers(stage, never_aborted), LoopbackLinks() as links:
