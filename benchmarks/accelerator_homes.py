@@ -10,8 +10,9 @@ devices (:data:`HOMES`): every device on the CPU (one worker thread each: the ba
 other two devices share the GPU. In the homes with GPU devices those devices first time their work on the GPU
 (:mod:`ecofl.pipeline.runtime.accelerator_devices`) and the plan is made on what they measured; CPU devices are
 one host core each. ``planner_error`` is |predicted - measured| / measured of the median sync-round of the
-final plan; ``speedup_vs_cpu`` is the CPU home's sync-round (same model, batch and machine, measured in the
-same invocation) over this one's. Training data: Fashion-MNIST's first ``batch x rounds`` training images.
+final plan; ``speedup_vs_cpu`` is the CPU home's sync-round (same model, batch and machine: measured in
+the same invocation, else the last stored) over this one's. Training data: Fashion-MNIST's first
+``batch x rounds`` training images.
 
 Rows merge into ``benchmarks/results/pipeline_accelerators.json`` (its ``homes``) by machine, model and home;
 the table goes to ``docs/pipeline_accelerators.md`` (section ``homes``). Exactness on a GPU is the other table's
@@ -76,6 +77,7 @@ def row(model: str, home: str, report: dict, wall_s: float, load: float) -> dict
         "predicted_sync_round_s": predicted, "planner_error": abs(predicted - measured) / measured,
         "throughput": report["throughput"], "predicted_throughput": report["predicted_throughput"],
         "sync_rounds_s": report["sync_rounds_s"], "exact": None, "wall_s": wall_s, "load_before": load,
+        "devices": report["devices"], "stages": report["stages"],
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
 
@@ -116,7 +118,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as directory:
         for model in args.models:
-            cpu = None
+            cpu = next((r["sync_round_s"] for r in results.get("homes", []) if (r["machine"], r["model"], r["home"],
+                        r["batch"]) == (machine(), model, "cpu", args.batch)), None)  # replaced by a new CPU run
             for home in args.homes:
                 load, started = os.getloadavg()[0], time.perf_counter()
                 report = train(model, write_pool(Path(directory), home), args.rounds, args.batch, args.data_root,

@@ -57,6 +57,14 @@ class DeviceSpec:
         (its speed), while a message costs it its quota's pace."""
         return self.speed if self.cores is None else self.cores
 
+    @property
+    def operation_speed(self) -> float:
+        """The pace of the runtime's work around each operation (its bookkeeping, and sealing and copying what
+        crosses a link), relative to one host core: a CPU device's speed (that work shares its cores with its
+        layers, and a confined device's calibrated speed already carries it), a GPU device's :attr:`cpu_speed`
+        (its layers run on the GPU, that work on its host core)."""
+        return self.speed if self.accelerator == "cpu" else self.cpu_speed
+
     def __post_init__(self) -> None:
         if not isinstance(self.accelerator, str) or not ACCELERATOR.fullmatch(self.accelerator):
             raise UserError(f"device {self.name!r}: accelerator must be cpu, cuda or cuda:N, got {self.accelerator!r}")

@@ -13,12 +13,15 @@ import pytest
 
 from ecofl.cgroups import DeviceLimits
 from ecofl.devices import GB, DeviceSpec, HomePool, host_pool
+from ecofl.pipeline.cost import stage_compute_s
 from ecofl.pipeline.profile import profile_model
 from ecofl.pipeline.runtime import LayerList
 from ecofl.pipeline.runtime.accelerator_devices import (
     AcceleratorDevices, AcceleratorLimits, calibrate_accelerators, has_accelerators,
 )
 from ecofl.pipeline.runtime.calibration import ConfinedPool, Work, calibrated_on, measure_speeds
+
+from pipeline_kit import synthetic_profile
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,6 +57,19 @@ def test_at_host_speed_a_gpu_device_keeps_the_speed_it_measured_and_works_the_ru
     host = host_pool(pool)
     assert [d.speed for d in host.devices] == [1.0, 37.5]
     assert [d.cores for d in host.devices] == [None, 1.0] and host.devices[1].cpu_speed == 1.0
+
+
+def test_the_runtimes_work_around_a_gpu_devices_operation_is_charged_on_its_host_core():
+    """A GPU device's layers at its measured speed, the runtime's time per operation at one host core; a CPU
+    device's both at its speed (a confined device's calibrated speed carries that work)."""
+    profile = synthetic_profile(3)
+    gpu = DeviceSpec("gpu", 20.0, GB, 1e8, "cuda", cores=1.0)
+    cpu = DeviceSpec("pi", 0.5, GB, 1e8)
+    layers_gpu = stage_compute_s(profile, gpu, (0, 2), 4)
+    assert stage_compute_s(profile, gpu, (0, 2), 4, 0.001) == pytest.approx(tuple(t + 0.001 for t in layers_gpu))
+    layers_cpu = stage_compute_s(profile, cpu, (0, 2), 4)
+    assert stage_compute_s(profile, cpu, (0, 2), 4, 0.001) == pytest.approx(tuple(t + 0.002 for t in layers_cpu))
+    assert gpu.operation_speed == 1.0 and cpu.operation_speed == 0.5
 
 
 def test_devices_time_their_work_as_processes_of_this_machine_and_the_others_keep_their_speed():

@@ -193,7 +193,7 @@ def _calibrate_accelerators(args: argparse.Namespace, spec: ZooModel, shape: tup
         print(f"each GPU device times {args.model} on its GPU ...", file=sys.stderr, flush=True)
     return plan_on_measured_speeds(
         lambda devices: _plan(args, profile, devices, Emulation.NONE), profile, presets,
-        lambda work: calibrate_accelerators(spec, shape, profile, presets, work, cache_dir=args.cache_dir))
+        lambda work: calibrate_accelerators(spec, shape, profile, presets, work))
 
 
 def _plan(args: argparse.Namespace, profile, pool, mode: Emulation) -> Plan:

@@ -137,12 +137,13 @@ def stage_compute_s(
     operation_overhead_s: float = 0.0,
 ) -> tuple[float, float]:
     """Forward and backward seconds of layers[0]..layers[1] on ``device`` for ``samples`` samples, each with the
-    runtime's ``operation_overhead_s`` (host seconds) at the device's speed (see the module docstring)."""
+    runtime's ``operation_overhead_s`` (host seconds) at the pace of its runtime's work
+    (:attr:`~ecofl.devices.DeviceSpec.operation_speed`: a CPU device's speed, a GPU device's host core)."""
     if samples == 0:
         return 0.0, 0.0
     forward, backward = device_times(profile, device, samples)
     first, last = layers
-    overhead = operation_overhead_s / device.speed
+    overhead = operation_overhead_s / device.operation_speed
     return float(forward[first : last + 1].sum()) + overhead, float(backward[first : last + 1].sum()) + overhead
 
 
@@ -233,7 +234,7 @@ def _connect(plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[li
         if worker.device != 0:
             worker.input_s = profile.input_bytes * (worker.hi - worker.lo) / float(bandwidth[0, worker.device])
             worker.forward_s += byte_overhead_s * profile.input_bytes * (worker.hi - worker.lo) \
-                / pool.devices[worker.device].speed
+                / pool.devices[worker.device].operation_speed
     for s in range(len(plan.stages) - 1):
         activation = float(profile.activation_bytes[plan.stages[s].layers[1]])
         gradient = float(profile.gradient_bytes[plan.stages[s + 1].layers[0]])
@@ -245,7 +246,7 @@ def _connect(plan: Plan, profile: ModelProfile, pool: HomePool, workers: list[li
                 a.send_f.append((b, activation * samples / float(bandwidth[a.device, b.device])))
                 b.send_b.append((a, gradient * samples / float(bandwidth[b.device, a.device])))
                 for worker in (a, b):
-                    per_byte = byte_overhead_s / pool.devices[worker.device].speed
+                    per_byte = byte_overhead_s / pool.devices[worker.device].operation_speed
                     worker.forward_s += per_byte * activation * samples
                     worker.backward_s += per_byte * gradient * samples
                 b.pending_f = [x + 1 for x in b.pending_f]
@@ -347,7 +348,8 @@ def _optimizer_step_s(profile: ModelProfile, layers: tuple[int, int], device: De
     (69 device-steps of 18 runs, 2026-12-05)."""
     if profile.optimizer_step_s is None:
         return 0.0
-    return (float(profile.optimizer_step_s[layers[0] : layers[1] + 1].sum()) + operation_overhead_s) / device.speed
+    return (float(profile.optimizer_step_s[layers[0] : layers[1] + 1].sum()) / device.speed
+            + operation_overhead_s / device.operation_speed)
 
 
 def _static_bubble(workers: list[list[Worker]]) -> float:

@@ -197,7 +197,7 @@ def _workers(plan: Plan, profile: ModelProfile, pool: HomePool, count: int, oper
             received = x_in if s > 0 or device != 0 else 0.0  # the portal holds the inputs
             sent = x_out if s < last or device != 0 else 0.0  # ... and wants the results
             forward = stage_compute_s(profile, spec, stage.layers, hi - lo, operation_overhead_s)[0] \
-                + byte_overhead_s * (received + sent) * (hi - lo) / spec.speed
+                + byte_overhead_s * (received + sent) * (hi - lo) / spec.operation_speed
             worker = Worker(device, s, len(workers), lo, hi, forward, 0.0, count)
             worker.hold = stage.in_flight
             if s == 0:

@@ -33,8 +33,6 @@ from ecofl.pipeline.runtime.calibration import (
     CALIBRATION_S, ConfinedPool, Workload, measure_speeds, whole_model,
 )
 from ecofl.pipeline.runtime.confinement import THREADS_ENV
-from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.host_overhead import runtime_overheads
 from ecofl.pipeline.runtime.model_spec import ModelSpec
 
 
@@ -85,16 +83,16 @@ def has_accelerators(pool: HomePool) -> bool:
 
 
 def calibrate_accelerators(model: ModelSpec, input_shape: tuple[int, ...], profile: ModelProfile,
-                           presets: HomePool, workload: Workload | int, min_seconds: float = CALIBRATION_S,
-                           cache_dir: str | None = None) -> ConfinedPool:
+                           presets: HomePool, workload: Workload | int, min_seconds: float = CALIBRATION_S
+                           ) -> ConfinedPool:
     """``presets`` with each GPU device's speed measured on its GPU on its work (``workload``; a number: the
-    whole model at that many samples), against this host's per-operation overhead at host speed
-    (:func:`.host_overhead.runtime_overheads`); the CPU devices as they were. The ``limits`` of the result are
-    the GPU devices' :class:`AcceleratorLimits` (no cgroup: a run passes none)."""
+    whole model at that many samples), the CPU devices as they were. The speed is the host profile's seconds
+    for the step's layers over the measured step: the runtime's own work around each operation (bookkeeping,
+    messages) runs on the device's host core, not its GPU, and the cost model adds it there, on top of the
+    step (:attr:`~ecofl.devices.DeviceSpec.operation_speed`). The ``limits`` of the result are the GPU
+    devices' :class:`AcceleratorLimits` (no cgroup: a run passes none)."""
     devices = AcceleratorDevices(presets)
     if isinstance(workload, int):
         workload = whole_model(range(len(presets.devices)), workload)
-    overhead_s = runtime_overheads(Emulation.NONE, cache_dir)["operation_overhead_s"]
-    pool, measured = measure_speeds(model, input_shape, profile, presets, devices, workload, min_seconds,
-                                    operation_overhead_s=overhead_s)
+    pool, measured = measure_speeds(model, input_shape, profile, presets, devices, workload, min_seconds)
     return ConfinedPool(pool, devices.limits, measured, workload)

@@ -48,7 +48,7 @@ def predict_sync_round(plan: Plan, profile: ModelProfile, pool: HomePool, emulat
     if copy_bytes and emulation != Emulation.SLEEP:
         per_byte = host_copy_byte_s(paced=emulation.paces_links, cache_dir=cache_dir)
         overheads["background"] = {
-            d: Background(carried * per_pass, per_byte * carried * per_pass / devices.devices[d].speed)
+            d: Background(carried * per_pass, per_byte * carried * per_pass / devices.devices[d].operation_speed)
             for d, carried in copy_bytes.items()}
     if not emulation.on_this_host:  # each device its own cores, the runtime's work at its speed too
         return simulate(plan, profile, devices, **overheads)
