@@ -70,8 +70,8 @@ def row(model: str, home: str, report: dict, wall_s: float, load: float) -> dict
     return {
         "machine": machine(), "model": model, "home": home, "pool": f"{home}-home",
         "accelerator": "cuda" if "cuda" in HOMES[home] else "cpu",
-        "accelerators": [d["accelerator"] for d in report["devices"]],
-        "speeds": [d["speed"] for d in report["devices"]],
+        "accelerators": [d["accelerator"] for d in sorted(report["devices"], key=lambda d: d["device"])],
+        "speeds": [d["speed"] for d in sorted(report["devices"], key=lambda d: d["device"])],
         "plan": f"{report['planner']} {report['num_micro_batches']}x{report['micro_batch']} [{' | '.join(stages)}]",
         "batch": report["batch_size"], "rounds": report["rounds_completed"], "sync_round_s": measured,
         "predicted_sync_round_s": predicted, "planner_error": abs(predicted - measured) / measured,
@@ -88,7 +88,7 @@ def markdown(rows: list[dict]) -> str:
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         speedup = f"{r['speedup_vs_cpu']:.1f}x" if r.get("speedup_vs_cpu") else ""
-        devices = ", ".join(r["accelerators"])
+        devices = ", ".join(HOMES[r["home"]])  # the pool's, in order (the first rows' own field is in stage order)
         lines.append(f"| {r['machine']} | {r['model']} | {r['home']} ({devices}) | {cell(r['plan'])} "
                      f"| {r['sync_round_s']:.3f} | {r['predicted_sync_round_s']:.3f} | {100 * r['planner_error']:.1f}% "
                      f"| {r['throughput']:.0f} | {speedup} | {r['load_before']:.1f} | {r['date']} |")
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--doc", type=Path, default=DOC)
     args = parser.parse_args()
     results = json.loads(args.json.read_text()) if args.json.exists() else {"rows": []}
-    rows = []
+    rows, written = [], False
     with tempfile.TemporaryDirectory() as directory:
         for model in args.models:
             cpu = next((r["sync_round_s"] for r in results.get("homes", []) if (r["machine"], r["model"], r["home"],
@@ -133,10 +133,10 @@ def main() -> None:
                 results["homes"] = merge(results.get("homes", []), rows)
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(results, indent=1))  # after each run: a timeout keeps what ran
-    table = markdown(results["homes"])
-    if not replace_section(args.doc, table, "homes"):
+                written = replace_section(args.doc, markdown(results["homes"]), "homes")
+    if not written:
         print(f"{args.doc} has no homes section")
-    print(table)
+    print(markdown(results["homes"]))
 
 
 if __name__ == "__main__":
