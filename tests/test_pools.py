@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ecofl.cli import main
 from ecofl.devices import GB, MBPS, preset
@@ -138,13 +139,19 @@ def test_a_registration_claiming_an_impossible_first_touch_is_refused_at_the_doo
     assert FROM_DAEMON.decode({**header, "first_touch_s_per_byte": 1e-9}).first_touch_s_per_byte == 1e-9
 
 
-def test_a_daemon_says_where_it_trains_and_a_gpus_memory_is_its_budget():
-    """ecofl device serve --accelerator: auto finds a GPU (its memory the planner's budget), a preset stays on the
-    CPU unless told, and a GPU the machine lacks is one line (GPUs as a probe process would report them)."""
+def test_a_daemon_says_where_it_trains_and_a_gpus_memory_is_its_budget(monkeypatch):
+    """ecofl device serve --accelerator: auto finds a GPU (its memory the planner's budget, the workload timed
+    there), a preset stays on the CPU unless told, and a GPU the machine lacks is one line (GPUs as a probe
+    process would report them; the GPU's timing as its own process would give it)."""
+    from ecofl.deploy import device_profile
     from ecofl.deploy.device_profile import describe_device, device_spec
 
+    timed_on = []
+    monkeypatch.setattr(device_profile, "workload_seconds_in_own_process",
+                        lambda accelerator, min_seconds=1.0: timed_on.append(accelerator) or 0.004)
     with_gpu = describe_device("desk", None, 100.0, "auto", gpus=[24 << 30])
-    assert (with_gpu.accelerator, with_gpu.memory_bytes) == ("cuda", 24 << 30)
+    assert (with_gpu.accelerator, with_gpu.memory_bytes, with_gpu.workload_s) == ("cuda", 24 << 30, 0.004)
+    assert timed_on == ["cuda"]
     assert device_spec(with_gpu, reference_workload_s=with_gpu.workload_s).accelerator == "cuda"
     on_cpu = describe_device("desk", None, 100.0, "auto", gpus=[])
     assert on_cpu.accelerator == "cpu"
@@ -163,3 +170,16 @@ def test_a_daemon_says_where_it_trains_and_a_gpus_memory_is_its_budget():
         describe_device("desk", None, 100.0, "cuda:1", gpus=[24 << 30])
     with pytest.raises(UserError, match="device board: accelerator cuda, but this machine has 0 GPU"):
         describe_device("board", "nano-10w", 100.0, "cuda", gpus=[])
+
+
+def test_a_gpu_device_times_the_workload_in_a_process_of_its_own_and_says_so_when_it_cannot():
+    """The daemon never uses CUDA itself (it forks its workers): the timing runs in a child, as the GPU probe
+    does; here the child's path on the CPU, and on a machine without CUDA the one line a user sees."""
+    from ecofl.deploy.device_profile import workload_seconds, workload_seconds_in_own_process
+
+    assert 0 < workload_seconds_in_own_process("cpu", 0.2) < 10
+    assert 0 < workload_seconds(0.2) < 10  # the CPU's, in this process
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: timing on it is the GPU check's (benchmarks/accelerators_gpu.sh)")
+    with pytest.raises(UserError, match="could not time the workload on cuda: .*no CUDA device"):
+        workload_seconds(0.2, accelerator="cuda")

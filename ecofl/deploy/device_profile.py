@@ -3,9 +3,10 @@
 ``speed`` is relative to one core of the machine that profiled the model
 (ecofl.devices): a device times a fixed training workload
 (:func:`workload_seconds`, over at least a second: many CPU-quota periods
-on a device confined by a cgroup) and the home service, which profiles
-models on its own machine, times the same workload, so speed = service's
-time / device's time. It also times how long it takes to map memory for
+on a device confined by a cgroup; a device with a GPU times it on the GPU,
+where its worker will train) and the home service, which profiles models on
+its own machine, times the same workload on one CPU thread, so speed =
+service's time / device's time. It also times how long it takes to map memory for
 the first time (a re-plan's first round pays that for the stage it hands
 the device: ecofl.pipeline.first_touch). Memory is what the kernel reports
 available, within the device's cgroup limit when it runs in one. A device may instead
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ecofl.accelerator import finish, resolve_device
 from ecofl.own_cgroup import own_device_cores, own_memory_limit_bytes
 from ecofl.deploy.service_messages import Register
 from ecofl.devices import MBPS, DeviceSpec, preset
@@ -40,20 +42,51 @@ from ecofl.pipeline.runtime.process_memory import first_touch_cpu_s_per_byte, rs
 _WORKLOAD_REPEATS = 5
 
 
-def workload_seconds(min_seconds: float = 1.0) -> float:
+def workload_seconds(min_seconds: float = 1.0, accelerator: str = "cpu") -> float:
     """Mean seconds of one forward and backward of a small CNN on 32 images, on one thread, over at least
-    ``min_seconds`` (a median of a few short calls would catch a confined device's burst of quota)."""
+    ``min_seconds`` (a median of a few short calls would catch a confined device's burst of quota): on the CPU
+    in this process, on a GPU (``accelerator``) in a process of its own, where the device's worker will train
+    (a daemon must not use CUDA before it forks its workers)."""
+    if accelerator == "cpu":
+        return workload_seconds_on("cpu", min_seconds)
+    return workload_seconds_in_own_process(accelerator, min_seconds)
+
+
+def workload_seconds_on(device: str, min_seconds: float = 1.0) -> float:
+    """:func:`workload_seconds` here on ``device`` (``cpu``, ``cuda``, ``cuda:N``), each call timed after its
+    kernels (:func:`ecofl.accelerator.finish`)."""
+    where = resolve_device(device, "accelerator")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         generator = torch.Generator().manual_seed(0)
         model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-        x = torch.randn(32, 3, 32, 32, generator=generator)
-        model(x).sum().backward()  # first-call work, not measured
-        return seconds_per_call(lambda: model(x).sum().backward(), min_seconds, _WORKLOAD_REPEATS)
+                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).to(where)
+        x = torch.randn(32, 3, 32, 32, generator=generator).to(where)
+
+        def step() -> None:
+            model(x).sum().backward()
+            finish(where)
+
+        step()  # first-call work, not measured
+        return seconds_per_call(step, min_seconds, _WORKLOAD_REPEATS)
     finally:
         torch.set_num_threads(threads)
+
+
+def workload_seconds_in_own_process(accelerator: str, min_seconds: float = 1.0) -> float:
+    """:func:`workload_seconds_on` ``accelerator`` in a child process (a UserError naming it if that fails)."""
+    code = (f"from ecofl.deploy.device_profile import workload_seconds_on; "
+            f"print(workload_seconds_on({accelerator!r}, {float(min_seconds)!r}))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise UserError(f"could not time the workload on {accelerator}: {error}") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise UserError(f"could not time the workload on {accelerator}: {last}")
+    return float(lines[-1])
 
 
 def first_touch_seconds_per_byte() -> float:
@@ -120,7 +153,7 @@ def describe_device(name: str, preset_name: str | None, bandwidth_mbps: float, a
         return Register(name, preset_name, spec.memory_bytes, bandwidth_mbps * MBPS, speed=spec.speed,
                         accelerator=accelerator)
     memory = available_memory_bytes() if memory is None else memory
-    return Register(name, None, memory, bandwidth_mbps * MBPS, workload_s=workload_seconds(),
+    return Register(name, None, memory, bandwidth_mbps * MBPS, workload_s=workload_seconds(accelerator=accelerator),
                     accelerator=accelerator, first_touch_s_per_byte=first_touch_seconds_per_byte())
 
 
