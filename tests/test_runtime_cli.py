@@ -71,13 +71,15 @@ def test_home_train_user_error_is_one_line(capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
-def test_a_device_whose_gpu_this_machine_lacks_is_one_line_naming_it(tmp_path, capsys):
+@pytest.mark.parametrize("command", [["train", "--rounds", "1"], ["infer", "--samples", "8"]])
+def test_a_device_whose_gpu_this_machine_lacks_is_one_line_naming_it(tmp_path, capsys, command):
+    """Before anything starts (a GPU device would time its work on its GPU first, at host speed)."""
     pool = tmp_path / "desk.yaml"
     pool.write_text("devices:\n"
                     "  - {name: desk-gpu, speed: 1.0, memory_gb: 8, bandwidth_mbps: 100, accelerator: cuda}\n"
                     "  - nano-10w\n")
-    code = main(["home", "train", "--model", "cnn", "--pool", str(pool), "--dataset", "fashion_mnist", "--rounds", "1",
-                 "--json", "--cache-dir", str(tmp_path)])
+    code = main(["home", command[0], "--model", "cnn", "--pool", str(pool), "--dataset", "fashion_mnist",
+                 *command[1:], "--no-emulate", "--json", "--cache-dir", str(tmp_path)])
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     assert captured.err.count("\n") == 1 and "desk-gpu" in captured.err and "cuda" in captured.err, captured.err

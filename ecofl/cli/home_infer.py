@@ -23,7 +23,8 @@ home train``). ``--emulate sleep`` makes every forward sleep until the cost
 model's time, so measured and predicted agree by construction except for
 communication and scheduling; ``--emulate none`` (``--no-emulate``) runs the
 devices at host speed, predicted as if each had a core of its own (the
-stream model does not share cores).
+stream model does not share cores); a device training on a GPU times its
+forwards there first (:mod:`ecofl.pipeline.runtime.accelerator_devices`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import sys
 
 import torch
 
+from ecofl.accelerator import check_accelerators
 from ecofl.cli.emulation_option import chosen_emulation
 from ecofl.cli.stage_table import PLACEMENT_HEAD, aligned, placement_cells, stage_placement
 from ecofl.cli.timeline_image import write_timeline
@@ -45,6 +47,7 @@ from ecofl.models import build_model
 from ecofl.pipeline.planners import check_planner, make_plan
 from ecofl.pipeline.profile import profile_zoo_model
 from ecofl.pipeline.runtime import HomePipelineError, ZooModel
+from ecofl.pipeline.runtime.accelerator_devices import calibrate_accelerators, has_accelerators
 from ecofl.pipeline.runtime.calibration import confine_pool, plan_on_measured_speeds
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.host_overhead import runtime_overheads
@@ -60,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--samples and --batch must be positive, got {args.samples} and {args.batch}")
     check_planner(args.planner)
     pool = load_pool(args.pool, args.bandwidth)
+    check_accelerators(pool.devices, f"pool {pool.name}")
     data = load_dataset(args.dataset, args.data_root, args.download)
     shape = tuple(int(d) for d in data.input_shape)
     spec = ZooModel(args.model, shape, data.num_classes, args.granularity)
@@ -76,6 +80,13 @@ def run(args: argparse.Namespace) -> int:
             profile, presets, lambda work: confine_pool(spec, shape, profile, presets, work, objective="inference",
                                                             cache_dir=args.cache_dir))
         pool, limits = confined.pool, confined.limits
+    elif mode == Emulation.NONE and has_accelerators(pool):  # the GPU devices time their forwards on their GPUs
+        presets = pool
+        confined, plan = plan_on_measured_speeds(
+            lambda devices: make_plan(args.planner, profile, devices, args.batch, objective="inference", **options),
+            profile, presets, lambda work: calibrate_accelerators(spec, shape, profile, presets, work,
+                                                                  objective="inference"))
+        pool = confined.pool
     x, y = data.test.x[: args.samples], data.test.y[: args.samples]
     count = -(-len(x) // plan.micro_batch)
     predicted = simulate_stream(plan, profile, host_pool(pool) if mode == Emulation.NONE else pool, count,
