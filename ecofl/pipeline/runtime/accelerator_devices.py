@@ -89,8 +89,8 @@ def calibrate_accelerators(model: ModelSpec, input_shape: tuple[int, ...], profi
     (``workload``; a number: the whole model at that many samples), the CPU devices as they were. The speed
     is the host profile's seconds for the step's layers over the measured step: the runtime's own work around
     each operation (bookkeeping, messages) runs on the device's host core, not its GPU, and the cost model adds
-    it there, on top of the step (:attr:`~ecofl.devices.DeviceSpec.operation_speed`). The ``limits`` of the result are the GPU
-    devices' :class:`AcceleratorLimits` (no cgroup: a run passes none)."""
+    it there, on top of the step (:attr:`~ecofl.devices.DeviceSpec.operation_speed`). The ``limits`` of the
+    result are the GPU devices' :class:`AcceleratorLimits` (no cgroup: a run passes none)."""
     devices = AcceleratorDevices(presets)
     if isinstance(workload, int):
         workload = whole_model(range(len(presets.devices)), workload)
