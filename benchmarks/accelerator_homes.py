@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.markdown_section import cell, replace_section
-from benchmarks.pipeline_accelerators import DOC, RESULTS, machine
+from benchmarks.pipeline_accelerators import DOC, RESULTS, machine, merge, speedup_cell
 
 #: Each home's devices, by where they train (device 0 is the portal).
 HOMES = {"cpu": ("cpu", "cpu", "cpu"), "gpu": ("cuda", "cuda", "cuda"), "mixed": ("cpu", "cuda", "cuda")}
@@ -87,19 +87,13 @@ def markdown(rows: list[dict]) -> str:
              "samples/s | speed-up vs CPU home | load | date |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        speedup = f"{r['speedup_vs_cpu']:.1f}x" if r.get("speedup_vs_cpu") else ""
         devices = ", ".join(HOMES[r["home"]])  # the pool's, in order (the first rows' own field is in stage order)
         lines.append(f"| {r['machine']} | {r['model']} | {r['home']} ({devices}) | {cell(r['plan'])} "
                      f"| {r['sync_round_s']:.3f} | {r['predicted_sync_round_s']:.3f} | {100 * r['planner_error']:.1f}% "
-                     f"| {r['throughput']:.0f} | {speedup} | {r['load_before']:.1f} | {r['date']} |")
+                     f"| {r['throughput']:.0f} | {speedup_cell(r)} | {r['load_before']:.1f} | {r['date']} |")
     if not any(r["accelerator"] != "cpu" for r in rows):
         lines.append("| not measured | | gpu, mixed | | not measured | | | | | | |")
     return "\n".join(lines)
-
-
-def merge(old: list[dict], new: list[dict]) -> list[dict]:
-    rows = {(r["machine"], r["model"], r["home"]): r for r in [*old, *new]}
-    return list(rows.values())
 
 
 def main() -> None:
@@ -130,7 +124,7 @@ def main() -> None:
                 elif cpu is not None:
                     rows[-1]["speedup_vs_cpu"] = cpu / rows[-1]["sync_round_s"]
                 print(json.dumps(rows[-1]), flush=True)
-                results["homes"] = merge(results.get("homes", []), rows)
+                results["homes"] = merge(results.get("homes", []), rows, ("machine", "model", "home"))
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(results, indent=1))  # after each run: a timeout keeps what ran
                 written = replace_section(args.doc, markdown(results["homes"]), "homes")

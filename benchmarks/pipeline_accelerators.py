@@ -126,9 +126,16 @@ def _largest_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return max(float(np.abs(x.astype(np.float64) - y.astype(np.float64)).max()) for x, y in zip(a, b))
 
 
-def merge(old: list[dict], new: list[dict]) -> list[dict]:
-    rows = {(r["machine"], r["model"], r["accelerator"]): r for r in [*old, *new]}
+def merge(old: list[dict], new: list[dict], keys: tuple[str, ...] = ("machine", "model", "accelerator")
+          ) -> list[dict]:
+    """``old`` rows with ``new`` ones added, a new row replacing an old one of the same ``keys``."""
+    rows = {tuple(r[k] for k in keys): r for r in [*old, *new]}
     return list(rows.values())
+
+
+def speedup_cell(row: dict) -> str:
+    """A row's speed-up over its CPU baseline (empty for the baseline itself)."""
+    return f"{row['speedup_vs_cpu']:.1f}x" if row.get("speedup_vs_cpu") else ""
 
 
 def markdown(rows: list[dict]) -> str:
@@ -136,9 +143,8 @@ def markdown(rows: list[dict]) -> str:
              "exact | weight diff after the timed ones | float32 rounding there | date |",
              "|---|---|---|---:|---:|---:|---|---:|---:|---|"]
     for r in rows:
-        speedup = f"{r['speedup_vs_cpu']:.1f}x" if r.get("speedup_vs_cpu") else ""
         lines.append(f"| {r['machine']} | {r['model']} | {r['device']} (x{r['devices']}) | {r['sync_round_s']:.3f} | "
-                     f"{speedup} | {r['max_abs_diff']:.1e} | {r['exact']} | {r['max_abs_diff_after_rounds']:.1e} | "
+                     f"{speedup_cell(r)} | {r['max_abs_diff']:.1e} | {r['exact']} | {r['max_abs_diff_after_rounds']:.1e} | "
                      f"{r['float32_rounding_after_rounds']:.1e} | {r['date']} |")
     if not any(r["accelerator"] != "cpu" for r in rows):
         lines.append("| not measured | | cuda | not measured | | | | | | |")
