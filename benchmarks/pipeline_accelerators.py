@@ -144,8 +144,8 @@ def markdown(rows: list[dict]) -> str:
              "|---|---|---|---:|---:|---:|---|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['machine']} | {r['model']} | {r['device']} (x{r['devices']}) | {r['sync_round_s']:.3f} | "
-                     f"{speedup_cell(r)} | {r['max_abs_diff']:.1e} | {r['exact']} | {r['max_abs_diff_after_rounds']:.1e} | "
-                     f"{r['float32_rounding_after_rounds']:.1e} | {r['date']} |")
+                     f"{speedup_cell(r)} | {r['max_abs_diff']:.1e} | {r['exact']} | "
+                     f"{r['max_abs_diff_after_rounds']:.1e} | {r['float32_rounding_after_rounds']:.1e} | {r['date']} |")
     if not any(r["accelerator"] != "cpu" for r in rows):
         lines.append("| not measured | | cuda | not measured | | | | | | |")
     return "\n".join(lines)
