@@ -2,8 +2,8 @@
 # Homes with accelerators on a lent GPU machine (issue 42; docs/pipeline_accelerators.md): no Flower, Ray,
 # Hydra or Debian's Fashion-MNIST there, and nothing can be installed from a registry.
 #
-# Here, once:   mkdir -p .gpu/data/FashionMNIST/raw, with Fashion-MNIST's four .gz files in it (their first
-#               4,000 training and 1,000 test images are enough: the runs train on the first batch x rounds)
+# Here, once:   .venv/bin/python -m benchmarks.accelerator_homes --slice-data .gpu/data   (Fashion-MNIST's first
+#               4,000 training and 1,000 test images: the runs train on the first batch x rounds)
 #               python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #                 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #                 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12           (.gpu/ and .whl/ are not tracked)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from benchmarks.accelerator_homes import markdown, row
 from benchmarks.pipeline_accelerators import merge
@@ -36,3 +37,21 @@ def test_the_table_escapes_the_plans_bars_and_says_when_no_gpu_row_is_measured()
     table = markdown(merge([cpu], [gpu], ("machine", "model", "home")))
     assert "not measured" not in table and "| 5.3x |" in table and "27.9%" in table
     assert len(table.splitlines()) == 4  # header, rule and the two homes
+
+
+def test_the_fashion_mnist_slice_carried_to_a_gpu_machine_loads_as_its_first_images(tmp_path):
+    from ecofl.data.datasets import DEBIAN_FASHION_MNIST, load_dataset
+    from benchmarks.accelerator_homes import slice_fashion_mnist
+
+    if not (DEBIAN_FASHION_MNIST / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip(f"Debian's dataset-fashion-mnist is not installed ({DEBIAN_FASHION_MNIST})")
+    sliced = load_dataset("fashion_mnist", slice_fashion_mnist(tmp_path, train=50, test=20), False)
+    whole = load_dataset("fashion_mnist", None, False)
+    assert sliced.train.x.shape[0] == 50 and sliced.test.x.shape[0] == 20
+    assert (sliced.train.y == whole.train.y[:50]).all() and (sliced.test.y == whole.test.y[:20]).all()
+    # normalised on the slice's own mean and deviation: the same images up to that affine map
+    def standard(x):
+        flat = x.flatten(1)
+        return (flat - flat.mean(1, keepdim=True)) / flat.std(1, keepdim=True)
+
+    assert torch.allclose(standard(sliced.train.x), standard(whole.train.x[:50]), atol=1e-4)
