@@ -72,21 +72,18 @@ def run(args: argparse.Namespace) -> int:
     options = {} if args.micro_batch is None else {"micro_batch": args.micro_batch}
     mode = chosen_emulation(args)
     plan = make_plan(args.planner, profile, pool, args.batch, objective="inference", **options)
-    limits = None
-    if mode == Emulation.CGROUP:  # the devices time the model in their cgroups; the planner plans from that
-        presets = pool
+    limits, presets = None, pool
+
+    def measure(work):  # the devices that time their forwards before the plan is made, as in home train
+        if mode == Emulation.CGROUP:  # in their cgroups
+            return confine_pool(spec, shape, profile, presets, work, objective="inference", cache_dir=args.cache_dir)
+        return calibrate_accelerators(spec, shape, profile, presets, work, objective="inference")  # on their GPUs
+
+    if mode == Emulation.CGROUP or (mode == Emulation.NONE and has_accelerators(pool)):
         confined, plan = plan_on_measured_speeds(
             lambda devices: make_plan(args.planner, profile, devices, args.batch, objective="inference", **options),
-            profile, presets, lambda work: confine_pool(spec, shape, profile, presets, work, objective="inference",
-                                                            cache_dir=args.cache_dir))
-        pool, limits = confined.pool, confined.limits
-    elif mode == Emulation.NONE and has_accelerators(pool):  # the GPU devices time their forwards on their GPUs
-        presets = pool
-        confined, plan = plan_on_measured_speeds(
-            lambda devices: make_plan(args.planner, profile, devices, args.batch, objective="inference", **options),
-            profile, presets, lambda work: calibrate_accelerators(spec, shape, profile, presets, work,
-                                                                  objective="inference"))
-        pool = confined.pool
+            profile, presets, measure)
+        pool, limits = confined.pool, confined.limits if mode == Emulation.CGROUP else None
     x, y = data.test.x[: args.samples], data.test.y[: args.samples]
     count = -(-len(x) // plan.micro_batch)
     predicted = simulate_stream(plan, profile, host_pool(pool) if mode == Emulation.NONE else pool, count,

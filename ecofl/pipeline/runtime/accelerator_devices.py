@@ -57,10 +57,10 @@ class AcceleratorDevices:
     :func:`~.calibration.measure_speeds` times them: processes of this machine, each on its accelerator."""
 
     def __init__(self, pool: HomePool, devices: Iterable[int] | None = None):
-        chosen = set(range(len(pool.devices)) if devices is None else devices)
-        self.limits = {d: AcceleratorLimits(1.0, spec.memory_bytes, spec.accelerator)
-                       for d, spec in enumerate(pool.devices)
-                       if d in chosen and (devices is not None or spec.accelerator != "cpu")}
+        if devices is None:
+            devices = [d for d, spec in enumerate(pool.devices) if spec.accelerator != "cpu"]
+        self.limits = {d: AcceleratorLimits(1.0, pool.devices[d].memory_bytes, pool.devices[d].accelerator)
+                       for d in devices}
 
     def enter(self, device: int) -> tuple[_Unconfined, dict[str, str]]:
         """Nothing to enter; the process's environment: one torch thread, as a worker's."""
