@@ -88,3 +88,13 @@ def test_a_recovery_chooses_as_if_it_had_simulated_every_candidate_and_simulates
                       + rounds_left * predict(c, profile, pool, "cgroup").sync_round_s, i)
                      for i, c in enumerate(candidates)]
             assert (seconds, candidates.index(chosen)) == min(every)
+
+
+def test_the_runtime_weighs_every_size_that_fills_two_stages_not_only_one_stage_a_device():
+    """A hybrid plan has fewer stages than devices: on five devices, 8 micro-batches fill HPP's four stages
+    (P_0 = 7) though not five (9), and are weighed; 2 fill no pipeline and are not."""
+    profile = random_profile(np.random.default_rng(5), 22)
+    pool = load_pool("asteroid-b")
+    weighed = {plan.micro_batch for plan in plans_by_micro_batch("hpp", profile, pool, 64)}
+    assert {16, 8, 4} <= weighed and 32 not in weighed
+    assert make_plan("hpp", profile, pool, 64).micro_batch <= 4  # the planner's own rule: M >= 2N - 1
