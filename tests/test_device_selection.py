@@ -142,7 +142,9 @@ def test_identical_devices_whose_hand_offs_outweigh_their_weights_train_data_par
     pipelined += [predicted_s for hpp in full_replans("ecofl", profile, pool, range(4), 24, hybrid=True)
                   if hpp.planner == "hpp" and len(hpp.stages) > 1
                   for predicted_s in [prediction.predict_sync_round(hpp, profile, pool, "cgroup").sync_round_s]]
-    assert plan.planner == "dp" and len(plan.stages) == 1 and used(plan) == {0, 1, 2, 3}
+    # one stage on every device: plain data parallelism, whether as DP's one call or HPP's one-stage plan of a
+    # few micro-batches a round
+    assert plan.planner in HYBRID_PLANNERS["ecofl"] and len(plan.stages) == 1 and used(plan) == {0, 1, 2, 3}
     assert seconds < min(pipelined) * (1 - prediction.HYBRID_MARGIN)
     assert prediction.plan_as_run("ecofl", profile, pool, 24, "cgroup") == plan
 

@@ -17,6 +17,7 @@ import pytest
 from ecofl.devices import DeviceSpec, HomePool
 from ecofl.errors import UserError
 from ecofl.pipeline.cost import SyncRoundCost, simulate
+from ecofl.pipeline.first_touch import switching_s
 from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.runtime import HomePipeline
@@ -24,7 +25,7 @@ from ecofl.pipeline.runtime.control_messages import Done
 from ecofl.pipeline.runtime.emulation import Emulation
 from ecofl.pipeline.runtime.host_overhead import record_path
 from ecofl.pipeline.runtime.pipeline_tuning import (
-    TuningWindow, decide, decided_plan, measured_pass_s, modelled_pass_s, pipeline_speeds,
+    TuningWindow, candidate_plans, decide, decided_plan, measured_pass_s, modelled_pass_s, pipeline_speeds,
 )
 from ecofl.pipeline.runtime.prediction import predict_sync_round
 from ecofl.pipeline.runtime.tuning_settings import Tuning
@@ -120,14 +121,14 @@ def test_the_plan_is_kept_when_the_gain_is_within_the_margin_or_does_not_pay_for
 
 
 def test_the_plan_is_kept_when_the_memory_its_first_round_maps_costs_more_than_it_saves():
-    """The same re-tune as above, on devices that map a byte anew in 1 us (some 200 times a real device's, so
-    that the toy stages' few MB weigh as much as the toy rounds' seconds): the re-plan's first round maps about
-    7 s, which ten rounds left repay and four do not."""
+    """The same re-tune as above at the plan's own micro-batch, on devices that map a byte anew in 1 us (some
+    200 times a real device's, so that the toy stages' few MB weigh as much as the toy rounds' seconds): the
+    re-plan's first round maps about 7 s, which ten rounds left repay and four do not."""
     rounds = [replies_as_modelled(LOPSIDED, HOSTS, {2: 2.0})] * 2
     slow_to_map = with_speeds(HOSTS, {}, dict.fromkeys(range(3), 1e-6))
     for rounds_left, pays in ((10, True), (4, False)):
-        decision = decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, slow_to_map, Emulation.SLEEP, rounds, 1,
-                          HOLDERS, {0, 1, 2}, rounds_left=rounds_left)
+        decision = decide(Tuning(planner="ecofl", micro_batch=LOPSIDED.micro_batch), LOPSIDED, QUICK, slow_to_map,
+                          Emulation.SLEEP, rounds, 1, HOLDERS, {0, 1, 2}, rounds_left=rounds_left)
         saved = rounds_left * (decision.current_s - decision.best_s)
         assert decision.first_round_s > decision.migration_s and decision.first_round_s > 0
         assert decision.switched is pays
@@ -135,6 +136,29 @@ def test_the_plan_is_kept_when_the_memory_its_first_round_maps_costs_more_than_i
         assert decision.migration_s < saved  # the layer moves alone would not have kept the plan
     assert decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, HOSTS, Emulation.SLEEP, rounds, 1, HOLDERS, {0, 1, 2},
                   rounds_left=4).first_round_s == 0  # nothing measured: nothing counted
+
+
+def test_a_re_tune_takes_the_plan_that_finishes_the_rounds_left_first_not_the_fastest():
+    """Every micro-batch size weighed, on the devices of the test above: the fastest re-plan maps some 19 s anew
+    in its first round; ten rounds left finish first on a slightly slower one that maps less, and four on one
+    that maps nothing, as a recovery chooses (:func:`~ecofl.pipeline.runtime.prediction.quickest_to_finish`)."""
+    rounds = [replies_as_modelled(LOPSIDED, HOSTS, {2: 2.0})] * 2
+    slow_to_map = with_speeds(HOSTS, {}, dict.fromkeys(range(3), 1e-6))
+    for rounds_left in (10, 4):
+        decision = decide(Tuning(planner="ecofl"), LOPSIDED, QUICK, slow_to_map, Emulation.SLEEP, rounds, 1,
+                          HOLDERS, {0, 1, 2}, rounds_left=rounds_left)
+        tuned = with_speeds(slow_to_map, decision.speeds)
+        candidates = [c for c in candidate_plans(Tuning(planner="ecofl"), LOPSIDED, QUICK, tuned, {0, 1, 2})
+                      if c != LOPSIDED]
+
+        def finish_s(plan: Plan) -> float:
+            return (switching_s(plan, LOPSIDED, HOLDERS, QUICK, tuned)
+                    + rounds_left * predict_sync_round(plan, QUICK, tuned, Emulation.SLEEP).sync_round_s)
+
+        fastest = min(candidates, key=lambda c: predict_sync_round(c, QUICK, tuned, Emulation.SLEEP).sync_round_s)
+        assert decision.switched and finish_s(decision.plan) == pytest.approx(min(map(finish_s, candidates)))
+        assert finish_s(decision.plan) < finish_s(fastest)
+        assert finish_s(decision.plan) < rounds_left * decision.current_s
 
 
 def test_tuning_settings_are_checked():

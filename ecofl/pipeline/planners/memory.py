@@ -13,7 +13,10 @@
   planners try them from large to small (Eco-FL §4.3) and only those that give
   at least ``2N - 1`` micro-batches on an N-device pool, so that stage 0 can
   really hold its P_0 forward tasks (all divisors if the mini-batch is too
-  small for that).
+  small for that). Where the runtime's cost model chooses the size
+  (:func:`ecofl.pipeline.planners.plans_by_micro_batch`), every size that
+  fills a two-stage pipeline (M >= 3) is weighed: a hybrid plan has fewer
+  stages than devices.
 - **Infeasible**: when no plan fits, :func:`raise_infeasible` finds the
   partition of the layers over the pool (largest memory first, a device may
   take no layers) whose worst memory overflow is smallest, at one sample and

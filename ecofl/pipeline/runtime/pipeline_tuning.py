@@ -25,17 +25,23 @@ device whose speed drifts:
    its short passes run on quota its CFS period refilled while it waited,
    a speed it does not keep on more work.
 2. **Candidate plans.** The planner plans again at those speeds, once for
-   every micro-batch size it may choose (where devices compute at their
-   own speeds, confined or a deployed home's, so do Asteroid's planner and
-   plain data parallelism, whose plans are weighed beside the planner's as up front:
-   :func:`.prediction.preferred_plan`), and each candidate is predicted
-   with the runtime's overheads (the planner's own search leaves them out).
-3. **Decide.** The fastest candidate replaces the current plan when, at the
-   same speeds, it is predicted faster by more than ``margin`` (the model's
-   own uncertainty) and the time it saves over the rounds left exceeds what
-   switching costs: its predicted migration (each device pair's layer bytes
-   over its link) and the memory its devices map anew in its first round
-   (:mod:`ecofl.pipeline.first_touch`).
+   every micro-batch size that fills a pipeline of two stages
+   (:func:`ecofl.pipeline.planners.plans_by_micro_batch`; where devices
+   compute at their own speeds, confined or a deployed home's, so do
+   Asteroid's planner and plain data parallelism), and each candidate is
+   predicted with the runtime's overheads (the planner's own search leaves
+   them out).
+3. **Decide.** Of the candidates, the one that finishes the rounds left
+   first (:func:`.prediction.quickest_to_finish`, as a recovery chooses):
+   what switching to it costs, its predicted migration (each device pair's
+   layer bytes over its link) and the memory its devices map anew in its
+   first round (:mod:`ecofl.pipeline.first_touch`), plus the rounds left at
+   its sync-round. It replaces the current plan when, at the same speeds, it
+   is predicted faster by more than ``margin`` (the model's own uncertainty)
+   and the time it saves over the rounds left exceeds what switching costs.
+   The fastest candidate is not always it: a plan at another micro-batch
+   size maps its buffers anew, and with few rounds left one that maps less
+   finishes first.
 
 Everything here is plain data: :class:`TuningWindow` says when a re-tune is
 due and which rounds it learns from, :func:`decide` takes what the workers
@@ -58,7 +64,7 @@ from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import full_replan, full_replans, with_speeds
 from ecofl.pipeline.runtime.control_messages import Done
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.prediction import predict_sync_round, preferred_plan, weighs_hybrid
+from ecofl.pipeline.runtime.prediction import predict_sync_round, quickest_to_finish, weighs_hybrid
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.schedule import PASSES, ActionKind
 
@@ -208,8 +214,10 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
     current_s = predict_sync_round(plan, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
     candidates = [c for c in candidate_plans(tuning, plan, profile, tuned, alive, weighs_hybrid(plan, emulation))
                   if c != plan]
-    best, best_s = (preferred_plan(candidates, tuning.planner or plan.planner, profile, tuned, emulation, cache_dir)
-                    if candidates else (plan, current_s))
+    best, best_s = plan, current_s
+    if candidates:
+        best, _ = quickest_to_finish(candidates, plan, holders, rounds_left, profile, tuned, emulation, cache_dir)
+        best_s = predict_sync_round(best, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
     moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
     first_round_s = estimated_first_round_extra_s(best, profile, tuned, plan) if best is not plan else 0.0
     pays = (current_s - best_s) * rounds_left > moving_s + first_round_s
