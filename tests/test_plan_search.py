@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ecofl.pipeline.migration import layer_owners
+from ecofl.pipeline.plan import Plan, StagePlan
 from ecofl.pipeline.planners import make_plan, plans_by_micro_batch
 from ecofl.pipeline.replan import lightweight_replans, shifted_replans
 from ecofl.pipeline.runtime import prediction
@@ -98,3 +99,24 @@ def test_the_runtime_weighs_every_size_that_fills_two_stages_not_only_one_stage_
     weighed = {plan.micro_batch for plan in plans_by_micro_batch("hpp", profile, pool, 64)}
     assert {16, 8, 4} <= weighed and 32 not in weighed
     assert make_plan("hpp", profile, pool, 64).micro_batch <= 4  # the planner's own rule: M >= 2N - 1
+
+
+def test_a_hybrid_plan_finishes_first_only_beyond_the_margin(monkeypatch):
+    """A re-tune's choice (``preferred_to_finish``): the planner's own plan that finishes first, unless a hybrid
+    one finishes sooner by more than ``HYBRID_MARGIN``, as ``preferred_plan`` weighs sync-rounds."""
+    stage = StagePlan((0, 5), (0, 1), (2, 2), 1)
+    own, hybrid = (Plan(name, (stage,), 4, 1) for name in ("ecofl", "hpp"))
+    finish_s = {"ecofl": 10.0, "hpp": 10.0 * (1 - prediction.HYBRID_MARGIN) + 0.01}
+
+    def quickest(plans, *args):
+        return min(((plan, finish_s[plan.planner]) for plan in plans), key=lambda pair: pair[1])
+
+    monkeypatch.setattr(prediction, "quickest_to_finish", quickest)
+
+    def choose() -> tuple[Plan, float]:
+        return prediction.preferred_to_finish([hybrid, own], "ecofl", own, {}, 3, None, None, "cgroup")
+
+    assert choose() == (own, 10.0)
+    finish_s["hpp"] -= 0.02
+    assert choose() == (hybrid, finish_s["hpp"])
+    assert prediction.preferred_to_finish([hybrid], "ecofl", own, {}, 3, None, None, "cgroup")[0] is hybrid

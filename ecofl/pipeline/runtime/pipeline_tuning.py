@@ -32,7 +32,9 @@ device whose speed drifts:
    predicted with the runtime's overheads (the planner's own search leaves
    them out).
 3. **Decide.** Of the candidates, the one that finishes the rounds left
-   first (:func:`.prediction.quickest_to_finish`, as a recovery chooses):
+   first (:func:`.prediction.quickest_to_finish`, as a lightweight recovery
+   chooses; a hybrid plan over the planner's own only where it finishes
+   sooner by more than the hybrid margin, :func:`.prediction.preferred_to_finish`):
    what switching to it costs, its predicted migration (each device pair's
    layer bytes over its link) and the memory its devices map anew in its
    first round (:mod:`ecofl.pipeline.first_touch`), plus the rounds left at
@@ -64,7 +66,7 @@ from ecofl.pipeline.profile import ModelProfile
 from ecofl.pipeline.replan import full_replan, full_replans, with_speeds
 from ecofl.pipeline.runtime.control_messages import Done
 from ecofl.pipeline.runtime.emulation import Emulation
-from ecofl.pipeline.runtime.prediction import predict_sync_round, quickest_to_finish, weighs_hybrid
+from ecofl.pipeline.runtime.prediction import predict_sync_round, preferred_to_finish, weighs_hybrid
 from ecofl.pipeline.runtime.tuning_settings import Tuning
 from ecofl.pipeline.schedule import PASSES, ActionKind
 
@@ -216,7 +218,8 @@ def decide(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool, em
                   if c != plan]
     best, best_s = plan, current_s
     if candidates:
-        best, _ = quickest_to_finish(candidates, plan, holders, rounds_left, profile, tuned, emulation, cache_dir)
+        best, _ = preferred_to_finish(candidates, tuning.planner or plan.planner, plan, holders, rounds_left,
+                                      profile, tuned, emulation, cache_dir)
         best_s = predict_sync_round(best, profile, tuned, emulation, cache_dir=cache_dir).sync_round_s
     moving_s = migration_s(best, holders, profile, tuned) if best is not plan else 0.0
     first_round_s = estimated_first_round_extra_s(best, profile, tuned, plan) if best is not plan else 0.0

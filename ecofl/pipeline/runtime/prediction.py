@@ -152,14 +152,32 @@ def preferred_plan(plans: Sequence[Plan], planner: str, profile: ModelProfile, p
     """Of ``plans`` (``planner``'s own and its hybrid planner's, :func:`~ecofl.pipeline.replan.full_replans`),
     the fastest of the planner's own (:func:`fastest_plan`) with its sync-round, unless the fastest of the
     others is predicted faster by more than :data:`HYBRID_MARGIN` or the planner has none."""
+    return _own_unless_others_win(plans, planner, lambda some: fastest_plan(some, profile, pool, emulation,
+                                                                            cache_dir))
+
+
+def preferred_to_finish(plans: Sequence[Plan], planner: str, before: Plan, holders: Holders, rounds_left: int,
+                        profile: ModelProfile, pool: HomePool, emulation: Emulation | bool | str,
+                        cache_dir: str | None = None) -> tuple[Plan, float]:
+    """:func:`preferred_plan` by what finishes first (:func:`quickest_to_finish`, switching from ``before``
+    included): the planner's own first to finish ``rounds_left`` sync-rounds, unless the first of the others
+    finishes sooner by more than :data:`HYBRID_MARGIN`; with its time to finish."""
+    return _own_unless_others_win(plans, planner, lambda some: quickest_to_finish(
+        some, before, holders, rounds_left, profile, pool, emulation, cache_dir))
+
+
+def _own_unless_others_win(plans: Sequence[Plan], planner: str,
+                           best_of: Callable[[Sequence[Plan]], tuple[Plan, float]]) -> tuple[Plan, float]:
+    """``best_of`` the planner's own ``plans``, unless ``best_of`` the others scores less by more than
+    :data:`HYBRID_MARGIN` or the planner has none."""
     own = [plan for plan in plans if plan.planner == planner]
     others = [plan for plan in plans if plan.planner != planner]
-    best, seconds = fastest_plan(own or others, profile, pool, emulation, cache_dir)
+    best, score = best_of(own or others)
     if own and others:
-        other, other_s = fastest_plan(others, profile, pool, emulation, cache_dir)
-        if other_s < seconds * (1 - HYBRID_MARGIN):
-            return other, other_s
-    return best, seconds
+        other, other_score = best_of(others)
+        if other_score < score * (1 - HYBRID_MARGIN):
+            return other, other_score
+    return best, score
 
 
 def plan_as_run(planner: str, profile: ModelProfile, pool: HomePool, batch_size: int,
