@@ -169,7 +169,7 @@ HYBRID_PLANNERS: dict[str, tuple[str, ...]] = {"ecofl": ("hpp", "dp")}
 
 def full_replans(planner: str, profile: ModelProfile, pool: HomePool, alive: Collection[int], batch_size: int,
                  speeds: Mapping[int, float] | None = None, hybrid: bool = False, **options: object) -> list[Plan]:
-    """:func:`full_replan` at each micro-batch size the planner may choose (:func:`plans_by_micro_batch`), for a
+    """:func:`full_replan` at each micro-batch size the runtime weighs (:func:`plans_by_micro_batch`), for a
     caller that compares them with costs the planner leaves out; with ``hybrid`` (and no ``options``), the plans
     of its :data:`HYBRID_PLANNERS` too (the planner's own refusal is raised only where none of them plans)."""
     survivors, original = surviving_pool(with_speeds(pool, speeds or {}), alive)

@@ -195,7 +195,7 @@ def pipeline_speeds(plan: Plan, profile: ModelProfile, pool: HomePool, emulation
 
 def candidate_plans(tuning: Tuning, plan: Plan, profile: ModelProfile, pool: HomePool,
                     alive: Collection[int], hybrid: bool = False) -> list[Plan]:
-    """The planner's plans at ``pool``'s speeds for each micro-batch size it may choose (or the one fixed), on
+    """The planner's plans at ``pool``'s speeds for each micro-batch size the runtime weighs (or the one fixed), on
     the ``alive`` devices, in the current plan's schedule; with ``hybrid``, its hybrid plans too
     (:func:`~ecofl.pipeline.replan.full_replans`)."""
     planner = tuning.planner or plan.planner
