@@ -16,7 +16,7 @@ from ecofl.pipeline.planners import make_plan
 from ecofl.pipeline.replan import (MAX_SHIFTED_PLANS, full_replan, full_replans, lightweight_replan,
                                   lightweight_replans, shifted_replans, with_speeds)
 from ecofl.pipeline.runtime.prediction import predict_sync_round, quickest_to_finish
-from ecofl.pipeline.replication import (backup_bytes, backup_targets, copy_bytes, restore_source,
+from ecofl.pipeline.replication import (backup_bytes, backup_targets, busiest_device, copy_bytes, restore_source,
                                        stage_state_bytes)
 from ecofl.pipeline.schedule import validate
 from pipeline_kit import random_profile
@@ -222,6 +222,22 @@ def test_topology_driven_backups():
     assert restore_source(single, 1, {0, 1, 2}, backup_targets(single)) is None  # all lost: the global copy
 
 
+def test_backups_spare_the_busiest_device_where_a_stage_has_another_neighbour():
+    single = three_stage_plan()
+    assert backup_targets(single, spared={0}) == {0: (1,), 1: (2,), 2: (1,)}  # the middle stage: its next only
+    assert backup_targets(single, spared={2}) == {0: (1,), 1: (0,), 2: (1,)}  # its previous only
+    assert backup_targets(single, spared={1}) == backup_targets(single)  # an end stage keeps its one neighbour
+    hybrid = Plan("hpp", (StagePlan((0, 3), (0,), (4,), 3), StagePlan((4, 7), (1, 2), (2, 2), 1)), 4, 4)
+    memory = {1: GB, 2: 2 * GB}
+    assert backup_targets(hybrid, memory, spared={2}) == {0: (1,)}  # another device of the neighbouring stage
+    profile = random_profile(np.random.default_rng(5), 12)
+    a, b, c = (stage_state_bytes(profile, stage.layers) for stage in single.stages)
+    # spared device 0 no longer opens stage 1's replica, and stage 1 sends it once
+    assert copy_bytes(single, profile, 1, 0, spared={0}) == pytest.approx({0: a, 1: b + a + c, 2: c + b})
+    devices = tuple(DeviceSpec(f"d{i}", speed, 4 * GB, 1e9) for i, speed in enumerate((0.1, 0.01, 0.1)))
+    assert busiest_device(single, profile, HomePool("slow-middle", devices)) == 1
+
+
 def test_copy_bytes_count_what_each_device_seals_or_opens_for_fault_tolerance_a_sync_round():
     single = three_stage_plan()
     profile = random_profile(np.random.default_rng(5), 12)
@@ -319,7 +335,9 @@ def test_the_cli_predicts_a_fault_tolerant_run_with_its_copies(monkeypatch):
     args = argparse.Namespace(rounds=3, cache_dir=None)
     tolerance = FaultTolerance(replicate_every=2, global_copy_every=3)
     memory = {d: spec.memory_bytes for d, spec in enumerate(pool.devices)}
-    copies = copy_bytes(single, profile, 2, 3, memory)
+    busiest = busiest_device(single, profile, pool)
+    copies = copy_bytes(single, profile, 2, 3, memory, (busiest,))  # the runtime's backups spare the busiest
+    assert copies != copy_bytes(single, profile, 2, 3, memory)  # and the prediction charges them as placed
     expected = predict_sync_round(single, profile, pool, "cgroup", 3, copy_bytes=copies)
     assert home_train._predict(single, profile, pool, "cgroup", args, tolerance) == expected
     assert home_train._predict(single, profile, pool, "cgroup", args, None) == predict_sync_round(

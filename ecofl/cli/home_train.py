@@ -53,7 +53,7 @@ from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import check_planner
 from ecofl.pipeline.replan import with_speeds
-from ecofl.pipeline.replication import copy_bytes
+from ecofl.pipeline.replication import busiest_device, copy_bytes
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection, check_devices
 from ecofl.pipeline.runtime.pipeline_tuning import decided_plan
@@ -137,7 +137,8 @@ def _predict(plan: Plan, profile: ModelProfile, pool: HomePool, mode: Emulation,
     copies = None
     if tolerance is not None:
         memory = {d: spec.memory_bytes for d, spec in enumerate(pool.devices)}
-        copies = copy_bytes(plan, profile, tolerance.replicate_every, tolerance.global_copy_every, memory)
+        copies = copy_bytes(plan, profile, tolerance.replicate_every, tolerance.global_copy_every, memory,
+                            (busiest_device(plan, profile, pool),))
     return predict_sync_round(plan, profile, pool, mode, args.rounds, args.cache_dir, copies)
 
 

@@ -203,11 +203,18 @@ def busiest_device_s(plan: Plan, profile: ModelProfile, pool: HomePool, operatio
     ``background``: the busiest device's forwards and backwards back to back (a device runs its passes one at
     a time, each at least as long as its work). No event is simulated, so a search over plans can skip a plan
     whose floor already loses (:func:`ecofl.pipeline.runtime.prediction.fastest_plan`)."""
+    return max(device_passes_s(plan, profile, pool, operation_overhead_s, byte_overhead_s).values())
+
+
+def device_passes_s(plan: Plan, profile: ModelProfile, pool: HomePool, operation_overhead_s: float = 0.0,
+                    byte_overhead_s: float = 0.0) -> dict[int, float]:
+    """``{device: its forwards and backwards of a sync-round back to back}`` for every device of ``plan`` with a
+    share (no event simulated)."""
     require_training(plan)
     workers = [_stage_workers(s, stage, profile, pool, plan, operation_overhead_s)
                for s, stage in enumerate(plan.stages)]
     _connect(plan, profile, pool, workers, byte_overhead_s)
-    return max(plan.num_micro_batches * (w.forward_s + w.backward_s) for ws in workers for w in ws)
+    return {w.device: plan.num_micro_batches * (w.forward_s + w.backward_s) for ws in workers for w in ws}
 
 
 def _stage_workers(index: int, stage: StagePlan, profile: ModelProfile, pool: HomePool, plan: Plan,

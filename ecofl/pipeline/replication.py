@@ -25,6 +25,19 @@ at drops 2 and 3), and nothing backed up both ways. The price is one more
 replica for each middle stage, sent while a sync-round computes
 (:mod:`ecofl.pipeline.runtime.replica`).
 
+**The busiest device spared** (beyond the papers): every replica a device
+keeps is received and opened out of the CPU it computes with, while the round
+computes; on the pipeline's busiest device that CPU is the round's. So a
+stage with two neighbours is not backed up on the plan's busiest device
+(:func:`busiest_device`), only on its other neighbour, and a neighbouring
+stage of several devices backs up on another of them. On Eco-FL's confined
+testbed (MobileNetV2, ``ecofl-3stage``) the busiest device (the TX2, stage 0,
+busy 0.98 of the round) opened the middle stage's replica every round:
+0.002-0.003 CPU-s of its 0.6 a round, half of what fault tolerance cost it
+(``benchmarks/steady_runs.py``, the ``recv-from`` and ``replica-receiver``
+jobs). The price: where a re-plan after the middle stage's loss gives some
+of its layers to the busiest device, they travel from the other neighbour.
+
 A replicated (data-parallel) stage needs no backup: every device of it
 holds the whole stage model, so a lost one is restored from a surviving
 peer. This is FTPipeHD's chain replication (each worker to the next) laid
@@ -43,6 +56,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from ecofl.devices import HomePool
+from ecofl.pipeline.cost import device_passes_s
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.profile import ModelProfile
 
@@ -51,24 +66,36 @@ from ecofl.pipeline.profile import ModelProfile
 REPLICAS_HELD = 2
 
 
-def backup_targets(plan: Plan, memory_bytes: Mapping[int, int] | None = None) -> dict[int, tuple[int, ...]]:
+def backup_targets(plan: Plan, memory_bytes: Mapping[int, int] | None = None, spared: Collection[int] = (),
+                   ) -> dict[int, tuple[int, ...]]:
     """``{device: its backup devices}`` for every single-device stage of a plan of two stages or more: one
     device of each neighbouring stage, the next stage's first (the first and the last stage have one neighbour).
 
     A neighbouring stage's backup device is its device with the largest
-    memory budget (``memory_bytes``; ties and no budgets: the first one). A
-    one-stage plan has no backups.
+    memory budget (``memory_bytes``; ties and no budgets: the first one),
+    leaving out the ``spared`` devices (:func:`busiest_device`) where the
+    stage has others; a stage with two neighbours is not backed up on a
+    spared device at all. A one-stage plan has no backups.
     """
-    budgets = dict(memory_bytes or {})
+    budgets, spared = dict(memory_bytes or {}), set(spared)
     targets = {}
     for s, stage in enumerate(plan.stages):
         if len(stage.devices) != 1:
             continue
         neighbours = [plan.stages[t].devices for t in (s + 1, s - 1) if 0 <= t < len(plan.stages)]
-        if neighbours:
-            targets[stage.devices[0]] = tuple(max(devices, key=lambda d: (budgets.get(d, 0), -d))
-                                              for devices in neighbours)
+        chosen = [max([d for d in devices if d not in spared] or devices, key=lambda d: (budgets.get(d, 0), -d))
+                  for devices in neighbours]
+        kept = [d for d in chosen if d not in spared] or chosen[:1]
+        if kept:
+            targets[stage.devices[0]] = tuple(kept)
     return targets
+
+
+def busiest_device(plan: Plan, profile: ModelProfile, pool: HomePool) -> int:
+    """The device of ``plan`` with the most work a sync-round (:func:`ecofl.pipeline.cost.device_passes_s`): the
+    one backups spare (:func:`backup_targets`)."""
+    passes = device_passes_s(plan, profile, pool)
+    return max(passes, key=passes.__getitem__)
 
 
 def stage_state_bytes(profile: ModelProfile, layers: tuple[int, int]) -> int:
@@ -79,7 +106,8 @@ def stage_state_bytes(profile: ModelProfile, layers: tuple[int, int]) -> int:
 
 def backup_bytes(plan: Plan, profile: ModelProfile, memory_bytes: Mapping[int, int] | None = None) -> dict[int, int]:
     """Bytes each backup device holds at most for the stages it backs up: the replica it keeps and the one
-    arriving during a sync-round (:mod:`ecofl.pipeline.runtime.replica`)."""
+    arriving during a sync-round (:mod:`ecofl.pipeline.runtime.replica`); no device spared (what a backup may
+    need wherever the runtime puts it)."""
     held: dict[int, int] = {}
     stage_of = {d: stage for stage in plan.stages for d in stage.devices}
     for source, targets in backup_targets(plan, memory_bytes).items():
@@ -89,16 +117,17 @@ def backup_bytes(plan: Plan, profile: ModelProfile, memory_bytes: Mapping[int, i
 
 
 def copy_bytes(plan: Plan, profile: ModelProfile, replicate_every: int, global_copy_every: int,
-               memory_bytes: Mapping[int, int] | None = None) -> dict[int, float]:
+               memory_bytes: Mapping[int, int] | None = None, spared: Collection[int] = ()) -> dict[int, float]:
     """Bytes each device of ``plan`` seals or opens for fault tolerance in a sync-round, on average: every
     ``replicate_every`` sync-rounds (0: never) its stage's state once to each of its backups and the replicas
     it keeps for others; every ``global_copy_every`` (0: never), a stage's first device its stage's state to
-    the portal (:mod:`ecofl.pipeline.runtime.copies`). What the cost model charges each device's CPU for it
-    (:func:`ecofl.pipeline.cost.simulate`'s ``background``)."""
+    the portal (:mod:`ecofl.pipeline.runtime.copies`; backups as :func:`backup_targets` places them, sparing
+    ``spared``). What the cost model charges each device's CPU for it (:func:`ecofl.pipeline.cost.simulate`'s
+    ``background``)."""
     carried: dict[int, float] = {}
     stage_of = {d: stage for stage in plan.stages for d in stage.devices}
     if replicate_every:
-        for source, targets in backup_targets(plan, memory_bytes).items():
+        for source, targets in backup_targets(plan, memory_bytes, spared).items():
             state = stage_state_bytes(profile, stage_of[source].layers) / replicate_every
             for device in (source,) * len(targets) + tuple(targets):
                 carried[device] = carried.get(device, 0.0) + state
