@@ -25,6 +25,9 @@ PLANNERS: tuple[str, ...] = ("ecofl", "hpp", "pipeedge", "even", "dp")
 TRAINING_SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "async-1f1b")
 #: Re-planning after a device fails (:mod:`ecofl.pipeline.replan`).
 REPLAN_KINDS: tuple[str, ...] = ("lightweight", "full", "heavy")
+#: Where a stage with two neighbours is backed up (:mod:`ecofl.pipeline.replication`): not on the plan's busiest
+#: device (the default), or on both.
+BACKUP_RULES: tuple[str, ...] = ("spare-busiest", "both-neighbours")
 #: How a home's devices are emulated on one machine (:class:`ecofl.pipeline.runtime.emulation.Emulation`).
 EMULATION_MODES: tuple[str, ...] = ("cgroup", "sleep", "none")
 #: The phases of a sync-round a worker can be struck in (:mod:`ecofl.pipeline.runtime.traps`).

@@ -17,7 +17,7 @@ from ecofl.pipeline.replan import (MAX_SHIFTED_PLANS, full_replan, full_replans,
                                   lightweight_replans, shifted_replans, with_speeds)
 from ecofl.pipeline.runtime.prediction import predict_sync_round, quickest_to_finish
 from ecofl.pipeline.replication import (backup_bytes, backup_targets, busiest_device, copy_bytes, restore_source,
-                                       stage_state_bytes)
+                                       spared_devices, stage_state_bytes)
 from ecofl.pipeline.schedule import validate
 from pipeline_kit import random_profile
 
@@ -234,8 +234,14 @@ def test_backups_spare_the_busiest_device_where_a_stage_has_another_neighbour():
     a, b, c = (stage_state_bytes(profile, stage.layers) for stage in single.stages)
     # spared device 0 no longer opens stage 1's replica, and stage 1 sends it once
     assert copy_bytes(single, profile, 1, 0, spared={0}) == pytest.approx({0: a, 1: b + a + c, 2: c + b})
-    devices = tuple(DeviceSpec(f"d{i}", speed, 4 * GB, 1e9) for i, speed in enumerate((0.1, 0.01, 0.1)))
-    assert busiest_device(single, profile, HomePool("slow-middle", devices)) == 1
+    slow_middle = HomePool("slow-middle", tuple(DeviceSpec(f"d{i}", speed, 4 * GB, 1e9)
+                                                for i, speed in enumerate((0.1, 0.01, 0.1))))
+    assert busiest_device(single, profile, slow_middle) == 1
+    assert spared_devices("spare-busiest", single, profile, slow_middle) == (1,)
+    assert spared_devices("both-neighbours", single, profile, slow_middle) == ()
+    assert spared_devices("spare-busiest", single, None, slow_middle) == ()  # no profile: nothing tells the busiest
+    with pytest.raises(ValueError, match="both-neighbours"):
+        spared_devices("nowhere", single, profile, slow_middle)
 
 
 def test_copy_bytes_count_what_each_device_seals_or_opens_for_fault_tolerance_a_sync_round():
@@ -340,6 +346,9 @@ def test_the_cli_predicts_a_fault_tolerant_run_with_its_copies(monkeypatch):
     assert copies != copy_bytes(single, profile, 2, 3, memory)  # and the prediction charges them as placed
     expected = predict_sync_round(single, profile, pool, "cgroup", 3, copy_bytes=copies)
     assert home_train._predict(single, profile, pool, "cgroup", args, tolerance) == expected
+    both = FaultTolerance(replicate_every=2, global_copy_every=3, backups="both-neighbours")
+    assert home_train._predict(single, profile, pool, "cgroup", args, both) == predict_sync_round(
+        single, profile, pool, "cgroup", 3, copy_bytes=copy_bytes(single, profile, 2, 3, memory))
     assert home_train._predict(single, profile, pool, "cgroup", args, None) == predict_sync_round(
         single, profile, pool, "cgroup", 3)
 

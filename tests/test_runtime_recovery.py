@@ -66,6 +66,19 @@ def test_a_lost_middle_stage_is_restored_from_the_backup_that_spares_the_busiest
     assert (record["bytes_moved"] > 0) == bool(to_device_0), (record, owners)
 
 
+def test_a_lost_middle_stage_backed_up_on_both_neighbours_is_restored_where_its_layers_go():
+    """``backups="both-neighbours"``: each of the lost stage's layers comes back from the replica its new owner
+    holds, the busiest device's included, with nothing sent."""
+    result, final_plan = train_exactly(THREE_STAGES, ["kill:1@3"], replicate_every=2, backups="both-neighbours")
+    [record] = result.events
+    assert record["lost_rounds"] == 1 and record["bytes_moved"] == 0
+    owners = layer_owners(final_plan)
+    for run in record["restored_from"]:
+        assert run["source"] == "backup" and run["version"] == 2
+        assert all(owners[layer] == (run["device"],) for layer in range(run["layers"][0], run["layers"][1] + 1))
+    assert any(run["device"] == 0 for run in record["restored_from"])  # the busiest device kept its own replica
+
+
 def test_fedprox_survives_two_re_plans_exactly():
     """Each re-plan gives a survivor layers it never trained: it gets their FedProx reference (and only theirs)."""
     result, final_plan = train_exactly(THREE_STAGES, ["kill:2@3", "kill:1@5"], mu=0.5)

@@ -53,7 +53,7 @@ from ecofl.pipeline.modes import mode_of
 from ecofl.pipeline.plan import Plan
 from ecofl.pipeline.planners import check_planner
 from ecofl.pipeline.replan import with_speeds
-from ecofl.pipeline.replication import busiest_device, copy_bytes
+from ecofl.pipeline.replication import copy_bytes, spared_devices
 from ecofl.pipeline.runtime import HomePipelineError, PipelineResult, ZooModel
 from ecofl.pipeline.runtime.faults import FaultTolerance, Injection, check_devices
 from ecofl.pipeline.runtime.pipeline_tuning import decided_plan
@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     tolerance = None
     if events or args.fault_tolerance:
         tolerance = FaultTolerance(replan=args.replan, replicate_every=args.replicate_every,
-                                   global_copy_every=args.global_copy_every, planner=args.planner)
+                                   global_copy_every=args.global_copy_every, planner=args.planner,
+                                   backups=args.backups)
     predicted = _predict(plan, profile, pool, mode, args, tolerance)
     try:
         with HomePipeline(spec, pool, plan, profile=profile, emulate=mode, limits=limits, timeout_s=args.timeout,
@@ -138,7 +139,7 @@ def _predict(plan: Plan, profile: ModelProfile, pool: HomePool, mode: Emulation,
     if tolerance is not None:
         memory = {d: spec.memory_bytes for d, spec in enumerate(pool.devices)}
         copies = copy_bytes(plan, profile, tolerance.replicate_every, tolerance.global_copy_every, memory,
-                            (busiest_device(plan, profile, pool),))
+                            spared_devices(tolerance.backups, plan, profile, pool))
     return predict_sync_round(plan, profile, pool, mode, args.rounds, args.cache_dir, copies)
 
 

@@ -204,6 +204,9 @@ def add_home_train(subparsers: argparse._SubParsersAction) -> None:
                         help="re-planning after a failure (default lightweight)")
     parser.add_argument("--replicate-every", type=int, default=1, help="sync-rounds between stage replications")
     parser.add_argument("--global-copy-every", type=int, default=5, help="G: sync-rounds between global copies")
+    parser.add_argument("--backups", choices=names.BACKUP_RULES, default=names.BACKUP_RULES[0],
+                        help="where a middle stage is backed up: not on the plan's busiest device (default; costs "
+                             "every round less) or on both neighbours (moves less when a neighbour is lost)")
     runs(parser, "home_train")
 
 

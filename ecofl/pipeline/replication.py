@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from ecofl import names
 from ecofl.devices import HomePool
 from ecofl.pipeline.cost import device_passes_s
 from ecofl.pipeline.plan import Plan
@@ -68,6 +69,7 @@ from ecofl.pipeline.profile import ModelProfile
 
 #: Replicas of one stage a backup holds at most: the one kept, and the one arriving while a sync-round computes.
 REPLICAS_HELD = 2
+BACKUP_RULES = names.BACKUP_RULES
 
 
 def backup_targets(plan: Plan, memory_bytes: Mapping[int, int] | None = None, spared: Collection[int] = (),
@@ -93,6 +95,14 @@ def backup_targets(plan: Plan, memory_bytes: Mapping[int, int] | None = None, sp
         if kept:
             targets[stage.devices[0]] = tuple(kept)
     return targets
+
+
+def spared_devices(rule: str, plan: Plan, profile: ModelProfile | None, pool: HomePool) -> tuple[int, ...]:
+    """The devices :func:`backup_targets` spares under ``rule`` (one of :data:`BACKUP_RULES`): the plan's busiest
+    (where a profile tells it), or none."""
+    if rule not in BACKUP_RULES:
+        raise ValueError(f"backups must be one of {', '.join(BACKUP_RULES)}, got {rule!r}")
+    return (busiest_device(plan, profile, pool),) if rule == "spare-busiest" and profile is not None else ()
 
 
 def busiest_device(plan: Plan, profile: ModelProfile, pool: HomePool) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ecofl.pipeline.replication import backup_targets, busiest_device
+from ecofl.pipeline.replication import backup_targets, spared_devices
 from ecofl.pipeline.runtime.control_messages import GlobalCopy, Replicate
 from ecofl.pipeline.runtime.control_plane import ControlPlane
 from ecofl.pipeline.runtime.faults import FaultTolerance
@@ -54,15 +54,15 @@ class Copies:
 
     def replication(self, r: int) -> dict[int, Replicate]:
         """What each device sends and keeps while sync-round ``r`` computes, where a replication is due ({}: none):
-        every single-device stage's state at ``r`` to its backups (sparing the plan's busiest device where the
-        layout has a profile to tell it: :func:`ecofl.pipeline.replication.backup_targets`)."""
+        every single-device stage's state at ``r`` to its backups (as the fault tolerance's ``backups`` rule places
+        them: :func:`ecofl.pipeline.replication.spared_devices`)."""
         every = self.ft.replicate_every
         if not every or (self.replica_version is not None and r - self.replica_version < every):
             return {}
         layout = self.layout
         memory = {d: spec.memory_bytes for d, spec in enumerate(layout.pool.devices)}
-        spared = () if layout.profile is None else (busiest_device(layout.plan, layout.profile, layout.pool),)
-        backups = backup_targets(layout.plan, memory, spared)
+        backups = backup_targets(layout.plan, memory,
+                                 spared_devices(self.ft.backups, layout.plan, layout.profile, layout.pool))
         rank_of = {role.device: role.rank for role in layout.roles}
         stage_of = {d: stage for stage in layout.plan.stages for d in stage.devices}
         self._carried = r

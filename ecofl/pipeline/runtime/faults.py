@@ -35,6 +35,7 @@ from ecofl import names
 from ecofl.errors import UserError
 from ecofl.net.liveness import LivenessSettings
 from ecofl.pipeline.replan import REPLAN_KINDS
+from ecofl.pipeline.replication import BACKUP_RULES
 
 from ecofl.pipeline.runtime.traps import PHASES
 
@@ -56,7 +57,9 @@ class FaultTolerance:
     ``adapt_replan`` (full by default: Eco-FL §4.4 re-runs its planner for a
     new device order and partition; lightweight keeps the order and moves
     cut points by FLOPs); ``planner``: what full and heavy re-plans run (where devices are confined,
-    with Asteroid's hybrid plans weighed beside its own: :func:`.prediction.preferred_plan`).
+    with Asteroid's hybrid plans weighed beside its own: :func:`.prediction.preferred_plan`); ``backups``:
+    where a stage with two neighbours is backed up (:data:`~ecofl.pipeline.replication.BACKUP_RULES`: sparing
+    the plan's busiest device, which costs every round less, or on both, which moves less at a neighbour's loss).
     """
 
     heartbeat: LivenessSettings = field(default_factory=LivenessSettings)
@@ -68,12 +71,15 @@ class FaultTolerance:
     slowdown_ratio: float = 1.5
     slowdown_rounds: int = 2
     planner: str = "ecofl"
+    backups: str = BACKUP_RULES[0]
 
     def __post_init__(self) -> None:
         if self.replan not in REPLAN_KINDS or self.adapt_replan not in REPLAN_KINDS[:2]:
             raise UserError(f"replan must be one of {', '.join(REPLAN_KINDS)} (adapt_replan: lightweight or full)")
         if self.replicate_every < 0 or self.global_copy_every < 0 or self.slowdown_rounds < 1:
             raise UserError("replicate_every and global_copy_every must be >= 0, slowdown_rounds >= 1")
+        if self.backups not in BACKUP_RULES:
+            raise UserError(f"backups must be one of {', '.join(BACKUP_RULES)}, got {self.backups!r}")
         if not self.slowdown_ratio > 1:
             raise UserError(f"slowdown_ratio must be above 1, got {self.slowdown_ratio}")
 
