@@ -84,6 +84,7 @@ from ecofl.pipeline.runtime import ZooModel  # noqa: E402
 from ecofl.pipeline.runtime.calibration import confine_pool  # noqa: E402
 from ecofl.pipeline.runtime.prediction import predict_sync_round  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
+from ecofl.names import BACKUP_RULES  # noqa: E402
 
 COMMAND = ["home", "train", "--model", "mobilenet_v2", "--pool", "ecofl-3stage", "--dataset", "fashion_mnist",
            "--emulate", "cgroup", "--json"]
@@ -123,12 +124,14 @@ def host_reference_s(repeats: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | None = None) -> dict:
-    """One run: its sync-round measured and predicted, its fault events, the load before it and its wall time."""
+def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | None = None,
+          backups: str = BACKUP_RULES[0]) -> dict:
+    """One run: its sync-round measured and predicted, its fault events, the load before it and its wall time
+    (``backups``: where a fault-tolerant run backs a middle stage up, ``--backups``)."""
     load, reference = os.getloadavg()[0], host_reference_s()
     start = time.monotonic()
     command = [sys.executable, "-m", "ecofl", *COMMAND, "--rounds", str(rounds), "--calibration", str(calibration)]
-    command += ["--fault-tolerance"] if fault_tolerance else []
+    command += ["--fault-tolerance", "--backups", backups] if fault_tolerance else []
     command += ["--inject", inject] if inject else []
     with HostProbe() as probe:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
@@ -138,6 +141,7 @@ def train(rounds: int, calibration: Path, fault_tolerance: bool, inject: str | N
     report = json.loads(done.stdout)
     rounds_s = report["sync_rounds_s"]
     return {"fault_tolerance": fault_tolerance, "inject": inject, "sync_round_s": report["sync_round_s"],
+            **({"backups": backups} if fault_tolerance else {}),
             "mean_round_s": sum(rounds_s) / len(rounds_s),
             "steady_mean_round_s": sum(rounds_s[STEADY_FROM:]) / len(rounds_s[STEADY_FROM:]),
             "predicted_sync_round_s": report["predicted_sync_round_s"],
@@ -297,6 +301,8 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=3, help="runs with fault tolerance, each between plain runs")
     parser.add_argument("--kills", type=int, default=2, help="runs with --inject kill:2@4 (at least 6 rounds)")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--backups", choices=BACKUP_RULES, default=BACKUP_RULES[0],
+                        help="where the fault-tolerant runs back a middle stage up (ecofl home train --backups)")
     parser.add_argument("--table-from", type=Path, metavar="JSON",
                         help="run nothing: the summary and table of a results file this script wrote before "
                              "(its summary is written again, its runs kept)")
@@ -307,14 +313,15 @@ def main() -> int:
         result.update(summary(result["runs"], len(result["fault_tolerance_costs"])))
     else:
         path = ROOT / "benchmarks" / "results" / "steady_runs.json"
-        result = measure(args.pairs, args.kills, args.rounds)
+        result = measure(args.pairs, args.kills, args.rounds, args.backups)
     publish(result, path, render(result), ROOT / "docs" / "pipeline.md", "steady_runs")
     return 0
 
 
-def measure(pairs: int, kills: int, rounds: int) -> dict:
+def measure(pairs: int, kills: int, rounds: int, backups: str = BACKUP_RULES[0]) -> dict:
     """Two plain runs (the first calibrates), ``pairs`` fault-tolerant runs each followed by a plain one, then
-    ``kills`` runs with :data:`KILL`; the results file's content."""
+    ``kills`` runs with :data:`KILL`, the fault-tolerant ones backing up as ``backups`` says; the results file's
+    content."""
     with tempfile.TemporaryDirectory() as work:
         calibration = Path(work) / "calibration.json"
         order = [(False, None)] * 2 + [(True, None), (False, None)] * pairs + [(True, KILL)] * kills
@@ -322,13 +329,15 @@ def measure(pairs: int, kills: int, rounds: int) -> dict:
         for i, (tolerant, inject) in enumerate(order):
             print(f"run {i + 1} of {len(order)}{' (fault tolerance)' if tolerant else ''} {inject or ''}...",
                   flush=True)
-            runs.append(train(max(rounds, 8) if inject else rounds, calibration, tolerant, inject))
+            runs.append(train(max(rounds, 8) if inject else rounds, calibration, tolerant, inject, backups))
             if not tolerant:  # the devices alone, right after the run: did they move, or the pipeline?
                 runs[-1]["timed_after"] = timed_again(calibration)
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "events"}), flush=True)
     return {
-        "command": f"python benchmarks/steady_runs.py --pairs {pairs} --kills {kills} --rounds {rounds}",
+        "command": f"python benchmarks/steady_runs.py --pairs {pairs} --kills {kills} --rounds {rounds}"
+                   + (f" --backups {backups}" if backups != BACKUP_RULES[0] else ""),
         "runs_of": "ecofl " + " ".join(COMMAND) + f" --rounds {rounds} --calibration FILE",
+        "backups": backups,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "measured_at": time.strftime("%Y-%m-%d %H:%M"),
         "runs": runs,
@@ -343,9 +352,10 @@ def render(result: dict) -> str:
     costs, steady_costs = result["fault_tolerance_costs"], result["fault_tolerance_steady_costs"]
     per_cpu = result["fault_tolerance_per_stage_cpu_costs"]
     busiest = plain_busiest_stage(runs)  # a kill's runs end on another plan: their own busiest stage
+    backups = f" --backups {result['backups']}" if "backups" in result else ""  # files from before the option
     lines = [
         f"Measured with `{result['command']}` on {result['machine']}, {result['measured_at']}: each run is "
-        f"`{result['runs_of']}` (`--fault-tolerance`, `--inject {KILL}` where said), all on one calibration "
+        f"`{result['runs_of']}` (`--fault-tolerance{backups}`, `--inject {KILL}` where said), all on one calibration "
         "(run 1 measures and writes it, and is not compared: its workers start warm from calibrating).",
         "",
         "| run | fault tolerance | sync-round s (median) | predicted s | error | mean of all rounds s | mean from "
