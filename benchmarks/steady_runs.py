@@ -303,6 +303,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--backups", choices=BACKUP_RULES, default=BACKUP_RULES[0],
                         help="where the fault-tolerant runs back a middle stage up (ecofl home train --backups)")
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "steady_runs.json",
+                        help="the results file to write")
+    parser.add_argument("--section", default="steady_runs", help="docs/pipeline.md's marked section for the table")
     parser.add_argument("--table-from", type=Path, metavar="JSON",
                         help="run nothing: the summary and table of a results file this script wrote before "
                              "(its summary is written again, its runs kept)")
@@ -312,9 +315,10 @@ def main() -> int:
         result = json.loads(path.read_text())
         result.update(summary(result["runs"], len(result["fault_tolerance_costs"])))
     else:
-        path = ROOT / "benchmarks" / "results" / "steady_runs.json"
+        path = args.json
         result = measure(args.pairs, args.kills, args.rounds, args.backups)
-    publish(result, path, render(result), ROOT / "docs" / "pipeline.md", "steady_runs")
+        result["command"] = " ".join(["python", "benchmarks/steady_runs.py", *sys.argv[1:]])  # as it was run
+    publish(result, path, render(result), ROOT / "docs" / "pipeline.md", args.section)
     return 0
 
 
@@ -335,7 +339,7 @@ def measure(pairs: int, kills: int, rounds: int, backups: str = BACKUP_RULES[0])
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "events"}), flush=True)
     return {
         "command": f"python benchmarks/steady_runs.py --pairs {pairs} --kills {kills} --rounds {rounds}"
-                   + (f" --backups {backups}" if backups != BACKUP_RULES[0] else ""),
+                   + (f" --backups {backups}" if backups != BACKUP_RULES[0] else ""),  # main() says how it was run
         "runs_of": "ecofl " + " ".join(COMMAND) + f" --rounds {rounds} --calibration FILE",
         "backups": backups,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
