@@ -36,7 +36,8 @@ busy 0.98 of the round) opened the middle stage's replica every round:
 0.002-0.003 CPU-s of its 0.6 a round, half of what fault tolerance cost it
 (``benchmarks/steady_runs.py``, the ``recv-from`` and ``replica-receiver``
 jobs); with it spared, fault tolerance's cost per CPU-second of the TX2's
-stage thread went from 1.4% to 0.6-0.7%. The price: layers a re-plan gives
+stage thread went from 1.4-1.9% to 0.6-0.7% (wall-clock, on a shared
+2-core host, the two rules were within its noise). The price: layers a re-plan gives
 the busiest device after a neighbour's loss travel to it. On Asteroid's
 Env D (``benchmarks/adapt.py --emulate cgroup --parts asteroid``) the
 lightweight plans after losing device 1 or 2 give the TX2 layers 9-12:
