@@ -17,14 +17,18 @@ from ecofl.net.wire import recv_message, send_message
 from ecofl.pipeline.cost import simulate
 from ecofl.pipeline.instructions import device_program
 from ecofl.pipeline.plan import Plan, ScheduleKind, StagePlan
+from ecofl.pipeline.replan import with_speeds
 from ecofl.pipeline.runtime.cpu_pace import CpuPace
 from ecofl.pipeline.runtime.emulation import MemoryLedger
 from ecofl.pipeline.runtime import prediction
+from ecofl.pipeline.runtime.copies import Copies
 from ecofl.pipeline.runtime.errors import EmulatedOOM
+from ecofl.pipeline.runtime.faults import FaultTolerance
 from ecofl.pipeline.runtime.hand_off import hand_off_first
+from ecofl.pipeline.runtime.layout import PipelineLayout
 from ecofl.pipeline.runtime.topology import Peer, WorkerRole, worker_roles
 from ecofl.pipeline.schedule import one_f_one_b
-from pipeline_kit import PROFILE, THREE_STAGES, pool
+from pipeline_kit import PROFILE, THREE_STAGES, WITHOUT_BATCH_NORM, pool
 
 
 def test_replicated_stages_exchange_overlapping_sample_ranges():
@@ -153,3 +157,20 @@ def test_a_device_with_a_core_to_spare_computes_on_while_its_hand_offs_leave(cor
     tickets = [Ticket(), Ticket()]
     hand_off_first(CpuPace(cores), tickets, 30.0, never_aborted)  # returns although no send has left
     assert not any(t.done.is_set() for t in tickets)
+
+
+def test_replicas_spare_the_device_busiest_at_the_speeds_known_now():
+    """The portal places each sync-round's replicas on the speeds it knows then: device 0 busiest at the speeds
+    planned on, the middle stage is backed up on device 2 alone; device 2 re-learned ten times slower, on
+    device 0 alone."""
+    model, layers = WITHOUT_BATCH_NORM.build()
+    home = pool(3)
+    layout = PipelineLayout(model, layers, home, THREE_STAGES, PROFILE, sleeps=False, pace_links=False)
+    rank_of = {role.device: role.rank for role in layout.roles}
+
+    def backups_of_the_middle_stage(at: HomePool) -> list[int]:
+        copies = Copies(control=None, layout=layout, ft=FaultTolerance(), momentum=False, start={})
+        return copies.replication(0, at)[1].to
+
+    assert backups_of_the_middle_stage(home) == [rank_of[2]]
+    assert backups_of_the_middle_stage(with_speeds(home, {2: home.devices[2].speed / 10})) == [rank_of[0]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ecofl.devices import HomePool
 from ecofl.pipeline.replication import backup_targets, spared_devices
 from ecofl.pipeline.runtime.control_messages import GlobalCopy, Replicate
 from ecofl.pipeline.runtime.control_plane import ControlPlane
@@ -52,17 +53,17 @@ class Copies:
                 senders[role.device] = keys + momentum
         return senders
 
-    def replication(self, r: int) -> dict[int, Replicate]:
+    def replication(self, r: int, pool: HomePool) -> dict[int, Replicate]:
         """What each device sends and keeps while sync-round ``r`` computes, where a replication is due ({}: none):
         every single-device stage's state at ``r`` to its backups (as the fault tolerance's ``backups`` rule places
-        them: :func:`ecofl.pipeline.replication.spared_devices`)."""
+        them on ``pool``, the devices at the speeds known now: :func:`ecofl.pipeline.replication.spared_devices`)."""
         every = self.ft.replicate_every
         if not every or (self.replica_version is not None and r - self.replica_version < every):
             return {}
         layout = self.layout
         memory = {d: spec.memory_bytes for d, spec in enumerate(layout.pool.devices)}
-        backups = backup_targets(layout.plan, memory,
-                                 spared_devices(self.ft.backups, layout.plan, layout.profile, layout.pool))
+        spared = spared_devices(self.ft.backups, layout.plan, layout.profile, pool)
+        backups = backup_targets(layout.plan, memory, spared)
         rank_of = {role.device: role.rank for role in layout.roles}
         stage_of = {d: stage for stage in layout.plan.stages for d in stage.devices}
         self._carried = r

@@ -111,8 +111,9 @@ class Recovery:
         self.copies.before_round(r)
 
     def replication(self, r: int) -> dict[int, Replicate]:
-        """The replicas each device sends and keeps while sync-round ``r`` computes ({}: none due)."""
-        return {} if self.copies is None else self.copies.replication(r)
+        """The replicas each device sends and keeps while sync-round ``r`` computes ({}: none due), placed on the
+        speeds the pipeline knows now (re-learned ones included)."""
+        return {} if self.copies is None else self.copies.replication(r, with_speeds(self.layout.pool, self.speeds))
 
     def uploads(self, r: int) -> dict[int, GlobalCopy]:
         """The devices that send their stage for the global copy while sync-round ``r`` computes ({}: none due)."""
