@@ -111,7 +111,7 @@ class Recovery:
         self.copies.before_round(r)
 
     def replication(self, r: int) -> dict[int, Replicate]:
-        """The replicas each device sends and keeps while sync-round ``r`` computes ({}: none), at the speeds known now."""
+        """The replicas each device sends and keeps in sync-round ``r`` ({}: none), placed at the speeds known now."""
         return {} if self.copies is None else self.copies.replication(r, with_speeds(self.layout.pool, self.speeds))
 
     def uploads(self, r: int) -> dict[int, GlobalCopy]:
