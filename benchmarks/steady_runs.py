@@ -79,12 +79,12 @@ from benchmarks.host_probe import HostProbe  # noqa: E402
 from benchmarks.markdown_section import publish  # noqa: E402
 from ecofl.allocator import keep_freed_memory  # noqa: E402
 from ecofl.cli.calibration_file import load_calibration  # noqa: E402
+from ecofl.names import BACKUP_RULES  # noqa: E402
 from ecofl.pipeline.profile import profile_zoo_model  # noqa: E402
 from ecofl.pipeline.runtime import ZooModel  # noqa: E402
 from ecofl.pipeline.runtime.calibration import confine_pool  # noqa: E402
 from ecofl.pipeline.runtime.prediction import predict_sync_round  # noqa: E402
 from ecofl.pools import load_pool  # noqa: E402
-from ecofl.names import BACKUP_RULES  # noqa: E402
 
 COMMAND = ["home", "train", "--model", "mobilenet_v2", "--pool", "ecofl-3stage", "--dataset", "fashion_mnist",
            "--emulate", "cgroup", "--json"]
