@@ -109,9 +109,9 @@ def test_a_failure_at_any_other_moment_is_exact(events):
 
 
 def test_a_device_and_its_backup_lost_resume_from_the_global_copy_and_say_so():
-    """The last device backs up to device 2 alone (a middle stage's to both neighbours). Device 2 dies mid-backward
-    in round 4, device 3 as the recovery starts: device 3's layers at version 4 are gone, so everything comes back
-    from the global copy of round 3."""
+    """The last device backs up to device 2 alone (a middle stage's to its neighbours but the busiest). Device 2 dies
+    mid-backward in round 4, device 3 as the recovery starts: device 3's layers at version 4 are gone, so everything
+    comes back from the global copy of round 3."""
     result, _ = run(FOUR_STAGES, ["kill:2@4:backward:1", "kill:3@4:recover"], global_copy_every=3)
     assert result.lost_rounds == 1 and {e["lost_rounds"] for e in result.events} == {1}
     sources = {r["source"] for e in result.events for r in e["restored_from"]}
